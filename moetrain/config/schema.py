@@ -1,0 +1,395 @@
+"""Typed configuration schema: one dataclass per section, one documented field per key.
+
+Every field carries a one-line doc in ``metadata["doc"]``; ``moetrain config show --doc``
+prints them. Types are checked by ``moetrain.config.load`` (see ``coerce``), cross-field
+consistency by ``Config.check`` (called after loading). Field names follow Megatron/HF
+where users would look for them.
+
+This module only declares; it builds nothing and imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Literal, Optional
+
+
+def doc(default, text: str, **kw):
+    """A dataclass field with a default and its one-line documentation."""
+    if isinstance(default, (list, dict)):
+        value = default
+        return field(default_factory=lambda: type(value)(value), metadata={"doc": text, **kw})
+    return field(default=default, metadata={"doc": text, **kw})
+
+
+from moetrain.errors import ConfigError  # noqa: E402  (re-exported for callers of the schema)
+
+
+Dtype = Literal["fp32", "bf16"]
+
+
+@dataclass
+class ModelConfig:
+    name: str = doc("tiny", "Free-form model name shown in logs and reports.")
+    vocab_size: int = doc(512, "Vocabulary size (rows of the embedding and the output head).")
+    hidden_size: int = doc(64, "Model width H.")
+    num_layers: int = doc(4, "Number of decoder layers (MTP layers not included).")
+    num_attention_heads: int = doc(4, "Number of query heads.")
+    num_query_groups: Optional[int] = doc(
+        None, "Key/value heads for GQA; null means MHA (= num_attention_heads). Ignored by MLA.")
+    head_dim: Optional[int] = doc(None, "Per-head dimension for MHA/GQA; null means hidden_size / heads.")
+    ffn_hidden_size: int = doc(256, "Intermediate size of the dense MLP layers.")
+    activation: Literal["swiglu", "gelu"] = doc("swiglu", "Activation of the dense MLP layers.")
+    norm_eps: float = doc(1e-6, "RMSNorm epsilon.")
+    attention_type: Literal["gqa", "mla"] = doc(
+        "gqa", "gqa: multi/grouped-query attention; mla: DeepSeek multi-head latent attention.")
+    q_lora_rank: Optional[int] = doc(None, "MLA: rank of the query down-projection; null = full-rank query.")
+    kv_lora_rank: int = doc(512, "MLA: rank of the compressed key/value latent.")
+    qk_nope_head_dim: int = doc(128, "MLA: per-head query/key dimension without RoPE.")
+    qk_rope_head_dim: int = doc(64, "MLA: per-head query/key dimension carrying RoPE (key part shared by heads).")
+    v_head_dim: int = doc(128, "MLA: per-head value dimension.")
+    qk_norm: bool = doc(False, "RMSNorm on each query and key head before RoPE (Qwen3).")
+    attention_bias: bool = doc(False, "Bias on the q/k/v projections (and the output projection, GPT-OSS).")
+    attention_out_bias: Optional[bool] = doc(
+        None, "Bias on the attention output projection; null = same as attention_bias.")
+    sliding_window: Optional[int] = doc(None, "Sliding-window size in tokens; null = full causal attention.")
+    sliding_window_every: int = doc(
+        1, "Layer i uses the sliding window when i % sliding_window_every == 0 (GPT-OSS: 2).")
+    attention_sinks: bool = doc(False, "Learned per-head attention sink logits (GPT-OSS).")
+    rope_theta: float = doc(10000.0, "RoPE base frequency.")
+    rope_scaling: Optional[Literal["yarn"]] = doc(None, "RoPE scaling: null or 'yarn'.")
+    rope_scaling_factor: float = doc(1.0, "YaRN: context extension factor.")
+    rope_original_max_position: int = doc(4096, "YaRN: original training context length.")
+    yarn_beta_fast: float = doc(32.0, "YaRN: high-frequency boundary (rotations).")
+    yarn_beta_slow: float = doc(1.0, "YaRN: low-frequency boundary (rotations).")
+    yarn_mscale: float = doc(1.0, "YaRN: attention temperature coefficient (DeepSeek mscale).")
+    yarn_mscale_all_dim: float = doc(0.0, "YaRN: DeepSeek mscale_all_dim; 0 disables the softmax-scale correction.")
+    tie_embeddings: bool = doc(False, "Share the input embedding with the output head.")
+    mtp_num_layers: int = doc(0, "Multi-token-prediction depth (DeepSeek-V3: 1).")
+    mtp_loss_scale: float = doc(0.1, "Weight of the MTP loss (averaged over depths).")
+    init_std: float = doc(0.02, "Standard deviation of the normal weight initialisation.")
+
+
+@dataclass
+class MoEConfig:
+    num_experts: int = doc(0, "Routed experts per MoE layer; 0 makes a dense model.")
+    moe_ffn_hidden_size: int = doc(128, "Intermediate size I of each routed expert.")
+    topk: int = doc(2, "Experts per token.")
+    num_shared_experts: int = doc(0, "Shared experts (always active); each of moe_ffn_hidden_size.")
+    shared_expert_ffn_hidden_size: Optional[int] = doc(
+        None, "Total intermediate size of the shared expert MLP; null = num_shared_experts * moe_ffn_hidden_size.")
+    first_k_dense: int = doc(0, "The first k decoder layers use a dense MLP instead of MoE.")
+    layer_freq: int = doc(1, "After first_k_dense, layer i is MoE when (i - first_k_dense) % layer_freq == 0.")
+    score_function: Literal["softmax", "sigmoid"] = doc("softmax", "Router score function (computed in fp32).")
+    num_groups: Optional[int] = doc(None, "Expert groups for group-limited routing; null disables it.")
+    topk_groups: Optional[int] = doc(None, "Groups each token may route into (group-limited routing).")
+    group_score: Literal["max", "top2_sum"] = doc(
+        "top2_sum", "Group ranking: max expert score (DeepSeek-V2) or sum of top-2 (DeepSeek-V3).")
+    normalize_topk: bool = doc(True, "Renormalise the top-k weights to sum to one.")
+    scaling_factor: float = doc(1.0, "Multiply the top-k weights by this (DeepSeek routed_scaling_factor).")
+    router_bias: bool = doc(False, "Learned bias on the router logits (GPT-OSS).")
+    expert_bias: bool = doc(False, "Aux-loss-free balancing: a per-expert bias added for selection only.")
+    expert_bias_update_rate: float = doc(1e-3, "Step of the expert-bias update after each optimizer step.")
+    aux_loss_coeff: float = doc(0.0, "Load-balancing auxiliary loss coefficient; 0 disables it.")
+    aux_loss_type: Literal["batch", "sequence"] = doc(
+        "batch", "Aux loss computed over the whole micro-batch or per sequence (DeepSeek-V3 style).")
+    z_loss_coeff: float = doc(0.0, "Router z-loss coefficient; 0 disables it.")
+    activation: Literal["swiglu", "swiglu_clamped"] = doc(
+        "swiglu", "Expert activation; swiglu_clamped is GPT-OSS's (alpha 1.702, limit 7, up + 1).")
+    expert_linear_bias: bool = doc(False, "Biases on the expert FC1/FC2 (GPT-OSS).")
+    capacity_factor: Optional[float] = doc(
+        None, "Per-expert capacity = factor * tokens * topk / experts; overflow tokens are dropped. null = dropless.")
+    force_balance: Literal["none", "even", "uniform"] = doc(
+        "none", "Benchmark routing: even = deterministic round-robin, uniform = random logits.")
+    backend: Literal["auto", "triton", "torch", "reference"] = doc(
+        "auto", "Backend of the expert ops (moetrain.ops): auto picks per device and shape.")
+
+
+@dataclass
+class ParallelConfig:
+    dp: int = doc(1, "Data-parallel size.")
+    tp: int = doc(1, "Tensor-parallel size.")
+    pp: int = doc(1, "Pipeline-parallel size.")
+    vpp: int = doc(1, "Virtual pipeline stages per pipeline rank (interleaved 1F1B).")
+    cp: int = doc(1, "Context-parallel size.")
+    ep: int = doc(1, "Expert-parallel size.")
+    etp: int = doc(1, "Expert tensor-parallel size.")
+    sequence_parallel: bool = doc(False, "Shard norms/dropout activations over TP ranks.")
+    pipeline_layout: Optional[str] = doc(
+        None, "Explicit stage layout, e.g. 'Et*3|t*4|t*4|t*3mL' (E embedding, t layer, m MTP, L loss).")
+    pp_schedule: Literal["1f1b", "interleaved", "zero_bubble"] = doc("1f1b", "Pipeline schedule.")
+    gpus_per_node: int = doc(8, "GPUs per node (communication model of the planner).")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+@dataclass
+class TrainConfig:
+    steps: int = doc(200, "Optimizer steps to run.")
+    micro_batch_size: int = doc(4, "Sequences per micro-batch per data-parallel rank.")
+    global_batch_size: int = doc(4, "Sequences per optimizer step over all data-parallel ranks.")
+    seq_length: int = doc(64, "Tokens per sequence.")
+    out_dir: str = doc("runs/default", "Where metrics, checkpoints and traces are written.")
+    seed: int = doc(1234, "Seed for initialisation, data order and dropout-free sampling.")
+    device: Literal["auto", "cpu", "cuda"] = doc("auto", "auto = cuda when available, else cpu.")
+    log_interval: int = doc(1, "Print and record metrics every N steps.")
+    eval_interval: int = doc(0, "Run the eval split every N steps; 0 disables eval.")
+    eval_steps: int = doc(4, "Micro-batches per evaluation.")
+    recompute: Literal["none", "selective", "full"] = doc(
+        "none", "Activation recompute: selective recomputes attention core and expert activations; full whole layers.")
+    recompute_layer_ids: Optional[list[int]] = doc(
+        None, "Global layer ids recomputed in full (MTP depth d, 0-based, is num_layers + d); overrides recompute.")
+    manual_gc: bool = doc(False, "Disable automatic Python GC and collect every manual_gc_interval steps.")
+    manual_gc_interval: int = doc(50, "Steps between manual garbage collections.")
+    compile: bool = doc(False, "torch.compile each decoder layer.")
+    max_skipped_steps: int = doc(5, "Abort after this many consecutive steps with a non-finite loss or grad.")
+    tensorboard: bool = doc(False, "Also write TensorBoard scalars under out_dir/tensorboard.")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = doc(3e-3, "Peak learning rate.")
+    min_lr: float = doc(3e-4, "Learning rate at the end of decay.")
+    warmup_steps: int = doc(10, "Linear warmup steps from 0 to lr.")
+    decay: Literal["cosine", "linear", "constant"] = doc("cosine", "Decay shape after warmup.")
+    decay_steps: Optional[int] = doc(None, "Steps over which to decay (after warmup); null = train.steps - warmup.")
+    weight_decay: float = doc(0.1, "AdamW decoupled weight decay.")
+    decay_norms_biases_embeddings: bool = doc(
+        False, "Apply weight decay to norms, biases and embeddings too (off by default).")
+    beta1: float = doc(0.9, "Adam beta1.")
+    beta2: float = doc(0.95, "Adam beta2.")
+    eps: float = doc(1e-8, "Adam epsilon.")
+    clip_grad: float = doc(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+    main_grads_dtype: Dtype = doc("fp32", "Dtype gradients are accumulated in.")
+    exp_avg_dtype: Dtype = doc("fp32", "Dtype of Adam's first moment.")
+    exp_avg_sq_dtype: Dtype = doc("fp32", "Dtype of Adam's second moment.")
+    distributed: bool = doc(False, "ZeRO-1: shard optimizer state over data-parallel ranks.")
+
+
+@dataclass
+class DataConfig:
+    source: Literal["synthetic", "tokens"] = doc(
+        "synthetic", "synthetic: generated sequences a model can learn; tokens: a dataset from `moetrain data prepare`.")
+    path: Optional[str] = doc(None, "Directory written by `moetrain data prepare` (source: tokens).")
+    eval_fraction: float = doc(0.05, "Fraction of documents held out for evaluation.")
+    shuffle: bool = doc(True, "Shuffle sequences deterministically by train.seed.")
+
+
+@dataclass
+class PrecisionConfig:
+    dtype: Literal["fp32", "bf16", "fp16"] = doc(
+        "bf16", "Parameter/compute dtype on GPU; CPU runs always use fp32.")
+    master_weights: bool = doc(
+        True, "Keep fp32 master weights for the optimizer when dtype is bf16/fp16.")
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = doc(0, "Save every N steps; 0 saves only at the end.")
+    resume: Optional[str] = doc(None, "null: start fresh; auto: latest under out_dir; or a checkpoint path.")
+    keep_last: int = doc(0, "Keep only the last N checkpoints; 0 keeps all.")
+    save_final: bool = doc(True, "Save a checkpoint at the end of training.")
+
+
+@dataclass
+class ProfileConfig:
+    enabled: bool = doc(False, "Write a PyTorch profiler trace for a window of steps.")
+    start_step: int = doc(3, "First profiled step.")
+    end_step: int = doc(5, "Last profiled step.")
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "moe": MoEConfig,
+    "parallel": ParallelConfig,
+    "train": TrainConfig,
+    "optim": OptimConfig,
+    "data": DataConfig,
+    "precision": PrecisionConfig,
+    "checkpoint": CheckpointConfig,
+    "profile": ProfileConfig,
+}
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+
+    # ---- derived quantities used across the code base -------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe.num_experts > 0
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        """Whether decoder layer ``layer_id`` (0-based) uses MoE instead of a dense MLP."""
+        m = self.moe
+        if m.num_experts == 0 or layer_id < m.first_k_dense:
+            return False
+        return (layer_id - m.first_k_dense) % m.layer_freq == 0
+
+    @property
+    def kv_heads(self) -> int:
+        m = self.model
+        return m.num_query_groups or m.num_attention_heads
+
+    @property
+    def attn_head_dim(self) -> int:
+        m = self.model
+        return m.head_dim or m.hidden_size // m.num_attention_heads
+
+    @property
+    def shared_ffn_size(self) -> int:
+        m = self.moe
+        if m.shared_expert_ffn_hidden_size is not None:
+            return m.shared_expert_ffn_hidden_size
+        return m.num_shared_experts * m.moe_ffn_hidden_size
+
+    @property
+    def grad_accum_steps(self) -> int:
+        t = self.train
+        return t.global_batch_size // (t.micro_batch_size * self.parallel.dp)
+
+    def to_dict(self) -> dict:
+        out = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            out[name] = {f.name: getattr(section, f.name) for f in fields(section)}
+        return out
+
+    # ---- cross-field validation -------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise ConfigError naming the keys involved when values are inconsistent."""
+        m, e, p, t, o = self.model, self.moe, self.parallel, self.train, self.optim
+
+        positive = [
+            ("model.vocab_size", m.vocab_size), ("model.hidden_size", m.hidden_size),
+            ("model.num_layers", m.num_layers), ("model.num_attention_heads", m.num_attention_heads),
+            ("model.ffn_hidden_size", m.ffn_hidden_size), ("train.steps", t.steps),
+            ("train.micro_batch_size", t.micro_batch_size), ("train.global_batch_size", t.global_batch_size),
+            ("train.seq_length", t.seq_length), ("train.log_interval", t.log_interval),
+            ("moe.layer_freq", e.layer_freq), ("train.manual_gc_interval", t.manual_gc_interval),
+        ]
+        for name in ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "gpus_per_node"):
+            positive.append((f"parallel.{name}", getattr(p, name)))
+        for key, value in positive:
+            if value < 1:
+                raise ConfigError(f"{key} = {value}: must be a positive integer")
+        non_negative = [
+            ("model.mtp_num_layers", m.mtp_num_layers), ("moe.num_experts", e.num_experts),
+            ("moe.num_shared_experts", e.num_shared_experts), ("moe.first_k_dense", e.first_k_dense),
+            ("optim.warmup_steps", o.warmup_steps), ("train.eval_interval", t.eval_interval),
+            ("checkpoint.interval", self.checkpoint.interval), ("checkpoint.keep_last", self.checkpoint.keep_last),
+            ("optim.lr", o.lr), ("optim.min_lr", o.min_lr), ("optim.weight_decay", o.weight_decay),
+            ("optim.clip_grad", o.clip_grad), ("moe.aux_loss_coeff", e.aux_loss_coeff),
+            ("moe.z_loss_coeff", e.z_loss_coeff), ("train.max_skipped_steps", t.max_skipped_steps),
+        ]
+        for key, value in non_negative:
+            if value < 0:
+                raise ConfigError(f"{key} = {value}: must be >= 0")
+
+        if o.min_lr > o.lr:
+            raise ConfigError(f"optim.min_lr = {o.min_lr} is larger than optim.lr = {o.lr}")
+        if not 0.0 <= self.data.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction = {self.data.eval_fraction}: must be in [0, 1)")
+        if self.data.source == "tokens" and not self.data.path:
+            raise ConfigError("data.source = tokens needs data.path (a directory from `moetrain data prepare`)")
+
+        if m.attention_type == "gqa":
+            kv = self.kv_heads
+            if m.num_attention_heads % kv:
+                raise ConfigError(
+                    f"model.num_attention_heads = {m.num_attention_heads} is not divisible by "
+                    f"model.num_query_groups = {kv}")
+            if m.head_dim is None and m.hidden_size % m.num_attention_heads:
+                raise ConfigError(
+                    f"model.hidden_size = {m.hidden_size} is not divisible by model.num_attention_heads = "
+                    f"{m.num_attention_heads}; set model.head_dim explicitly")
+        else:
+            if m.qk_rope_head_dim % 2:
+                raise ConfigError(f"model.qk_rope_head_dim = {m.qk_rope_head_dim}: RoPE needs an even dimension")
+        if m.sliding_window is not None and m.sliding_window < 1:
+            raise ConfigError(f"model.sliding_window = {m.sliding_window}: must be >= 1 or null")
+
+        if e.num_experts > 0:
+            if e.topk < 1 or e.topk > e.num_experts:
+                raise ConfigError(
+                    f"moe.topk = {e.topk} must be between 1 and moe.num_experts = {e.num_experts}")
+            if e.moe_ffn_hidden_size < 1:
+                raise ConfigError(f"moe.moe_ffn_hidden_size = {e.moe_ffn_hidden_size}: must be positive")
+            if (e.num_groups is None) != (e.topk_groups is None):
+                raise ConfigError("moe.num_groups and moe.topk_groups must be set together (or both null)")
+            if e.num_groups is not None:
+                if e.num_groups < 1 or e.num_experts % e.num_groups:
+                    raise ConfigError(
+                        f"moe.num_groups = {e.num_groups} does not divide moe.num_experts = {e.num_experts}")
+                if not 1 <= e.topk_groups <= e.num_groups:
+                    raise ConfigError(
+                        f"moe.topk_groups = {e.topk_groups} must be between 1 and moe.num_groups = {e.num_groups}")
+                per_group = e.num_experts // e.num_groups
+                if e.topk > e.topk_groups * per_group:
+                    raise ConfigError(
+                        f"moe.topk = {e.topk} exceeds the experts reachable in moe.topk_groups = {e.topk_groups} "
+                        f"groups of {per_group}")
+                if e.group_score == "top2_sum" and per_group < 2:
+                    raise ConfigError(
+                        "moe.group_score = top2_sum needs at least 2 experts per group "
+                        f"(moe.num_experts / moe.num_groups = {per_group})")
+            if e.num_experts % p.ep:
+                raise ConfigError(
+                    f"moe.num_experts = {e.num_experts} is not divisible by parallel.ep = {p.ep}")
+            if e.capacity_factor is not None and e.capacity_factor <= 0:
+                raise ConfigError(f"moe.capacity_factor = {e.capacity_factor}: must be positive or null")
+            if e.first_k_dense >= m.num_layers:
+                raise ConfigError(
+                    f"moe.first_k_dense = {e.first_k_dense} leaves no MoE layer among model.num_layers = "
+                    f"{m.num_layers}; set moe.num_experts = 0 for a dense model")
+
+        per_step = t.micro_batch_size * p.dp
+        if t.global_batch_size % per_step:
+            raise ConfigError(
+                f"train.global_batch_size = {t.global_batch_size} is not divisible by train.micro_batch_size "
+                f"({t.micro_batch_size}) x parallel.dp ({p.dp}) = {per_step}")
+        if (p.dp * p.cp * p.tp) % (p.ep * p.etp):
+            raise ConfigError(
+                f"parallel.ep ({p.ep}) x parallel.etp ({p.etp}) must divide parallel.dp ({p.dp}) x "
+                f"parallel.cp ({p.cp}) x parallel.tp ({p.tp})")
+        if m.num_attention_heads % p.tp:
+            raise ConfigError(
+                f"model.num_attention_heads = {m.num_attention_heads} is not divisible by parallel.tp = {p.tp}")
+        if p.sequence_parallel and p.tp == 1:
+            raise ConfigError("parallel.sequence_parallel needs parallel.tp > 1")
+        if p.vpp > 1 and p.pp == 1:
+            raise ConfigError("parallel.vpp > 1 needs parallel.pp > 1")
+        if p.pipeline_layout is None and p.pp * p.vpp > 1:
+            if m.num_layers % (p.pp * p.vpp):
+                raise ConfigError(
+                    f"model.num_layers = {m.num_layers} is not divisible by parallel.pp ({p.pp}) x parallel.vpp "
+                    f"({p.vpp}); set parallel.pipeline_layout for uneven stages")
+        if t.seq_length % p.cp:
+            raise ConfigError(f"train.seq_length = {t.seq_length} is not divisible by parallel.cp = {p.cp}")
+
+        if t.recompute_layer_ids is not None:
+            total = m.num_layers + m.mtp_num_layers
+            bad = [i for i in t.recompute_layer_ids if not 0 <= i < total]
+            if bad:
+                raise ConfigError(
+                    f"train.recompute_layer_ids has {bad}: valid ids are 0..{total - 1} "
+                    f"(decoder layers then MTP depths)")
+        if o.decay_steps is not None and o.decay_steps < 1:
+            raise ConfigError(f"optim.decay_steps = {o.decay_steps}: must be positive or null")
+        if self.profile.enabled and self.profile.end_step < self.profile.start_step:
+            raise ConfigError(
+                f"profile.end_step = {self.profile.end_step} is before profile.start_step = "
+                f"{self.profile.start_step}")

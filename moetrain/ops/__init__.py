@@ -1,0 +1,11 @@
+"""Public functional ops with autograd: what the models call. The backend is chosen here,
+never in model code.
+
+Legend: T tokens, H hidden, I expert intermediate, E experts (= G groups), K top-k,
+M routed rows (T*K), N output features.
+"""
+
+from moetrain.ops.grouped_gemm import BACKENDS, grouped_gemm, resolve_backend
+from moetrain.ops.moe import moe_experts, permute, swiglu, unpermute
+
+__all__ = ["BACKENDS", "grouped_gemm", "moe_experts", "permute", "resolve_backend", "swiglu", "unpermute"]

@@ -1,0 +1,60 @@
+"""Grouped GEMM: y[rows of group g] = x[rows of group g] @ w[g]^T.
+
+Shapes and dtypes:
+    x    [M, K]    float32 / bfloat16 / float16, rows sorted by group
+    w    [G, N, K] same dtype as x
+    offs [G]       int32, cumulative row ends: group g owns rows offs[g-1]..offs[g]-1
+                   (offs[-1] may be < M: trailing rows belong to no group; their output is 0)
+    y    [M, N]    dtype of x
+
+Backends:
+    "loop"  : a per-group Python loop of plain matmuls. Obviously correct; reads offs on the host
+              (a device sync), so it is the reference, not the production path.
+    "torch" : torch._grouped_mm (sync-free, CUDA). Its CPU backward mishandles empty groups in
+              torch 2.13, so "auto" only picks it on CUDA.
+    "auto"  : "torch" on CUDA, "loop" elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BACKENDS = ("auto", "torch", "loop")
+# The MoE config says "reference" for the loop backend; Triton arrives with the kernels issue.
+_ALIASES = {"reference": "loop"}
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Map a requested backend to the one that runs on ``device``; unknown names are errors."""
+    backend = _ALIASES.get(backend, backend)
+    if backend == "auto":
+        return "torch" if device.type == "cuda" else "loop"
+    if backend == "triton":
+        raise NotImplementedError("the triton grouped GEMM backend is not built yet; use auto, torch or reference")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown grouped GEMM backend {backend!r}; valid: {', '.join(BACKENDS)}, reference")
+    return backend
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """y_g = x_g @ w_g^T for each group g (see module docstring for shapes)."""
+    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2]:
+        raise ValueError(f"grouped_gemm: x {tuple(x.shape)} and w {tuple(w.shape)} do not match ([M,K], [G,N,K])")
+    if offs.shape != (w.shape[0],):
+        raise ValueError(f"grouped_gemm: offs {tuple(offs.shape)} must be [G] = [{w.shape[0]}]")
+    which = resolve_backend(backend, x.device)
+    if which == "torch":
+        return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs.to(torch.int32))
+    return grouped_gemm_loop(x, w, offs)
+
+
+def grouped_gemm_loop(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Reference: one matmul per group; autograd comes from the plain ops."""
+    ends = offs.tolist()
+    pieces, start = [], 0
+    for g, end in enumerate(ends):
+        pieces.append(x[start:end] @ w[g].t())
+        start = end
+    if start < x.shape[0]:
+        pieces.append(x.new_zeros(x.shape[0] - start, w.shape[1]))
+    return torch.cat(pieces, dim=0)

@@ -1,0 +1,112 @@
+"""The expert path of an MoE layer: permute -> FC1 -> SwiGLU -> FC2 -> weighted combine.
+
+Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K routed rows.
+
+Sync-free: token counts and offsets stay on the device; no host reads depend on routing
+(the "loop" grouped GEMM backend is the exception: it is the reference).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from moetrain.ops.grouped_gemm import grouped_gemm
+
+# GPT-OSS's clamped SwiGLU constants.
+CLAMPED_ALPHA = 1.702
+CLAMPED_LIMIT = 7.0
+
+
+def swiglu(h: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
+    """h [M, 2I] (columns 0..I-1 gate, I..2I-1 up) -> [M, I], dtype of h.
+
+    swiglu: silu(gate) * up.
+    swiglu_clamped (GPT-OSS): gate clamped above at 7, up clamped to [-7, 7],
+    gate * sigmoid(1.702 * gate) * (up + 1).
+    """
+    gate, up = h.chunk(2, dim=-1)
+    if activation == "swiglu":
+        return F.silu(gate) * up
+    if activation == "swiglu_clamped":
+        gate = gate.clamp(max=CLAMPED_LIMIT)
+        up = up.clamp(min=-CLAMPED_LIMIT, max=CLAMPED_LIMIT)
+        return gate * torch.sigmoid(CLAMPED_ALPHA * gate) * (up + 1)
+    raise ValueError(f"unknown expert activation {activation!r}; valid: swiglu, swiglu_clamped")
+
+
+def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int):
+    """Group the routed copies of each token by expert.
+
+    x [T, H]; topk_idx [T, K] int64 with -1 marking a dropped assignment.
+    Returns (x_perm [M, H] rows sorted by expert with dropped rows last,
+             offs [E] int32 cumulative group ends, row_map [M] int64: x_perm row r is the
+             copy for flat assignment row_map[r] = t*K + k).
+    """
+    flat = topk_idx.reshape(-1)
+    # Dropped assignments (-1) sort after every expert, beyond offs[-1].
+    key = torch.where(flat < 0, torch.full_like(flat, num_experts), flat)
+    row_map = torch.argsort(key, stable=True)
+    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts]
+    offs = torch.cumsum(counts, dim=0).to(torch.int32)
+    x_perm = x.index_select(0, row_map // topk_idx.shape[1])
+    return x_perm, offs, row_map
+
+
+def unpermute(y_perm: torch.Tensor, row_map: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor):
+    """Combine: out[t] = sum_k topk_weight[t, k] * y[t*K + k], dropped assignments excluded.
+
+    y_perm [M, H] in permuted order; row_map [M] from ``permute``; topk_idx/topk_weight [T, K].
+    Returns [T, H] in the dtype of y_perm; the weighted sum runs in fp32 (fp64 for fp64 inputs). No atomics: the
+    inverse permutation is a gather.
+    """
+    T, K = topk_idx.shape
+    inverse = torch.empty_like(row_map)
+    inverse[row_map] = torch.arange(row_map.numel(), device=row_map.device)
+    acc = torch.promote_types(y_perm.dtype, torch.float32)
+    y = y_perm.index_select(0, inverse).view(T, K, -1).to(acc)
+    weight = torch.where(topk_idx < 0, torch.zeros_like(topk_weight), topk_weight).to(acc)
+    # where (not multiply) so that garbage in dropped rows cannot leak NaN into the sum.
+    y = torch.where((topk_idx < 0).unsqueeze(-1), torch.zeros_like(y), y)
+    return torch.einsum("tkh,tk->th", y, weight).to(y_perm.dtype)
+
+
+def moe_experts(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weight: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    b1: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    activation: str = "swiglu",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """sum_k topk_weight[t, k] * FFN_{topk_idx[t, k]}(x[t]) for every token t.
+
+    x [T, H]; topk_idx [T, K] int64 (-1 = dropped); topk_weight [T, K] fp32;
+    w1 [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up); w2 [E, H, I]; b1 [E, 2I]; b2 [E, H].
+    FFN_e(x) = w2[e] @ act(w1[e] @ x + b1[e]) + b2[e]. Returns [T, H] in x.dtype.
+    """
+    E = w1.shape[0]
+    if topk_idx.shape != topk_weight.shape or topk_idx.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"moe_experts: topk_idx {tuple(topk_idx.shape)} / topk_weight {tuple(topk_weight.shape)} "
+            f"must both be [T, K] with T = {x.shape[0]}")
+    x_perm, offs, row_map = permute(x, topk_idx, E)
+    h = grouped_gemm(x_perm, w1, offs, backend)
+    if b1 is not None or b2 is not None:
+        expert_of_row = _expert_of_row(topk_idx, row_map, E)
+    if b1 is not None:
+        h = h + b1.index_select(0, expert_of_row)
+    a = swiglu(h, activation)
+    y = grouped_gemm(a, w2, offs, backend)
+    if b2 is not None:
+        y = y + b2.index_select(0, expert_of_row)
+    return unpermute(y, row_map, topk_idx, topk_weight)
+
+
+def _expert_of_row(topk_idx: torch.Tensor, row_map: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Expert id of each permuted row; dropped rows map to expert 0 (their output is discarded)."""
+    return topk_idx.reshape(-1).index_select(0, row_map).clamp(min=0, max=num_experts - 1)
