@@ -1,0 +1,174 @@
+"""Precision-aware AdamW with optional fp32 master weights and low-precision state.
+
+Three independent precision choices (``optim.*_dtype`` and ``precision.master_weights``):
+- main gradients: where micro-batch gradients accumulate (fp32 or bf16). When it differs from
+  the parameter dtype, a post-accumulate hook moves each gradient into the main buffer so the
+  sum over micro-batches is kept in that dtype.
+- master weights: an fp32 copy of every low-precision parameter that the update is applied
+  to; the model parameter is then a rounded copy of it.
+- Adam moments exp_avg / exp_avg_sq: stored in fp32 or bf16; the update math runs in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from moetrain.config.schema import OptimConfig
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def wants_weight_decay(name: str, param: nn.Parameter) -> bool:
+    """Matrices decay; norms, biases (incl. expert biases b1/b2), sinks and embeddings do not."""
+    if param.dim() < 2:
+        return False
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf not in ("bias", "b1", "b2") and not name.startswith("embed.")
+
+
+@dataclass
+class _Slot:
+    name: str
+    param: nn.Parameter
+    master: torch.Tensor | None  # fp32 copy the update is applied to; None: update the param itself
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    decay: bool
+    main_grad: torch.Tensor | None = None  # separate accumulation buffer, when used
+
+
+class PrecisionAwareAdamW:
+    """AdamW over named parameters with the precision choices described in the module doc.
+
+    Usage per optimizer step: zero_grad(); backward over micro-batches; grads() -> clip ->
+    step(lr). Gradients are read from ``main_grad`` buffers or ``param.grad``.
+    """
+
+    def __init__(self, named_params, optim: OptimConfig, master_weights: bool):
+        self.cfg = optim
+        self.step_count = 0
+        grad_dtype = DTYPES[optim.main_grads_dtype]
+        self.slots: list[_Slot] = []
+        self._hooks = []
+        for name, p in named_params:
+            if not p.requires_grad:
+                continue
+            low_precision = p.dtype != torch.float32
+            master = p.detach().float().clone() if (master_weights and low_precision) else None
+            slot = _Slot(
+                name=name, param=p, master=master,
+                exp_avg=torch.zeros_like(p, dtype=DTYPES[optim.exp_avg_dtype]),
+                exp_avg_sq=torch.zeros_like(p, dtype=DTYPES[optim.exp_avg_sq_dtype]),
+                decay=(optim.weight_decay > 0
+                       and (optim.decay_norms_biases_embeddings or wants_weight_decay(name, p))),
+            )
+            if grad_dtype != p.dtype:
+                slot.main_grad = torch.zeros_like(p, dtype=grad_dtype)
+                self._hooks.append(p.register_post_accumulate_grad_hook(_accumulate_into(slot)))
+            self.slots.append(slot)
+
+    # ---- gradients -----------------------------------------------------------------
+
+    def zero_grad(self) -> None:
+        for s in self.slots:
+            s.param.grad = None
+            if s.main_grad is not None:
+                s.main_grad.zero_()
+
+    def grads(self) -> list[torch.Tensor | None]:
+        return [s.main_grad if s.main_grad is not None else s.param.grad for s in self.slots]
+
+    def grad_norm(self) -> torch.Tensor:
+        """Global L2 norm of all gradients, in fp32, on the device (no host sync)."""
+        grads = [g for g in self.grads() if g is not None]
+        if not grads:
+            return torch.zeros(())
+        norms = torch._foreach_norm(grads, 2.0)
+        return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
+
+    def scale_grads(self, factor: torch.Tensor | float) -> None:
+        grads = [g for g in self.grads() if g is not None]
+        if grads:
+            torch._foreach_mul_(grads, factor)
+
+    # ---- update --------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        """One AdamW update at learning rate ``lr``; parameters without a gradient are skipped."""
+        c = self.cfg
+        self.step_count += 1
+        bias1 = 1.0 - c.beta1 ** self.step_count
+        bias2 = 1.0 - c.beta2 ** self.step_count
+        step_size = lr / bias1
+        for s, grad in zip(self.slots, self.grads()):
+            if grad is None:
+                continue
+            g = grad.float()
+            m = s.exp_avg.float()
+            v = s.exp_avg_sq.float()
+            m.lerp_(g, 1.0 - c.beta1)
+            v.mul_(c.beta2).addcmul_(g, g, value=1.0 - c.beta2)
+            target = s.master if s.master is not None else s.param.data
+            w = target.float()  # the same tensor when target is fp32: updated in place
+            if s.decay:
+                w.mul_(1.0 - lr * c.weight_decay)
+            denom = (v / bias2).sqrt_().add_(c.eps)
+            w.addcdiv_(m, denom, value=-step_size)
+            # Store back whatever is not already the fp32 tensor we updated in place.
+            if s.exp_avg.dtype != torch.float32:
+                s.exp_avg.copy_(m)
+            if s.exp_avg_sq.dtype != torch.float32:
+                s.exp_avg_sq.copy_(v)
+            if target.dtype != torch.float32:
+                target.copy_(w)
+            if s.master is not None:
+                s.param.data.copy_(s.master)
+
+    # ---- checkpointing -------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        state = {}
+        for s in self.slots:
+            entry = {"exp_avg": s.exp_avg, "exp_avg_sq": s.exp_avg_sq}
+            if s.master is not None:
+                entry["master"] = s.master
+            state[s.name] = entry
+        return {"step": self.step_count, "params": state}
+
+    def load_state_dict(self, state: dict) -> None:
+        names = {s.name for s in self.slots}
+        saved = set(state["params"])
+        if names != saved:
+            missing, extra = sorted(names - saved)[:5], sorted(saved - names)[:5]
+            raise ValueError(f"optimizer state does not match the model: missing {missing}, unexpected {extra}")
+        self.step_count = int(state["step"])
+        for s in self.slots:
+            entry = state["params"][s.name]
+            s.exp_avg.copy_(entry["exp_avg"])
+            s.exp_avg_sq.copy_(entry["exp_avg_sq"])
+            if s.master is not None and "master" in entry:
+                s.master.copy_(entry["master"])
+                s.param.data.copy_(s.master)
+            elif "master" in entry:  # saved with master weights, resumed without: keep their precision
+                s.param.data.copy_(entry["master"])
+
+    def bytes_of_state(self) -> int:
+        total = 0
+        for s in self.slots:
+            total += s.exp_avg.nbytes + s.exp_avg_sq.nbytes
+            if s.master is not None:
+                total += s.master.nbytes
+            if s.main_grad is not None:
+                total += s.main_grad.nbytes
+        return total
+
+
+def _accumulate_into(slot: _Slot):
+    def hook(param: torch.Tensor) -> None:
+        slot.main_grad.add_(param.grad)
+        param.grad = None
+    return hook
