@@ -1,0 +1,341 @@
+"""`moetrain data prepare`: turn text files into a token dataset that `TokenDataset` reads.
+
+Inputs
+  * ``.txt``: documents are separated by one or more blank lines (lines holding only
+    whitespace). The lines of one document are joined with a single ``\\n``; line endings
+    (``\\n`` or ``\\r\\n``) are not part of the text. A file without blank lines is one document.
+  * ``.jsonl`` (or ``.ndjson``): one JSON object per line with a string field ``"text"``;
+    each line is one document. Blank lines are skipped. A line that is not valid JSON or
+    has no string ``"text"`` is a UserError naming the file and the 1-based line number.
+  Files must be UTF-8.
+
+Tokenizers
+  * ``bytes``: byte-level; token id = UTF-8 byte value (0..255), end-of-document id 256,
+    vocabulary size 257.
+  * a Hugging Face ``tokenizer.json`` (needs the ``tokenizers`` package). Text is encoded
+    without the tokenizer's own special tokens; the end-of-document id is the first of
+    ``EOS_CANDIDATES`` the tokenizer knows.
+
+Output directory (format version 1)
+  * ``tokens.bin``: all documents concatenated, each followed by the end-of-document id;
+    flat, native little-endian ``uint16`` when vocab_size <= 65535, else ``uint32``.
+  * ``docs.npy``: int64 [num_docs + 1]; document i is tokens[docs[i]:docs[i+1]] (its EOS
+    included); docs[0] = 0 and docs[-1] = num_tokens.
+  * ``meta.json``: format_version, dtype, vocab_size, eos_id, num_tokens, num_docs,
+    tokenizer (description), sources (per file: path, documents, tokens, bytes).
+The directory is written under a temporary name next to the target and renamed into place
+at the end, so an interrupted run never leaves a half-written dataset behind.
+
+Text is streamed: documents are read one at a time, tokenized in chunks of a few MB and
+appended to tokens.bin, so memory does not grow with the input size (only the offsets do,
+8 bytes per document).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from array import array
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from moetrain.errors import UserError
+
+FORMAT_VERSION = 1
+BYTE_VOCAB_SIZE = 257
+BYTE_EOS_ID = 256
+# Special tokens that mark the end of a document in common tokenizers, in order of preference.
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[EOS]", "<|im_end|>")
+TEXT_SUFFIXES = (".txt",)
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+# Flush the document buffer to the tokenizer once it holds this many characters (or documents).
+_CHUNK_CHARS = 4 << 20
+_CHUNK_DOCS = 8192
+# Show a progress bar only when the inputs are at least this large (small runs stay quiet).
+PROGRESS_MIN_BYTES = 8 << 20
+
+
+# ---- tokenizers -----------------------------------------------------------------------------
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids; id 256 ends a document."""
+
+    vocab_size = BYTE_VOCAB_SIZE
+    eos_id = BYTE_EOS_ID
+
+    def describe(self) -> dict:
+        return {"type": "bytes"}
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer loaded from tokenizer.json."""
+
+    def __init__(self, path: str):
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"tokenizer {path!r}: no such file (give a tokenizer.json or 'bytes')")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise UserError(
+                f"tokenizer {path!r}: reading tokenizer.json needs the 'tokenizers' package "
+                "(pip install tokenizers), or use --tokenizer bytes") from None
+        try:
+            self.tok = Tokenizer.from_file(str(p))
+        except Exception as e:  # the Rust side raises a bare Exception for malformed files
+            raise UserError(f"tokenizer {path!r}: cannot load ({str(e).splitlines()[0]})") from None
+        self.path = p
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        for name in EOS_CANDIDATES:
+            tid = self.tok.token_to_id(name)
+            if tid is not None:
+                self.eos_token, self.eos_id = name, tid
+                break
+        else:
+            raise UserError(
+                f"tokenizer {path!r} has no end-of-document token; add one of "
+                f"{', '.join(EOS_CANDIDATES)} as a special token")
+
+    def describe(self) -> dict:
+        digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        return {"type": "tokenizers", "path": str(self.path.resolve()), "sha256": digest,
+                "eos_token": self.eos_token}
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        encs = self.tok.encode_batch(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int64) for e in encs]
+
+
+def load_tokenizer(spec: str):
+    """``bytes`` or a path to tokenizer.json -> an object with vocab_size, eos_id, encode_batch."""
+    if spec == "bytes":
+        return ByteTokenizer()
+    return HFTokenizer(spec)
+
+
+# ---- readers: yield documents one at a time --------------------------------------------------
+
+class _Counter:
+    """Bytes consumed so far over all inputs (drives the progress bar)."""
+
+    def __init__(self):
+        self.bytes = 0
+
+
+def _decode(raw: bytes, path: Path, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}:{lineno}: not valid UTF-8 text") from None
+
+
+def read_txt(path: Path, counter: _Counter) -> Iterator[str]:
+    """Documents of a .txt file: runs of non-blank lines, joined with '\\n'."""
+    lines: list[str] = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            counter.bytes += len(raw)
+            line = _decode(raw, path, lineno).rstrip("\r\n")
+            if line.strip():
+                lines.append(line)
+            elif lines:
+                yield "\n".join(lines)
+                lines = []
+    if lines:
+        yield "\n".join(lines)
+
+
+def read_jsonl(path: Path, counter: _Counter) -> Iterator[str]:
+    """Documents of a .jsonl file: the "text" field of each non-blank line."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            counter.bytes += len(raw)
+            line = _decode(raw, path, lineno)
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict) or "text" not in obj:
+                raise UserError(f"{path}:{lineno}: no \"text\" field (each line must be an object with \"text\")")
+            if not isinstance(obj["text"], str):
+                raise UserError(f"{path}:{lineno}: \"text\" is {type(obj['text']).__name__}, expected a string")
+            yield obj["text"]
+
+
+def _reader(path: Path):
+    suffix = path.suffix.lower()
+    if suffix in TEXT_SUFFIXES:
+        return read_txt
+    if suffix in JSONL_SUFFIXES:
+        return read_jsonl
+    raise UserError(
+        f"input {str(path)!r}: unknown file type {suffix or '(none)'!r}; valid: "
+        f"{', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}")
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 65535 else np.dtype(np.uint32)
+
+
+class _Writer:
+    """Appends tokenized documents to tokens.bin and records document offsets."""
+
+    def __init__(self, tmp: Path, tokenizer):
+        self.tok = tokenizer
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.f = open(tmp / "tokens.bin", "wb")
+        self.offsets = array("q", [0])
+        self.buffer: list[str] = []
+        self.buffer_chars = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.offsets[-1]
+
+    def add(self, text: str) -> None:
+        self.buffer.append(text)
+        self.buffer_chars += len(text)
+        if self.buffer_chars >= _CHUNK_CHARS or len(self.buffer) >= _CHUNK_DOCS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        encoded = self.tok.encode_batch(self.buffer)
+        self.buffer, self.buffer_chars = [], 0
+        # One array per chunk: each document's ids followed by the EOS id.
+        lengths = np.array([len(ids) + 1 for ids in encoded], dtype=np.int64)
+        out = np.empty(int(lengths.sum()), dtype=self.dtype)
+        ends = np.cumsum(lengths)
+        pos = 0
+        for ids, end in zip(encoded, ends):
+            if len(ids) and int(ids.max()) >= self.tok.vocab_size:
+                # A tokenizer whose ids exceed its own vocabulary would silently wrap in uint16.
+                raise UserError(f"tokenizer produced id {int(ids.max())} >= its vocab size {self.tok.vocab_size}")
+            out[pos:end - 1] = ids
+            out[end - 1] = self.tok.eos_id
+            pos = int(end)
+        out.tofile(self.f)
+        base = self.offsets[-1]
+        self.offsets.extend((ends + base).tolist())
+
+    def close(self) -> None:
+        self.flush()
+        self.f.close()
+
+
+def _progress(total_bytes: int, enabled: bool):
+    """A rich progress bar on stderr for large inputs, or None."""
+    if not enabled or total_bytes < PROGRESS_MIN_BYTES:
+        return None
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+    return Progress(TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+
+
+def _install(tmp: Path, output: Path) -> None:
+    """Move the finished temporary directory to `output`, replacing an older dataset there."""
+    if not output.exists():
+        os.rename(tmp, output)
+        return
+    old = output.parent / f".{output.name}.old-{os.getpid()}"
+    os.rename(output, old)
+    os.rename(tmp, output)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_output(output: Path) -> None:
+    if output.exists() and not output.is_dir():
+        raise UserError(f"output {str(output)!r} exists and is not a directory")
+    if output.is_dir() and any(output.iterdir()) and not (output / "meta.json").exists():
+        # Only replace an earlier dataset (or an empty directory), never unrelated files.
+        raise UserError(
+            f"output {str(output)!r} is a non-empty directory that is not a moetrain dataset; "
+            "choose a new or empty directory")
+
+
+def prepare(inputs: list[str], tokenizer: str, output: str, progress: bool = True) -> dict:
+    """Tokenize `inputs` with `tokenizer` ('bytes' or a tokenizer.json) into dataset dir `output`.
+
+    Returns the dataset's meta.json content plus ``output`` (the directory) and ``seconds``.
+    The train/eval split is not decided here: `TokenDataset` splits documents when it loads.
+    """
+    if not inputs:
+        raise UserError("data prepare: no input files given (--input FILE ...)")
+    paths = [Path(p) for p in inputs]
+    for p in paths:
+        if not p.is_file():
+            raise UserError(f"input {str(p)!r}: no such file")
+        _reader(p)  # reject unknown file types before any work
+    out = Path(output)
+    _check_output(out)
+    tok = load_tokenizer(tokenizer)
+
+    t0 = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        sources = []
+        writer = _Writer(tmp, tok)
+        counter = _Counter()
+        total_bytes = sum(p.stat().st_size for p in paths)
+        bar = _progress(total_bytes, progress)
+        task = bar.add_task("tokenize", total=total_bytes) if bar else None
+        if bar:
+            bar.start()
+        try:
+            for p in paths:
+                docs_before = len(writer.offsets) - 1  # the buffer is empty between files
+                for text in _reader(p)(p, counter):
+                    writer.add(text)
+                    if bar and not writer.buffer:  # just flushed a chunk
+                        bar.update(task, completed=counter.bytes)
+                writer.flush()  # so per-file token counts are exact
+                ndocs = len(writer.offsets) - 1 - docs_before
+                ntok = writer.offsets[-1] - writer.offsets[-1 - ndocs] if ndocs else 0
+                sources.append({"path": str(p.resolve()), "documents": ndocs, "tokens": int(ntok),
+                                "bytes": p.stat().st_size})
+                if bar:
+                    bar.update(task, completed=counter.bytes)
+        finally:
+            writer.close()
+            if bar:
+                bar.stop()
+        num_docs = len(writer.offsets) - 1
+        if num_docs == 0:
+            raise UserError(f"no documents found in {', '.join(map(str, paths))}")
+        np.save(tmp / "docs.npy", np.frombuffer(writer.offsets, dtype=np.int64))
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "dtype": writer.dtype.name,
+            "vocab_size": int(tok.vocab_size),
+            "eos_id": int(tok.eos_id),
+            "num_tokens": int(writer.num_tokens),
+            "num_docs": num_docs,
+            "tokenizer": tok.describe(),
+            "sources": sources,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        _install(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {**meta, "output": str(out), "seconds": round(time.perf_counter() - t0, 3)}
+

@@ -1,0 +1,212 @@
+"""`moetrain data prepare` (moetrain.train.tokenize): exact file contents for hand-computed inputs."""
+
+import hashlib
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from moetrain.errors import UserError
+from moetrain.train import tokenize
+from moetrain.train.tokenize import prepare
+
+EOS = 256
+
+
+def read_dataset(d):
+    meta = json.loads((d / "meta.json").read_text())
+    tokens = np.fromfile(d / "tokens.bin", dtype=np.dtype(meta["dtype"]))
+    docs = np.load(d / "docs.npy")
+    return meta, tokens, docs
+
+
+def test_txt_bytes(tmp_path):
+    f = tmp_path / "a.txt"
+    # Two documents: blank (and whitespace-only) lines separate them, CRLF endings are dropped,
+    # trailing spaces inside a line are kept.
+    f.write_bytes(b"Hi\r\nyou  \n\n  \n\nok\n")
+    summary = prepare([str(f)], "bytes", str(tmp_path / "out"), progress=False)
+    meta, tokens, docs = read_dataset(tmp_path / "out")
+    expected = [72, 105, 10, 121, 111, 117, 32, 32, EOS, 111, 107, EOS]   # "Hi\nyou  " EOS "ok" EOS
+    assert tokens.dtype == np.uint16
+    assert tokens.tolist() == expected
+    assert docs.dtype == np.int64 and docs.tolist() == [0, 9, 12]
+    assert meta == {
+        "format_version": 1, "dtype": "uint16", "vocab_size": 257, "eos_id": 256,
+        "num_tokens": 12, "num_docs": 2, "tokenizer": {"type": "bytes"},
+        "sources": [{"path": str(f.resolve()), "documents": 2, "tokens": 12, "bytes": 18}],
+    }
+    assert summary["num_tokens"] == 12 and summary["output"] == str(tmp_path / "out")
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "out"]   # no temporary directory left behind
+
+
+def test_jsonl_and_several_inputs(tmp_path):
+    a = tmp_path / "a.jsonl"
+    a.write_text('{"text": "h\\u00e9", "id": 7}\n\n{"text": ""}\n{"text": "a\\nb"}\n')
+    b = tmp_path / "b.txt"
+    b.write_text("xy")   # no final newline, a single document
+    prepare([str(a), str(b)], "bytes", str(tmp_path / "ds"), progress=False)
+    meta, tokens, docs = read_dataset(tmp_path / "ds")
+    # "hé" = 104, 0xC3, 0xA9; "" is an empty document (only its EOS); "a\nb"; then "xy" from b.txt.
+    assert tokens.tolist() == [104, 195, 169, EOS, EOS, 97, 10, 98, EOS, 120, 121, EOS]
+    assert docs.tolist() == [0, 4, 5, 9, 12]
+    assert meta["num_docs"] == 4 and meta["num_tokens"] == 12
+    assert [(s["documents"], s["tokens"]) for s in meta["sources"]] == [(3, 9), (1, 3)]
+
+
+@pytest.mark.parametrize("line, what", [
+    ('{"text": "fine"', "invalid JSON"),
+    ('{"txt": "typo"}', 'no "text" field'),
+    ('["text"]', 'no "text" field'),
+    ('{"text": 5}', '"text" is int'),
+])
+def test_bad_jsonl_line_names_file_and_line(tmp_path, line, what):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"text": "one"}\n\n' + line + "\n")
+    with pytest.raises(UserError) as e:
+        prepare([str(f)], "bytes", str(tmp_path / "out"), progress=False)
+    assert f"{f}:3:" in str(e.value) and what in str(e.value)
+    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl"]   # nothing written, tmp removed
+
+
+def test_input_errors(tmp_path):
+    good = tmp_path / "g.txt"
+    good.write_text("x\n")
+    missing = str(tmp_path / "nope.txt")
+    with pytest.raises(UserError, match="nope.txt"):
+        prepare([missing], "bytes", str(tmp_path / "o"))
+    (tmp_path / "data.csv").write_text("x")
+    with pytest.raises(UserError, match=r"data.csv.*\.txt, \.jsonl"):
+        prepare([str(tmp_path / "data.csv")], "bytes", str(tmp_path / "o"))
+    with pytest.raises(UserError, match="tok.json"):
+        prepare([str(good)], str(tmp_path / "tok.json"), str(tmp_path / "o"))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n \n")
+    with pytest.raises(UserError, match="no documents"):
+        prepare([str(empty)], "bytes", str(tmp_path / "o"), progress=False)
+    (tmp_path / "bin.txt").write_bytes(b"ok\n\xff\n")
+    with pytest.raises(UserError, match=r"bin.txt:2: not valid UTF-8"):
+        prepare([str(tmp_path / "bin.txt")], "bytes", str(tmp_path / "o"), progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_output_replaced_atomically_and_unrelated_dirs_protected(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("abc\n")
+    out = tmp_path / "out"
+    prepare([str(f)], "bytes", str(out), progress=False)
+    f.write_text("de\n")
+    prepare([str(f)], "bytes", str(out), progress=False)   # replaces the earlier dataset
+    assert read_dataset(out)[1].tolist() == [100, 101, EOS]
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "out"]
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError, match="not a moetrain dataset"):
+        prepare([str(f)], "bytes", str(other), progress=False)
+    assert (other / "notes.txt").read_text() == "keep me"
+    # A failure in a later file leaves the earlier dataset untouched.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    with pytest.raises(UserError):
+        prepare([str(f), str(bad)], "bytes", str(out), progress=False)
+    assert read_dataset(out)[1].tolist() == [100, 101, EOS]
+
+
+def test_progress_bar_same_result(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tokenize, "PROGRESS_MIN_BYTES", 0)
+    monkeypatch.setattr(tokenize, "_CHUNK_DOCS", 2)   # several flushes
+    f = tmp_path / "a.txt"
+    f.write_text("a\n\nb\n\nc\n\nd\n\ne\n")
+    prepare([str(f)], "bytes", str(tmp_path / "o"), progress=True)
+    _, tokens, docs = read_dataset(tmp_path / "o")
+    assert tokens.tolist() == [97, EOS, 98, EOS, 99, EOS, 100, EOS, 101, EOS]
+    assert docs.tolist() == [0, 2, 4, 6, 8, 10]
+    assert "tokenizing" in capsys.readouterr().err
+
+
+# ---- Hugging Face tokenizers ---------------------------------------------------------------------
+
+needs_tokenizers = pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None,
+                                      reason="the tokenizers package is not installed")
+
+
+def wordlevel(tmp_path, vocab, name="tokenizer.json"):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = tmp_path / name
+    tok.save(str(path))
+    return path
+
+
+@needs_tokenizers
+def test_wordlevel_exact_ids(tmp_path):
+    vocab = {"<unk>": 0, "</s>": 1, "the": 2, "cat": 3, "sat": 4, "dog": 5}
+    tp = wordlevel(tmp_path, vocab)
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"text": "the cat sat"}\n{"text": "the dog ran"}\n')
+    meta = prepare([str(f)], str(tp), str(tmp_path / "o"), progress=False)
+    _, tokens, docs = read_dataset(tmp_path / "o")
+    assert tokens.tolist() == [2, 3, 4, 1, 2, 5, 0, 1]   # "ran" is unknown -> <unk>; EOS = "</s>" = 1
+    assert docs.tolist() == [0, 4, 8]
+    assert (meta["vocab_size"], meta["eos_id"], meta["dtype"]) == (6, 1, "uint16")
+    assert meta["tokenizer"] == {"type": "tokenizers", "path": str(tp.resolve()),
+                                 "sha256": hashlib.sha256(tp.read_bytes()).hexdigest(), "eos_token": "</s>"}
+
+
+@needs_tokenizers
+def test_large_vocab_uses_uint32(tmp_path):
+    vocab = {f"w{i}": i for i in range(70000)}
+    vocab["<unk>"] = 70000
+    vocab["<|endoftext|>"] = 70001
+    tp = wordlevel(tmp_path, vocab)
+    f = tmp_path / "c.txt"
+    f.write_text("w69999 w3\n\nw65536\n")
+    meta = prepare([str(f)], str(tp), str(tmp_path / "o"), progress=False)
+    _, tokens, _ = read_dataset(tmp_path / "o")
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70002 and meta["eos_id"] == 70001
+    assert tokens.dtype == np.uint32 and tokens.tolist() == [69999, 3, 70001, 65536, 70001]
+
+
+@needs_tokenizers
+def test_tokenizer_without_eos_is_an_error(tmp_path):
+    tp = wordlevel(tmp_path, {"<unk>": 0, "a": 1})
+    f = tmp_path / "c.txt"
+    f.write_text("a\n")
+    with pytest.raises(UserError, match=r"tokenizer\.json.*end-of-document"):
+        prepare([str(f)], str(tp), str(tmp_path / "o"), progress=False)
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    with pytest.raises(UserError, match="broken.json"):
+        prepare([str(f)], str(bad), str(tmp_path / "o"), progress=False)
+
+
+@needs_tokenizers
+def test_trained_bpe_round_trip(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    corpus = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
+              "héllo wörld, ünïcode too"] * 20
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    tp = tmp_path / "bpe.json"
+    tok.save(str(tp))
+    docs_text = ["the lazy fox saves time", "héllo dog\nsecond line", "zebra! (unseen words)"]
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs_text))
+    meta = prepare([str(f)], str(tp), str(tmp_path / "o"), progress=False)
+    _, tokens, docs = read_dataset(tmp_path / "o")
+    eos = tok.token_to_id("<|endoftext|>")
+    assert meta["eos_id"] == eos and meta["vocab_size"] == tok.get_vocab_size()
+    assert meta["num_docs"] == 3 and docs[-1] == len(tokens) == meta["num_tokens"]
+    for i, text in enumerate(docs_text):
+        ids = tokens[docs[i]:docs[i + 1]].tolist()
+        assert ids[-1] == eos and eos not in ids[:-1]
+        assert ids[:-1] == tok.encode(text, add_special_tokens=False).ids
+        assert tok.decode(ids[:-1]) == text   # byte-level BPE decodes back to the exact text
