@@ -64,6 +64,8 @@ class ModelConfig:
     yarn_beta_slow: float = doc(1.0, "YaRN: low-frequency boundary (rotations).")
     yarn_mscale: float = doc(1.0, "YaRN: attention temperature coefficient (DeepSeek mscale).")
     yarn_mscale_all_dim: float = doc(0.0, "YaRN: DeepSeek mscale_all_dim; 0 disables the softmax-scale correction.")
+    yarn_truncate: Optional[bool] = doc(
+        None, "YaRN: round the correction range to whole dimensions; null = true except for GPT-OSS (sinks).")
     tie_embeddings: bool = doc(False, "Share the input embedding with the output head.")
     mtp_num_layers: int = doc(0, "Multi-token-prediction depth (DeepSeek-V3: 1).")
     mtp_loss_scale: float = doc(0.1, "Weight of the MTP loss (averaged over depths).")
@@ -140,7 +142,7 @@ class TrainConfig:
     recompute: Literal["none", "selective", "full"] = doc(
         "none", "Activation recompute: selective recomputes attention core and expert activations; full whole layers.")
     recompute_layer_ids: Optional[list[int]] = doc(
-        None, "Global layer ids recomputed in full (MTP depth d, 0-based, is num_layers + d); overrides recompute.")
+        None, "Global layer ids recomputed in full (MTP depth d, 0-based, is num_layers + d); others follow recompute.")
     manual_gc: bool = doc(False, "Disable automatic Python GC and collect every manual_gc_interval steps.")
     manual_gc_interval: int = doc(50, "Steps between manual garbage collections.")
     compile: bool = doc(False, "torch.compile each decoder layer.")

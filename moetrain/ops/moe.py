@@ -47,7 +47,10 @@ def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int):
     # Dropped assignments (-1) sort after every expert, beyond offs[-1].
     key = torch.where(flat < 0, torch.full_like(flat, num_experts), flat)
     row_map = torch.argsort(key, stable=True)
-    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts]
+    # scatter_add rather than bincount: bincount sizes its output from the data (a device sync).
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=key.device)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    counts = counts[:num_experts]
     offs = torch.cumsum(counts, dim=0).to(torch.int32)
     x_perm = x.index_select(0, row_map // topk_idx.shape[1])
     return x_perm, offs, row_map

@@ -1,0 +1,164 @@
+"""Self-attention: GQA/MHA (Llama, Qwen3, Mixtral, GPT-OSS) and MLA (DeepSeek).
+
+Legend: B batch, S sequence, H hidden, nh query heads, nkv key/value heads, hd head dim,
+dv value head dim, W sliding window. Both modules map x [B, S, H] -> [B, S, H] given RoPE
+tables cos/sin [S, rope_dim/2] (fp32, computed once per forward by the transformer).
+
+The attention core (``attention_core``) works in the parameter dtype:
+* plain causal attention -> torch SDPA with is_causal (GQA through enable_gqa);
+* sliding window without sinks -> SDPA with an explicit boolean mask;
+* learned sinks (GPT-OSS) -> an explicit softmax over [QK^T * scale, sink] in fp32: the sink
+  column takes probability mass but has no value row, then it is dropped.
+A window W lets query i see keys j with i - W < j <= i (W keys, itself included; HF semantics).
+
+With selective recompute the core is checkpointed: from q, k, v (after RoPE) to the per-head
+output before o_proj; projections, norms and RoPE keep their activations.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moetrain.models.linear import Linear
+from moetrain.models.norm import RMSNorm
+from moetrain.models.recompute import checkpoint
+from moetrain.models.rope import RopeParams, apply_rope
+
+
+def causal_mask(seq_len: int, window: int | None = None, device=None) -> torch.Tensor:
+    """[S, S] bool, True where query i may attend key j (j <= i, and i - j < W with a window)."""
+    i = torch.arange(seq_len, device=device)[:, None]
+    j = torch.arange(seq_len, device=device)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed = allowed & (i - j < window)
+    return allowed
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                   window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention. q [B, nh, S, d], k [B, nkv, S, d], v [B, nkv, S, dv] (nkv divides nh);
+    sinks [nh] or None. Returns [B, nh, S, dv] in v.dtype. Query head h uses kv head h // (nh/nkv)."""
+    nh, nkv, S = q.shape[1], k.shape[1], q.shape[2]
+    if sinks is None:
+        if window is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=nkv != nh)
+        mask = causal_mask(S, window, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=nkv != nh)
+    if nkv != nh:
+        k = k.repeat_interleave(nh // nkv, dim=1)
+        v = v.repeat_interleave(nh // nkv, dim=1)
+    scores = (q @ k.transpose(-2, -1)) * scale  # [B, nh, S, S], param dtype
+    dt = torch.promote_types(scores.dtype, torch.float32)  # softmax in fp32 (fp64 stays fp64)
+    scores = scores.to(dt).masked_fill(~causal_mask(S, window, q.device), float("-inf"))
+    sink = sinks.to(dt).view(1, nh, 1, 1).expand(q.shape[0], nh, S, 1)
+    logits = torch.cat([scores, sink], dim=-1)
+    # The diagonal is never masked, so no row is all -inf; softmax subtracts the row max itself.
+    probs = torch.softmax(logits, dim=-1)[..., :-1]
+    return probs.to(v.dtype) @ v
+
+
+class _CoreMixin:
+    """Shared by both attention kinds: the (optionally checkpointed) core call."""
+
+    recompute_core: bool = False
+    window: int | None = None
+
+    def _core(self, q, k, v, sinks=None):
+        if self.recompute_core:
+            if sinks is None:
+                return checkpoint(lambda a, b, c: attention_core(a, b, c, scale=self.scale, window=self.window), q, k, v)
+            return checkpoint(
+                lambda a, b, c, s: attention_core(a, b, c, scale=self.scale, window=self.window, sinks=s),
+                q, k, v, sinks)
+        return attention_core(q, k, v, scale=self.scale, window=self.window, sinks=sinks)
+
+
+class GQAAttention(_CoreMixin, nn.Module):
+    """Multi-head / grouped-query attention with optional biases, per-head qk RMSNorm (before
+    RoPE), sliding window and learned sinks. Parameters: q_proj/k_proj/v_proj/o_proj (+bias),
+    q_norm/k_norm [hd], sinks [nh]."""
+
+    def __init__(self, cfg, window: int | None = None):
+        super().__init__()
+        m = cfg.model
+        H, nh, nkv, hd = m.hidden_size, m.num_attention_heads, cfg.kv_heads, cfg.attn_head_dim
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        out_bias = m.attention_bias if m.attention_out_bias is None else m.attention_out_bias
+        self.q_proj = Linear(H, nh * hd, bias=m.attention_bias)
+        self.k_proj = Linear(H, nkv * hd, bias=m.attention_bias)
+        self.v_proj = Linear(H, nkv * hd, bias=m.attention_bias)
+        self.o_proj = Linear(nh * hd, H, bias=out_bias)
+        self.q_norm = RMSNorm(hd, m.norm_eps) if m.qk_norm else None
+        self.k_norm = RMSNorm(hd, m.norm_eps) if m.qk_norm else None
+        self.sinks = nn.Parameter(torch.empty(nh)) if m.attention_sinks else None
+        self.window = window
+        self.rope = RopeParams.from_model_config(m, hd)
+        self.scale = hd ** -0.5 * self.rope.softmax_scale_multiplier
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.nh, self.hd)
+        k = self.k_proj(x).view(B, S, self.nkv, self.hd)
+        v = self.v_proj(x).view(B, S, self.nkv, self.hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.sinks)
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.hd))
+
+
+class MLAttention(_CoreMixin, nn.Module):
+    """DeepSeek multi-head latent attention.
+
+    q = q_b_proj(q_a_norm(q_a_proj(x))) (or q_proj(x) without q_lora_rank), per head split into
+    [nope | rope]. kv_a_proj(x) = [latent c (kvl) | shared rope key (rope)]; kv_b_proj(kv_a_norm(c))
+    per head = [k_nope | v]. Key = [k_nope | rope(k_rope) broadcast over heads]; query =
+    [q_nope | rope(q_rope)]. Softmax scale (nope+rope)^-1/2 times the YaRN mscale correction.
+    """
+
+    def __init__(self, cfg, window: int | None = None):
+        super().__init__()
+        m = cfg.model
+        H, nh = m.hidden_size, m.num_attention_heads
+        self.nh, self.nope, self.rope_dim, self.dv = nh, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        self.kvl = m.kv_lora_rank
+        qk = self.nope + self.rope_dim
+        if m.q_lora_rank:
+            self.q_a_proj = Linear(H, m.q_lora_rank)
+            self.q_a_norm = RMSNorm(m.q_lora_rank, m.norm_eps)
+            self.q_b_proj = Linear(m.q_lora_rank, nh * qk)
+            self.q_proj = None
+        else:
+            self.q_proj = Linear(H, nh * qk)
+        self.kv_a_proj = Linear(H, self.kvl + self.rope_dim)
+        self.kv_a_norm = RMSNorm(self.kvl, m.norm_eps)
+        self.kv_b_proj = Linear(self.kvl, nh * (self.nope + self.dv))
+        self.o_proj = Linear(nh * self.dv, H)
+        self.window = window
+        self.rope = RopeParams.from_model_config(m, self.rope_dim)
+        self.scale = qk ** -0.5 * self.rope.softmax_scale_multiplier
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, S, _ = x.shape
+        if self.q_proj is not None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
+        q = q.view(B, S, self.nh, self.nope + self.rope_dim)
+        q_nope, q_rope = q.split([self.nope, self.rope_dim], dim=-1)
+        c, k_rope = self.kv_a_proj(x).split([self.kvl, self.rope_dim], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_norm(c)).view(B, S, self.nh, self.nope + self.dv)
+        k_nope, v = kv.split([self.nope, self.dv], dim=-1)
+        q_rope = apply_rope(q_rope, cos, sin)
+        k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin).expand(B, S, self.nh, self.rope_dim)
+        q = torch.cat([q_nope, q_rope], dim=-1)
+        k = torch.cat([k_nope, k_rope], dim=-1)
+        o = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.dv))
+
+
+def build_attention(cfg, window: int | None = None) -> nn.Module:
+    return MLAttention(cfg, window) if cfg.model.attention_type == "mla" else GQAAttention(cfg, window)

@@ -1,0 +1,1 @@
+"""Mixture-of-Experts building blocks: router, stacked experts, the MoE layer."""

@@ -1,0 +1,36 @@
+"""Routed experts: stacked weights, computed by ``moetrain.ops.moe_experts``.
+
+Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k.
+w1 [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), w2 [E, H, I], optional b1 [E, 2I], b2 [E, H].
+FFN_e(x) = w2[e] @ act(w1[e] @ x + b1[e]) + b2[e]; the layer output for token t is
+sum_k topk_weight[t, k] * FFN_{topk_idx[t, k]}(x[t]) (topk_idx -1 = dropped, contributes 0).
+Which kernel runs is ops' choice (moe.backend), never decided here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from moetrain import ops
+
+
+class Experts(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        e, H = cfg.moe, cfg.model.hidden_size
+        E, I = e.num_experts, e.moe_ffn_hidden_size
+        self.activation, self.backend = e.activation, e.backend
+        self.w1 = nn.Parameter(torch.empty(E, 2 * I, H))
+        self.w2 = nn.Parameter(torch.empty(E, H, I))
+        self.b1 = nn.Parameter(torch.empty(E, 2 * I)) if e.expert_linear_bias else None
+        self.b2 = nn.Parameter(torch.empty(E, H)) if e.expert_linear_bias else None
+
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
+        """x [T, H], topk_idx [T, K] int64, topk_weight [T, K] fp32 -> [T, H] in x.dtype."""
+        return ops.moe_experts(x, topk_idx, topk_weight, self.w1, self.w2, b1=self.b1, b2=self.b2,
+                               activation=self.activation, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        E, I2, H = self.w1.shape
+        return f"experts={E}, hidden={H}, intermediate={I2 // 2}, activation={self.activation}"

@@ -1,0 +1,88 @@
+"""MoE layer: route -> routed experts (+ shared experts).
+
+Legend: B batch, S sequence, T = B*S tokens, H hidden, E experts, K top-k.
+forward(x [B, S, H]) -> (y [B, S, H], aux [] fp32) where aux = aux_loss_coeff * aux_loss +
+z_loss_coeff * z_loss of this layer (a differentiable scalar, 0 when both are off).
+
+Load statistics: ``tokens_per_expert`` [E] fp32 (a non-persistent buffer) accumulates the
+router's per-expert assignment counts (before capacity dropping) of every training-mode
+forward, detached and on the device, but not during activation recompute (so a checkpointed
+layer counts once). ``update_expert_bias(rate)`` applies DeepSeek's aux-loss-free update from
+those counts; ``reset_stats()`` zeroes them. With data parallelism the trainer should
+all-reduce ``tokens_per_expert`` before the update so that every rank moves the same bias.
+
+Selective recompute (``recompute_experts``) checkpoints the whole ``ops.moe_experts`` call
+(permute, FC1, activation, FC2, combine): only its inputs x, topk_idx, topk_weight are kept;
+the routed-expert activations [T*K, 2I] and [T*K, I] are recomputed in backward. The router
+and the shared experts are not recomputed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from moetrain.models.mlp import MLP
+from moetrain.models.moe.experts import Experts
+from moetrain.models.moe.router import Router
+from moetrain.models.recompute import checkpoint, is_recomputing
+
+
+class MoELayer(nn.Module):
+    """Parameters: router.*, experts.*, shared.* (when cfg.shared_ffn_size > 0)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        e = cfg.moe
+        self.num_experts = e.num_experts
+        self.aux_loss_coeff, self.z_loss_coeff = e.aux_loss_coeff, e.z_loss_coeff
+        self.router = Router(cfg)
+        self.experts = Experts(cfg)
+        shared = cfg.shared_ffn_size
+        self.shared = MLP(cfg.model.hidden_size, shared, e.activation) if shared > 0 else None
+        self.register_buffer("tokens_per_expert", torch.zeros(e.num_experts, dtype=torch.float32), persistent=False)
+        self.recompute_experts = False
+
+    def _apply(self, fn, recurse=True):
+        # Keep the counts in fp32 when the model is cast to bf16 (counts above 256 lose units).
+        saved = self.tokens_per_expert
+        super()._apply(fn, recurse)
+        if self.tokens_per_expert.dtype != torch.float32:
+            self.tokens_per_expert = saved.to(device=self.tokens_per_expert.device, dtype=torch.float32)
+        return self
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, S, H = x.shape
+        xt = x.reshape(B * S, H)
+        r = self.router(xt, seq_len=S)
+        if self.training and not is_recomputing():
+            with torch.no_grad():
+                self.tokens_per_expert.add_(r.counts)
+        if self.recompute_experts:
+            y = checkpoint(self.experts, xt, r.topk_idx, r.topk_weight)
+        else:
+            y = self.experts(xt, r.topk_idx, r.topk_weight)
+        if self.shared is not None:
+            y = y + self.shared(xt)
+        aux = self.aux_loss_coeff * r.aux_loss + self.z_loss_coeff * r.z_loss
+        return y.view(B, S, H), aux
+
+    @torch.no_grad()
+    def update_expert_bias(self, rate: float) -> None:
+        """expert_bias += rate * sign(mean count - count): overloaded experts down, underloaded up.
+        No-op without moe.expert_bias. The counts are kept (for metrics) until ``reset_stats``."""
+        bias = self.router.expert_bias
+        if bias is None:
+            return
+        counts = self.tokens_per_expert
+        bias.add_(rate * torch.sign(counts.mean() - counts))
+
+    @torch.no_grad()
+    def reset_stats(self) -> None:
+        self.tokens_per_expert.zero_()
+
+    @torch.no_grad()
+    def load_imbalance(self) -> torch.Tensor:
+        """max / mean of the accumulated counts (fp32 device scalar; 1 = balanced, 0 = no tokens yet)."""
+        counts = self.tokens_per_expert
+        return counts.max() / counts.mean().clamp(min=1e-12)

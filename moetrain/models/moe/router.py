@@ -1,0 +1,200 @@
+"""MoE router: scores, (group-limited) top-k, expert bias, capacity, aux and z losses.
+
+Legend: T tokens, H hidden, E experts, K top-k, G expert groups, B sequences, S tokens per
+sequence (T = B * S).
+
+Everything here is sync-free: no .item()/.tolist()/.cpu(); shapes depend only on T, E, K (the
+capacity is computed from shapes on the host), token counts stay on the device.
+
+Pipeline (scores in fp32 throughout):
+1. logits = x @ weight^T (+ router bias), computed in fp32. force_balance=uniform replaces the
+   logits used for routing by standard-normal noise (the aux/z losses still see the real ones).
+2. scores = softmax(logits) or sigmoid(logits).
+3. selection scores = scores + expert_bias (aux-loss-free balancing; the bias only affects
+   which experts are chosen, never the weights). Group-limited routing ranks the G groups of
+   E/G consecutive experts by max or top-2-sum of their selection scores, keeps the best
+   topk_groups per token and masks the other groups' experts to -inf; then top-k.
+4. weights = unbiased scores of the chosen experts; with normalize_topk divided by their sum
+   (softmax: renormalised top-k; sigmoid: normalised over the selected, + 1e-20 as DeepSeek);
+   then times scaling_factor. force_balance=even skips 1-4: token t takes experts
+   (t*K + k) % E with weight 1/K.
+5. Capacity (capacity_factor set): C = ceil(factor * T * K / E) assignments per expert. Within
+   each expert the assignments are ranked by routing weight, highest first, ties by flat
+   position t*K + k (earlier tokens first); those ranked >= C are dropped: topk_idx = -1,
+   weight 0. So the lowest-weight assignments are dropped first.
+6. counts[e] = assignments to e before dropping (the demand; this is what the expert-bias
+   update and load-imbalance metric use).
+
+Losses (unweighted here; the MoE layer multiplies the coefficients):
+* aux (Switch/GShard/DeepSeek): E * sum_e f_e * P_e, f_e = fraction of the T*K assignments
+  that went to e (before dropping), P_e = mean over tokens of the token's score for e,
+  normalised to sum to 1 over experts (sigmoid scores are divided by their sum). Balanced
+  routing gives 1. "batch": over all T tokens; "sequence": per sequence, averaged over B.
+* z: mean over tokens of logsumexp(logits)^2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class RouterOutput:
+    topk_idx: torch.Tensor  # [T, K] int64; -1 = dropped by capacity
+    topk_weight: torch.Tensor  # [T, K] fp32 (fp64 for fp64 inputs); 0 where dropped
+    counts: torch.Tensor  # [E] fp32, assignments per expert before dropping
+    aux_loss: torch.Tensor  # fp32 scalar, unweighted; 0 when moe.aux_loss_coeff == 0
+    z_loss: torch.Tensor  # fp32 scalar, unweighted; 0 when moe.z_loss_coeff == 0
+    logits: torch.Tensor  # [T, E] router logits, fp32 (fp64 for fp64 inputs)
+
+
+def expert_counts(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[E] fp32 number of assignments per expert; entries < 0 are not counted.
+    scatter_add rather than bincount: CUDA bincount reads its max on the host."""
+    flat = topk_idx.reshape(-1)
+    valid = flat >= 0
+    counts = torch.zeros(num_experts, device=flat.device, dtype=torch.float32)
+    return counts.scatter_add_(0, flat.clamp(min=0), valid.to(torch.float32))
+
+
+def group_limited_mask(sel: torch.Tensor, num_groups: int, topk_groups: int, group_score: str) -> torch.Tensor:
+    """[T, E] bool: True for experts inside the topk_groups best groups of each token.
+    Groups are ranked on the selection scores sel [T, E] by max or top-2 sum."""
+    T, E = sel.shape
+    grouped = sel.view(T, num_groups, E // num_groups)
+    if group_score == "max":
+        gscore = grouped.amax(dim=-1)
+    elif group_score == "top2_sum":
+        gscore = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    else:
+        raise ValueError(f"unknown moe.group_score {group_score!r}; valid: max, top2_sum")
+    best = gscore.topk(topk_groups, dim=-1).indices  # [T, topk_groups]
+    gmask = torch.zeros(T, num_groups, dtype=torch.bool, device=sel.device).scatter_(1, best, True)
+    return gmask.unsqueeze(-1).expand(T, num_groups, E // num_groups).reshape(T, E)
+
+
+def drop_over_capacity(topk_idx: torch.Tensor, topk_weight: torch.Tensor, capacity: int,
+                       num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep at most ``capacity`` assignments per expert, highest weight first (ties: lower flat
+    position t*K + k first). Dropped ones get idx -1 and weight 0. Sync-free (two stable sorts)."""
+    flat_e = topk_idx.reshape(-1)
+    flat_w = topk_weight.reshape(-1)
+    n = flat_e.numel()
+    by_weight = torch.argsort(-flat_w, stable=True)
+    order = by_weight[torch.argsort(flat_e[by_weight], stable=True)]  # by expert, then weight desc
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat_e.device)
+    counts.scatter_add_(0, flat_e, torch.ones_like(flat_e))
+    starts = torch.cumsum(counts, 0) - counts
+    rank_sorted = torch.arange(n, device=flat_e.device) - starts[flat_e[order]]
+    rank = torch.empty_like(rank_sorted).scatter_(0, order, rank_sorted)
+    keep = (rank < capacity).view_as(topk_idx)
+    return (torch.where(keep, topk_idx, torch.full_like(topk_idx, -1)),
+            torch.where(keep, topk_weight, torch.zeros_like(topk_weight)))
+
+
+def load_balancing_loss(probs: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
+                        seq_len: int | None = None) -> torch.Tensor:
+    """E * sum_e f_e * P_e (see module doc). probs [T, E] rows summing to 1; topk_idx [T, K] >= 0.
+    seq_len given: per-sequence loss (T = B * seq_len) averaged over sequences."""
+    T, K = topk_idx.shape
+    E = num_experts
+    if seq_len is None:
+        f = expert_counts(topk_idx, E) / (T * K)
+        return E * (f * probs.mean(0)).sum()
+    B = T // seq_len
+    onehot = torch.zeros(T, E, device=probs.device, dtype=probs.dtype).scatter_(1, topk_idx, 1.0)
+    f = onehot.view(B, seq_len, E).sum(1) / (seq_len * K)  # [B, E]
+    p = probs.view(B, seq_len, E).mean(1)  # [B, E]
+    return E * (f * p).sum(-1).mean()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """mean_t logsumexp(logits_t)^2 (ST-MoE), fp32."""
+    return torch.logsumexp(logits.float(), dim=-1).square().mean()
+
+
+class Router(nn.Module):
+    """Parameters: weight [E, H], bias [E] (moe.router_bias). Buffer: expert_bias [E] fp32
+    (moe.expert_bias), kept in fp32 even when the model is cast to bf16."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        e = cfg.moe
+        self.num_experts, self.topk = e.num_experts, e.topk
+        self.score_function = e.score_function
+        self.num_groups, self.topk_groups, self.group_score = e.num_groups, e.topk_groups, e.group_score
+        self.normalize_topk, self.scaling_factor = e.normalize_topk, e.scaling_factor
+        self.capacity_factor = e.capacity_factor
+        self.force_balance = e.force_balance
+        self.aux_loss_type = e.aux_loss_type
+        self.compute_aux = e.aux_loss_coeff > 0
+        self.compute_z = e.z_loss_coeff > 0
+        self.weight = nn.Parameter(torch.empty(e.num_experts, cfg.model.hidden_size))
+        self.bias = nn.Parameter(torch.empty(e.num_experts)) if e.router_bias else None
+        if e.expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(e.num_experts, dtype=torch.float32))
+        else:
+            self.expert_bias = None
+
+    def _apply(self, fn, recurse=True):
+        # model.to(bf16) would round the expert bias (updates of 1e-3 vanish in bf16): keep fp32.
+        saved = self.expert_bias
+        super()._apply(fn, recurse)
+        if saved is not None and self.expert_bias.dtype != torch.float32:
+            self.expert_bias = saved.to(device=self.expert_bias.device, dtype=torch.float32)
+        return self
+
+    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.score_function == "softmax":
+            return torch.softmax(logits, dim=-1)
+        if self.score_function == "sigmoid":
+            return torch.sigmoid(logits)
+        raise ValueError(f"unknown moe.score_function {self.score_function!r}; valid: softmax, sigmoid")
+
+    def forward(self, x: torch.Tensor, seq_len: int | None = None) -> RouterOutput:
+        """x [T, H] -> RouterOutput. seq_len: tokens per sequence (for aux_loss_type=sequence)."""
+        T, E, K = x.shape[0], self.num_experts, self.topk
+        # fp32 routing (fp64 when the model runs in fp64, e.g. reference tests)
+        dt = torch.promote_types(x.dtype, torch.float32)
+        bias = self.bias.to(dt) if self.bias is not None else None
+        logits = F.linear(x.to(dt), self.weight.to(dt), bias)  # [T, E]
+        scores = self._scores(logits)
+
+        if self.force_balance == "even":
+            t = torch.arange(T, device=x.device).unsqueeze(1)
+            topk_idx = (t * K + torch.arange(K, device=x.device)) % E
+            topk_weight = torch.full((T, K), 1.0 / K, device=x.device, dtype=dt)
+        else:
+            route_scores = scores
+            if self.force_balance == "uniform":
+                route_scores = self._scores(torch.randn(T, E, device=x.device, dtype=dt))
+            elif self.force_balance != "none":
+                raise ValueError(f"unknown moe.force_balance {self.force_balance!r}; valid: none, even, uniform")
+            sel = route_scores if self.expert_bias is None else route_scores + self.expert_bias
+            if self.num_groups is not None:
+                keep = group_limited_mask(sel, self.num_groups, self.topk_groups, self.group_score)
+                sel = sel.masked_fill(~keep, float("-inf"))
+            topk_idx = sel.topk(K, dim=-1).indices
+            topk_weight = route_scores.gather(1, topk_idx)
+            if self.normalize_topk:
+                denom = topk_weight.sum(-1, keepdim=True)
+                topk_weight = topk_weight / (denom + 1e-20 if self.score_function == "sigmoid" else denom)
+            topk_weight = topk_weight * self.scaling_factor
+
+        counts = expert_counts(topk_idx, E)
+        zero = logits.new_zeros(())
+        aux = zero
+        if self.compute_aux:
+            probs = scores if self.score_function == "softmax" else scores / scores.sum(-1, keepdim=True)
+            per_seq = seq_len if self.aux_loss_type == "sequence" else None
+            aux = load_balancing_loss(probs, topk_idx, E, per_seq)
+        z = router_z_loss(logits) if self.compute_z else zero
+        if self.capacity_factor is not None:
+            capacity = math.ceil(self.capacity_factor * T * K / E)
+            topk_idx, topk_weight = drop_over_capacity(topk_idx, topk_weight, capacity, E)
+        return RouterOutput(topk_idx, topk_weight, counts, aux, z, logits)

@@ -1,0 +1,253 @@
+"""MoETransformer: embedding -> decoder layers (dense or MoE) -> final norm -> output head (+ MTP).
+
+Legend: B batch, S sequence, H hidden, V vocab, D MTP depths, L decoder layers.
+
+Contract (see the project notes): ``MoETransformer(cfg)``; ``forward(input_ids [B, S] int64,
+labels [B, S] int64 | None)``. Without labels -> logits [B, S, V] in the parameter dtype. With
+labels (labels[b, i] = token after input_ids[b, i], -100 = ignore) -> ``ModelOutput``.
+
+MTP depth d (1-based): position i gets the token t_{i+d} (= labels[i + d - 1]) and the previous
+depth's hidden state (the main model's last-layer output for d = 1, before the final norm):
+h = eh_proj(cat[enorm(embed(t_{i+d})), hnorm(h_prev)]) -> one decoder block -> its final_norm ->
+the shared output head; the target is t_{i+d+1} (= labels[i + d]); positions past the end are
+ignored. MTP blocks use full causal attention (no sliding window), as the accounting assumes.
+
+Recompute (``set_recompute``; the constructor applies train.recompute / recompute_layer_ids):
+* full: each decoder layer (or MTP block) runs under activation checkpointing; only its input
+  is kept and the whole layer is recomputed in backward.
+* selective: the attention core (q, k, v after RoPE -> per-head output before o_proj) and the
+  routed-expert computation (the ``ops.moe_experts`` call) are checkpointed; dense MLPs, shared
+  experts, projections, norms and the router keep their activations.
+* layer_ids: global block ids (decoder layer i = i, MTP depth d (0-based) = num_layers + d) that
+  get full recompute; the other blocks use ``mode``.
+
+Weights: ``init_weights`` sets every Linear/Embedding/expert/router weight and the sinks to
+normal(0, init_std), norms to 1, biases to 0, expert_bias and the load counters to 0, in module
+order, from torch's global RNG. Construction allocates with torch.empty and then calls it, so a
+model built under ``torch.device("meta")`` can be materialised with ``to_empty`` followed by
+``init_weights`` and gets the same values for the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moetrain.models.attention import build_attention
+from moetrain.models.linear import Embedding, Linear
+from moetrain.models.mlp import MLP
+from moetrain.models.moe.layer import MoELayer
+from moetrain.models.moe.router import Router
+from moetrain.models.norm import RMSNorm
+from moetrain.models.recompute import checkpoint
+from moetrain.models.rope import RopeParams
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+IGNORE_INDEX = -100
+
+
+@dataclass
+class ModelOutput:
+    loss: torch.Tensor  # scalar with grad: lm_loss + aux terms + mtp_loss_scale * mtp_loss
+    lm_loss: torch.Tensor  # detached fp32
+    aux_loss: torch.Tensor  # detached fp32: sum over MoE layers of coeff * aux + z_coeff * z
+    mtp_loss: Optional[torch.Tensor]  # detached fp32 mean over depths, None without MTP
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: h += attn(input_norm(h)); h += mlp(post_attn_norm(h)).
+    forward(h [B, S, H], cos, sin) -> (h [B, S, H], aux [] fp32)."""
+
+    def __init__(self, cfg, moe: bool, window: int | None):
+        super().__init__()
+        m = cfg.model
+        self.is_moe = moe
+        self.input_norm = RMSNorm(m.hidden_size, m.norm_eps)
+        self.attn = build_attention(cfg, window)
+        self.post_attn_norm = RMSNorm(m.hidden_size, m.norm_eps)
+        self.mlp = MoELayer(cfg) if moe else MLP(m.hidden_size, m.ffn_hidden_size, m.activation)
+        self.recompute = "none"
+
+    def set_recompute(self, mode: str) -> None:
+        self.recompute = mode
+        self.attn.recompute_core = mode == "selective"
+        if self.is_moe:
+            self.mlp.recompute_experts = mode == "selective"
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        h = h + self.attn(self.input_norm(h), cos, sin)
+        x = self.post_attn_norm(h)
+        if self.is_moe:
+            y, aux = self.mlp(x)
+        else:
+            y, aux = self.mlp(x), torch.zeros((), device=h.device, dtype=torch.float32)
+        return h + y, aux
+
+
+class MTPDepth(nn.Module):
+    """One multi-token-prediction depth: enorm, hnorm, eh_proj [H, 2H], block, final_norm."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        m = cfg.model
+        H = m.hidden_size
+        self.enorm = RMSNorm(H, m.norm_eps)
+        self.hnorm = RMSNorm(H, m.norm_eps)
+        self.eh_proj = Linear(2 * H, H)
+        self.block = DecoderLayer(cfg, cfg.is_moe, window=None)
+        self.final_norm = RMSNorm(H, m.norm_eps)
+
+
+def mtp_tokens_and_targets(labels: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For MTP depth d (1-based): tokens [B, S] with t_{i+d} at position i (0 where unknown or
+    ignored) and targets [B, S] with t_{i+d+1} (-100 past the end)."""
+    S = labels.shape[1]
+    tokens = torch.zeros_like(labels)
+    tokens[:, : S - depth + 1] = labels[:, depth - 1:]
+    tokens = tokens.clamp(min=0)  # ignored labels (-100) cannot be embedded
+    targets = torch.full_like(labels, IGNORE_INDEX)
+    targets[:, : S - depth] = labels[:, depth:]
+    return tokens, targets
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """fp32 cross-entropy, mean over labels != -100 (0 when all are ignored); sync-free."""
+    V = logits.shape[-1]
+    total = F.cross_entropy(logits.reshape(-1, V).float(), labels.reshape(-1),
+                            ignore_index=IGNORE_INDEX, reduction="sum")
+    count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+    return total / count
+
+
+class MoETransformer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        m = cfg.model
+        H, V = m.hidden_size, m.vocab_size
+        rope_dim = m.qk_rope_head_dim if m.attention_type == "mla" else cfg.attn_head_dim
+        self.rope = RopeParams.from_model_config(m, rope_dim)
+        self.embed = Embedding(V, H)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, cfg.is_moe_layer(i), self._window(i)) for i in range(m.num_layers))
+        self.final_norm = RMSNorm(H, m.norm_eps)
+        self.head = None if m.tie_embeddings else Linear(H, V)
+        self.mtp = nn.ModuleList(MTPDepth(cfg) for _ in range(m.mtp_num_layers))
+        self.init_weights()
+        self.set_recompute(cfg.train.recompute, cfg.train.recompute_layer_ids)
+
+    def _window(self, layer_id: int) -> int | None:
+        m = self.cfg.model
+        if m.sliding_window is not None and layer_id % m.sliding_window_every == 0:
+            return m.sliding_window
+        return None
+
+    # ---- weights ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        std = self.cfg.model.init_std
+        for module in self.modules():
+            for name, p in module.named_parameters(recurse=False):
+                if isinstance(module, RMSNorm):
+                    p.fill_(1.0)
+                elif name in ("bias", "b1", "b2"):
+                    p.zero_()
+                else:
+                    p.normal_(0.0, std)
+            if isinstance(module, Router) and module.expert_bias is not None:
+                module.expert_bias.zero_()
+            if isinstance(module, MoELayer):
+                module.tokens_per_expert.zero_()
+
+    # ---- structure ----------------------------------------------------------------------
+
+    def blocks(self) -> list[tuple[int, DecoderLayer]]:
+        """(global id, decoder block): layers 0..L-1, then MTP depth d at L + d."""
+        out = list(enumerate(self.layers))
+        L = len(self.layers)
+        out += [(L + d, depth.block) for d, depth in enumerate(self.mtp)]
+        return out
+
+    def moe_layers(self) -> list[MoELayer]:
+        return [blk.mlp for _, blk in self.blocks() if blk.is_moe]
+
+    @torch.no_grad()
+    def update_expert_bias(self, rate: float | None = None) -> None:
+        """Aux-loss-free balancing step on every MoE layer (rate defaults to moe.expert_bias_update_rate)."""
+        if rate is None:
+            rate = self.cfg.moe.expert_bias_update_rate
+        for layer in self.moe_layers():
+            layer.update_expert_bias(rate)
+
+    @torch.no_grad()
+    def reset_moe_stats(self) -> None:
+        for layer in self.moe_layers():
+            layer.reset_stats()
+
+    @torch.no_grad()
+    def load_imbalance(self) -> torch.Tensor | None:
+        """[number of MoE layers] fp32 max/mean of accumulated counts per layer (None if dense)."""
+        layers = self.moe_layers()
+        return torch.stack([layer.load_imbalance() for layer in layers]) if layers else None
+
+    def set_recompute(self, mode: str, layer_ids=None) -> None:
+        if mode not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute mode {mode!r}; valid: {', '.join(RECOMPUTE_MODES)}")
+        blocks = self.blocks()
+        ids = set(layer_ids or ())
+        bad = sorted(i for i in ids if not 0 <= i < len(blocks))
+        if bad:
+            raise ValueError(f"recompute layer ids {bad}: valid ids are 0..{len(blocks) - 1}")
+        for gid, blk in blocks:
+            blk.set_recompute("full" if gid in ids else mode)
+
+    # ---- forward ------------------------------------------------------------------------
+
+    def _run_block(self, blk: DecoderLayer, h, cos, sin):
+        if blk.recompute == "full":
+            return checkpoint(blk, h, cos, sin)
+        return blk(h, cos, sin)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        weight = self.embed.weight if self.head is None else self.head.weight
+        return F.linear(h, weight)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        S = input_ids.shape[1]
+        cos, sin = self.rope.tables(S, device=input_ids.device)
+        h = self.embed(input_ids)
+        aux = torch.zeros((), device=h.device, dtype=torch.float32)
+        for blk in self.layers:
+            h, a = self._run_block(blk, h, cos, sin)
+            aux = aux + a
+        logits = self._logits(self.final_norm(h))
+        if labels is None:
+            return logits
+        lm_loss = cross_entropy(logits, labels)
+
+        mtp_loss = None
+        if len(self.mtp):
+            losses = []
+            h_prev = h
+            for d, depth in enumerate(self.mtp, start=1):
+                tokens, targets = mtp_tokens_and_targets(labels, d)
+                x = depth.eh_proj(torch.cat([depth.enorm(self.embed(tokens)), depth.hnorm(h_prev)], dim=-1))
+                h_prev, a = self._run_block(depth.block, x, cos, sin)
+                aux = aux + a
+                losses.append(cross_entropy(self._logits(depth.final_norm(h_prev)), targets))
+            mtp_loss = torch.stack(losses).mean()
+
+        loss = lm_loss + aux
+        if mtp_loss is not None:
+            loss = loss + self.cfg.model.mtp_loss_scale * mtp_loss
+        return ModelOutput(
+            loss=loss,
+            lm_loss=lm_loss.detach().float(),
+            aux_loss=aux.detach().float(),
+            mtp_loss=None if mtp_loss is None else mtp_loss.detach().float(),
+        )

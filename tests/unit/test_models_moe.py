@@ -1,0 +1,146 @@
+"""MoE layer against a naive per-token float64 loop; expert-bias update; load statistics."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from moetrain.config.schema import Config
+from moetrain.models.moe.layer import MoELayer
+from moetrain.models.transformer import MoETransformer
+
+
+def moe_cfg(**moe):
+    cfg = Config()
+    cfg.model.hidden_size = 16
+    cfg.moe.num_experts, cfg.moe.topk, cfg.moe.moe_ffn_hidden_size = 6, 2, 8
+    for key, value in moe.items():
+        setattr(cfg.moe, key, value)
+    return cfg
+
+
+def random_init(module, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+
+
+def act(h, activation):
+    gate, up = h.chunk(2)
+    if activation == "swiglu":
+        return gate * torch.sigmoid(gate) * up
+    gate = torch.clamp(gate, max=7.0)
+    up = torch.clamp(up, -7.0, 7.0)
+    return gate * torch.sigmoid(1.702 * gate) * (up + 1)
+
+
+def naive_layer(layer, x, activation):
+    """For each token, for each of its k experts, run that expert's FFN; add the shared MLP."""
+    r = layer.router(x)
+    ex = layer.experts
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for k in range(r.topk_idx.shape[1]):
+            e = int(r.topk_idx[t, k])
+            if e < 0:
+                continue
+            h = ex.w1[e] @ x[t] + (ex.b1[e] if ex.b1 is not None else 0)
+            y = ex.w2[e] @ act(h, activation) + (ex.b2[e] if ex.b2 is not None else 0)
+            out[t] += r.topk_weight[t, k] * y
+        if layer.shared is not None:
+            out[t] += layer.shared.w2 @ act(layer.shared.w1 @ x[t], activation)
+    return out
+
+
+@pytest.mark.parametrize("variant", ["deepseek", "gptoss", "capacity"])
+def test_moe_layer_matches_naive_loop_fp64(variant):
+    if variant == "deepseek":
+        cfg = moe_cfg(score_function="sigmoid", num_groups=3, topk_groups=2, expert_bias=True,
+                      num_shared_experts=1, scaling_factor=2.5)
+    elif variant == "gptoss":
+        cfg = moe_cfg(router_bias=True, expert_linear_bias=True, activation="swiglu_clamped", topk=3)
+    else:
+        cfg = moe_cfg(capacity_factor=0.6)
+    layer = MoELayer(cfg).double()
+    random_init(layer, seed=1)
+    if layer.router.expert_bias is not None:
+        layer.router.expert_bias.copy_(torch.linspace(-0.2, 0.2, 6))
+    x = torch.randn(2, 7, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    y, aux = layer(x)
+    ref = naive_layer(layer, x.reshape(14, 16), cfg.moe.activation).view(2, 7, 16)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-12)
+    if variant == "capacity":
+        r = layer.router(x.reshape(14, 16))
+        per_expert = torch.bincount(r.topk_idx[r.topk_idx >= 0], minlength=6)
+        assert per_expert.max() <= math.ceil(0.6 * 14 * 2 / 6) and (r.topk_idx < 0).any()
+
+
+def test_aux_terms_weighted_by_coefficients():
+    cfg = moe_cfg(aux_loss_coeff=0.01, z_loss_coeff=0.001)
+    layer = MoELayer(cfg)
+    random_init(layer, seed=3)
+    x = torch.randn(2, 5, 16)
+    _, aux = layer(x)
+    r = layer.router(x.reshape(10, 16))
+    assert aux.item() == pytest.approx(0.01 * r.aux_loss.item() + 0.001 * r.z_loss.item(), rel=1e-6)
+    assert r.aux_loss.item() > 0 and r.z_loss.item() > 0
+
+
+def test_update_expert_bias_moves_against_load():
+    cfg = moe_cfg(num_experts=4, expert_bias=True)
+    layer = MoELayer(cfg)
+    layer.router.expert_bias.zero_()
+    layer.tokens_per_expert.copy_(torch.tensor([10.0, 0.0, 5.0, 5.0]))  # mean 5
+    layer.update_expert_bias(0.1)
+    assert layer.router.expert_bias.tolist() == pytest.approx([-0.1, 0.1, 0.0, 0.0])
+    assert layer.load_imbalance().item() == pytest.approx(2.0)
+    assert layer.tokens_per_expert.tolist() == [10.0, 0.0, 5.0, 5.0]  # kept until reset
+    layer.reset_stats()
+    assert layer.tokens_per_expert.tolist() == [0.0] * 4
+
+
+def test_expert_bias_stays_fp32_under_bf16_cast():
+    layer = MoELayer(moe_cfg(expert_bias=True))
+    layer.router.expert_bias.fill_(1e-3)
+    layer.to(torch.bfloat16)
+    assert layer.experts.w1.dtype == torch.bfloat16
+    assert layer.router.expert_bias.dtype == torch.float32
+    assert torch.equal(layer.router.expert_bias, torch.full((6,), 1e-3))  # not rounded through bf16
+    assert layer.tokens_per_expert.dtype == torch.float32
+
+
+def tiny_moe_model(**train):
+    cfg = moe_cfg(expert_bias=True, num_experts=4)
+    cfg.model.vocab_size, cfg.model.num_layers, cfg.model.num_attention_heads = 64, 2, 2
+    cfg.model.mtp_num_layers = 1
+    for key, value in train.items():
+        setattr(cfg.train, key, value)
+    torch.manual_seed(0)
+    return MoETransformer(cfg)
+
+
+def test_counts_accumulate_over_micro_batches_and_not_on_recompute():
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    plain, full = tiny_moe_model(), tiny_moe_model(recompute="full")
+    for model in (plain, full):
+        for _ in range(2):  # two micro-batches
+            model(ids, ids).loss.backward()
+    for a, b in zip(plain.moe_layers(), full.moe_layers()):
+        assert torch.equal(a.tokens_per_expert, b.tokens_per_expert)
+        # every token makes K = 2 assignments per micro-batch
+        assert a.tokens_per_expert.sum().item() == 2 * 16 * 2
+    assert len(plain.moe_layers()) == 3  # 2 decoder layers + the MTP block
+    before = [m.router.expert_bias.clone() for m in plain.moe_layers()]
+    plain.update_expert_bias(0.5)
+    for m, b in zip(plain.moe_layers(), before):
+        c = m.tokens_per_expert
+        assert torch.equal(m.router.expert_bias - b, 0.5 * torch.sign(c.mean() - c))
+    plain.reset_moe_stats()
+    assert all(m.tokens_per_expert.sum() == 0 for m in plain.moe_layers())
+    plain.eval()
+    with torch.no_grad():
+        plain(ids)
+    assert all(m.tokens_per_expert.sum() == 0 for m in plain.moe_layers())  # eval does not count
