@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from moetrain.errors import UserError
@@ -69,8 +70,17 @@ def fmt(value, spec: str, missing: str = "-") -> str:
     return format(value, spec)
 
 
+def fmt_tflops(value) -> str:
+    # CPU runs reach milli-TFLOP/s: keep significant digits instead of printing 0.0.
+    return fmt(value, ".1f" if value is not None and value >= 10 else ".3g")
+
+
 class ProgressDisplay:
-    """A rich progress bar whose description carries the latest step's numbers."""
+    """A rich progress bar whose description carries the latest step's numbers.
+
+    When stderr is not a terminal (logs, CI), the same numbers are printed as one plain line
+    per logged step instead of a bar.
+    """
 
     def __init__(self, total_steps: int, start_step: int, enabled: bool = True):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -91,12 +101,18 @@ class ProgressDisplay:
 
     def update(self, record: dict) -> None:
         text = (f"loss {fmt(record['loss'], '.4f')}  lr {fmt(record['lr'], '.2e')}  "
-                f"tok/s {fmt(record['tokens_per_s'], ',.0f')}  TFLOP/s {fmt(record['tflops_per_gpu'], '.1f')}  "
+                f"tok/s {fmt(record['tokens_per_s'], ',.0f')}  TFLOP/s {fmt_tflops(record['tflops_per_gpu'])}  "
                 f"MFU {fmt(record['mfu'], '.1%')}  mem {fmt(record['peak_mem_gib'], '.2f')} GiB")
-        self.progress.update(self.task, completed=record["step"], description=text)
+        if self.enabled:
+            self.progress.update(self.task, completed=record["step"], description=text)
+        else:
+            print(f"step {record['step']}/{self.progress.tasks[0].total}  {text}", file=sys.stderr, flush=True)
 
     def log(self, message: str) -> None:
-        self.progress.console.log(message) if self.enabled else print(message)
+        if self.enabled:
+            self.progress.console.log(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
 
 
 def summary_table(records: list[dict], title: str):
@@ -123,7 +139,7 @@ def summary_table(records: list[dict], title: str):
         ("loss (first 10 steps, mean)", fmt(sum(r["loss"] for r in first) / len(first), ".4f")),
         ("loss (last 10 steps, mean)", fmt(sum(r["loss"] for r in last) / len(last), ".4f")),
         ("tokens/s (median)", fmt(median("tokens_per_s"), ",.0f")),
-        ("TFLOP/s per GPU (median)", fmt(median("tflops_per_gpu"), ".1f")),
+        ("TFLOP/s per GPU (median)", fmt_tflops(median("tflops_per_gpu"))),
         ("MFU (median)", fmt(median("mfu"), ".1%", "n/a (unknown device peak)")),
         ("peak memory GiB", fmt(max(r["peak_mem_gib"] for r in records), ".2f")),
         ("skipped steps", str(sum(1 for r in records if r.get("skipped")))),

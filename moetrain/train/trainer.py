@@ -1,0 +1,302 @@
+"""The training loop behind `moetrain train`.
+
+One optimizer step = global_batch_size / (micro_batch_size x dp) micro-batches, each
+forward + backward; then grad norm, clipping, a non-finite check, the AdamW update, the
+expert-bias update, metrics, and (every checkpoint.interval steps) an atomic checkpoint.
+Runs on one device; parallel degrees > 1 belong to the distributed trainer (not built yet)
+and are refused with a clear message rather than ignored.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import random
+import resource
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from moetrain.config.schema import Config
+from moetrain.errors import UserError
+from moetrain.train import checkpoint as ckpt
+from moetrain.train.lr import lr_at
+from moetrain.train.metrics import MetricsLog, ProgressDisplay, summary_table
+from moetrain.train.optim import DTYPES, PrecisionAwareAdamW
+from moetrain.train.throughput import peak_tflops
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    records: list[dict] = field(default_factory=list)
+    last_step: int = 0
+    interrupted: bool = False
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM ask the loop to stop after the current step (and save); a second SIGINT
+    interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    want = cfg.train.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device = cuda but no CUDA device is available; use train.device=auto or cpu")
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(want)
+
+
+def compute_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    """bf16/fp16 parameters on GPU as configured; CPU training always runs in fp32."""
+    return DTYPES[cfg.precision.dtype] if device.type == "cuda" else torch.float32
+
+
+def check_single_device(cfg: Config) -> None:
+    p = cfg.parallel
+    multi = {k: getattr(p, k) for k in ("dp", "tp", "pp", "vpp", "cp", "ep", "etp") if getattr(p, k) > 1}
+    if multi:
+        listed = ", ".join(f"parallel.{k} = {v}" for k, v in multi.items())
+        raise UserError(
+            f"{listed}: moetrain train runs on a single device for now (the distributed trainer is not "
+            "built yet); set these to 1 to train, or use `moetrain plan` to project the layout")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    # Peak resident set size of the process (KiB on Linux).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
+    """Train as configured; returns the per-step records. Raises UserError on user mistakes."""
+    from moetrain.config.load import dump_config
+    from moetrain.models import build_model
+    from moetrain.models.accounting import count_params, train_flops_per_token
+    from moetrain.train.data import build_data
+
+    check_single_device(cfg)
+    device = resolve_device(cfg)
+    dtype = compute_dtype(cfg, device)
+    t, o = cfg.train, cfg.optim
+    out_dir = Path(t.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if show_progress is None:
+        show_progress = sys.stderr.isatty()
+
+    seed_everything(t.seed)
+    with torch.device(device):
+        model = build_model(cfg)
+    model.to(dtype)
+    model.set_recompute(t.recompute, t.recompute_layer_ids)
+    if t.compile:
+        for layer in model.layers:
+            layer.compile()
+    optimizer = PrecisionAwareAdamW(model.named_parameters(), o, cfg.precision.master_weights)
+    vocab = cfg.model.vocab_size
+    train_data = build_data(cfg, vocab, "train")
+
+    start_step, skipped_in_row = 0, 0
+    resume_from = ckpt.resolve_resume(cfg.checkpoint.resume, out_dir)
+    if resume_from is not None:
+        state = ckpt.load_checkpoint(resume_from, device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        trainer_state = state["trainer"]
+        start_step = trainer_state["step"]
+        skipped_in_row = trainer_state["skipped_in_row"]
+        train_data.load_state_dict(trainer_state["data"])
+        ckpt.set_rng_state(trainer_state["rng"])
+
+    accum = cfg.grad_accum_steps
+    tokens_per_step = t.global_batch_size * t.seq_length
+    flops_per_token = train_flops_per_token(cfg, t.seq_length)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    peak = peak_tflops(device_name, cfg.precision.dtype if device.type == "cuda" else "fp32")
+    counts = count_params(cfg)
+    config_yaml = dump_config(cfg)
+    result = TrainResult(out_dir=out_dir, last_step=start_step)
+    metrics = MetricsLog(out_dir, start_step if resume_from is not None else None, t.tensorboard)
+    profiler = _Profiler(cfg, out_dir)
+    if t.manual_gc:
+        gc.disable()
+
+    def save(step: int) -> Path:
+        return ckpt.save_checkpoint(
+            out_dir, step,
+            model_state=model.state_dict(), optimizer_state=optimizer.state_dict(),
+            trainer_state={"step": step, "skipped_in_row": skipped_in_row,
+                           "data": train_data.state_dict(), "rng": ckpt.rng_state()},
+            config_yaml=config_yaml, keep_last=cfg.checkpoint.keep_last)
+
+    last_saved = start_step if resume_from is not None else None
+    with _StopFlag() as stop, ProgressDisplay(t.steps, start_step, show_progress) as display:
+        display.log(
+            f"{cfg.model.name}: {counts.total / 1e6:,.2f}M params ({counts.active / 1e6:,.2f}M active) on "
+            f"{device_name or device.type}, {str(dtype).replace('torch.', '')}; {accum} micro-batch(es) of "
+            f"{t.micro_batch_size} x {t.seq_length} tokens per step; output in {out_dir}")
+        if resume_from is not None:
+            display.log(f"resumed from {resume_from} at step {start_step}")
+        for step in range(start_step + 1, t.steps + 1):
+            profiler.before_step(step)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            started = time.perf_counter()
+            lr = lr_at(step - 1, o, t.steps)
+            optimizer.zero_grad()
+            model.reset_moe_stats()
+            sums = torch.zeros(4, device=device)  # loss, lm_loss, aux_loss, mtp_loss
+            for _ in range(accum):
+                input_ids, labels = train_data.next_batch(t.micro_batch_size)
+                input_ids = input_ids.to(device, non_blocking=True)
+                labels = labels.to(device, non_blocking=True)
+                out = model(input_ids, labels)
+                (out.loss / accum).backward()
+                mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=device)
+                sums += torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp]) / accum
+            grad_norm = optimizer.grad_norm()
+            moe_layers = model.moe_layers()
+            imbalance = (torch.stack([layer.load_imbalance() for layer in moe_layers])
+                         if moe_layers else torch.zeros(0, device=device))
+            # One host sync per step for everything we log.
+            host = torch.cat([sums, grad_norm.reshape(1).to(device), imbalance.float()]).tolist()
+            loss, lm_loss, aux_loss, mtp_loss, norm = host[:5]
+            finite = math.isfinite(loss) and math.isfinite(norm)
+            if finite:
+                skipped_in_row = 0
+                if o.clip_grad > 0 and norm > o.clip_grad:
+                    optimizer.scale_grads(o.clip_grad / (norm + 1e-6))
+                optimizer.step(lr)
+                if cfg.moe.expert_bias:
+                    model.update_expert_bias(cfg.moe.expert_bias_update_rate)
+            else:
+                skipped_in_row += 1
+                display.log(f"[yellow]step {step}: non-finite loss ({loss}) or grad norm ({norm}); step skipped "
+                            f"({skipped_in_row} in a row, limit train.max_skipped_steps = {t.max_skipped_steps})")
+                if skipped_in_row > t.max_skipped_steps:
+                    metrics.close()
+                    raise UserError(
+                        f"training diverged: {skipped_in_row} consecutive steps with a non-finite loss or "
+                        f"gradient (train.max_skipped_steps = {t.max_skipped_steps}); lower optim.lr or check the data")
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - started
+            tflops = flops_per_token * tokens_per_step / elapsed / 1e12
+            record = {
+                "step": step, "loss": loss, "lm_loss": lm_loss, "aux_loss": aux_loss,
+                "mtp_loss": mtp_loss if cfg.model.mtp_num_layers else None,
+                "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_step / elapsed,
+                "tflops_per_gpu": tflops, "mfu": tflops / peak if peak else None,
+                "peak_mem_gib": peak_memory_gib(device), "step_time_s": elapsed, "skipped": not finite,
+                "load_imbalance": [round(v, 4) for v in host[5:]],
+            }
+            if t.eval_interval and step % t.eval_interval == 0:
+                record["eval_loss"] = evaluate(model, cfg, device, build_data)
+            metrics.write(record)
+            result.records.append(record)
+            result.last_step = step
+            if step % t.log_interval == 0 or step == t.steps:
+                display.update(record)
+            profiler.after_step(step)
+            if t.manual_gc and step % t.manual_gc_interval == 0:
+                gc.collect()
+            periodic = cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0
+            if periodic or stop.requested:
+                save(step)
+                last_saved = step
+            if stop.requested:
+                display.log(f"interrupted: checkpoint saved at step {step}; resume with checkpoint.resume=auto")
+                result.interrupted = True
+                break
+        if not result.interrupted and cfg.checkpoint.save_final and last_saved != result.last_step \
+                and result.last_step > 0:
+            save(result.last_step)
+    metrics.close()
+    profiler.close()
+    if t.manual_gc:
+        gc.enable()
+    if show_progress or result.records:
+        from rich.console import Console
+
+        Console(stderr=True).print(summary_table(result.records, f"{cfg.model.name}: training summary"))
+    return result
+
+
+@torch.no_grad()
+def evaluate(model, cfg: Config, device: torch.device, build_data) -> float:
+    """Mean LM loss over train.eval_steps micro-batches of the eval split (same batches each time)."""
+    data = build_data(cfg, cfg.model.vocab_size, "eval")
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=device)
+    for _ in range(cfg.train.eval_steps):
+        input_ids, labels = data.next_batch(cfg.train.micro_batch_size)
+        total += model(input_ids.to(device), labels.to(device)).lm_loss
+    model.train(was_training)
+    model.reset_moe_stats()
+    return (total / cfg.train.eval_steps).item()
+
+
+class _Profiler:
+    """torch.profiler over steps profile.start_step..profile.end_step; writes a Chrome trace."""
+
+    def __init__(self, cfg: Config, out_dir: Path):
+        self.cfg = cfg.profile
+        self.path = out_dir / "profile"
+        self.active = None
+
+    def before_step(self, step: int) -> None:
+        if self.cfg.enabled and step == self.cfg.start_step:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            self.active = profile(activities=activities, record_shapes=True)
+            self.active.__enter__()
+
+    def after_step(self, step: int) -> None:
+        if self.active is not None and step == self.cfg.end_step:
+            self.close()
+
+    def close(self) -> None:
+        if self.active is None:
+            return
+        self.active.__exit__(None, None, None)
+        self.path.mkdir(parents=True, exist_ok=True)
+        trace = self.path / f"trace_steps_{self.cfg.start_step}-{self.cfg.end_step}.json"
+        self.active.export_chrome_trace(str(trace))
+        self.active = None

@@ -1,0 +1,158 @@
+"""The training loop: learning, exact resume, skipping non-finite steps, Ctrl-C, checkpoints."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from moetrain.config.load import load_config
+from moetrain.errors import UserError
+from moetrain.train import checkpoint as ckpt
+from moetrain.train.trainer import run
+
+REPO = Path(__file__).resolve().parents[2]
+REQUIRED = {"step", "loss", "lm_loss", "aux_loss", "lr", "grad_norm", "tokens_per_s", "tflops_per_gpu",
+            "mfu", "peak_mem_gib", "load_imbalance"}
+
+
+def small(tmp_path, *extra):
+    """The tiny preset, shortened so each run takes a couple of seconds."""
+    return load_config(overrides=[
+        f"train.out_dir={tmp_path}", "train.steps=20", "train.micro_batch_size=2", "train.global_batch_size=4",
+        "train.seq_length=32", "optim.warmup_steps=2", *extra])
+
+
+def read_metrics(out_dir):
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_gives_identical_losses(tmp_path):
+    """20 steps straight vs resuming from the step-10 checkpoint of the same run: identical losses."""
+    straight = run(small(tmp_path, "checkpoint.interval=10"), show_progress=False)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_10", "step_20"]
+    resumed = run(small(tmp_path, f"checkpoint.resume={tmp_path / 'checkpoints' / 'step_10'}"), show_progress=False)
+    assert [r["step"] for r in resumed.records] == list(range(11, 21))
+    assert [r["loss"] for r in resumed.records] == [r["loss"] for r in straight.records[10:]]  # bit-identical
+    assert [r["grad_norm"] for r in resumed.records] == [r["grad_norm"] for r in straight.records[10:]]
+    # metrics.jsonl holds steps 1..20 once: the first 10 kept, the rest rewritten by the resumed run
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 21))
+
+
+def test_resume_auto_continues_an_interrupted_run(tmp_path):
+    first = run(small(tmp_path, "train.steps=6"), show_progress=False)
+    assert first.last_step == 6
+    resumed = run(small(tmp_path, "train.steps=8", "checkpoint.resume=auto"), show_progress=False)
+    assert [r["step"] for r in resumed.records] == [7, 8]
+
+
+def test_metrics_complete_and_grad_accumulation(tmp_path):
+    result = run(small(tmp_path, "train.steps=3", "train.global_batch_size=8"), show_progress=False)
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for record in records:
+        assert REQUIRED <= set(record)
+        assert record["mfu"] is None  # CPU: unknown peak, no MFU rather than a wrong one
+        assert record["tokens_per_s"] > 0 and record["tflops_per_gpu"] > 0
+        assert all(v >= 1.0 for v in record["load_imbalance"])  # max/mean tokens per expert
+    assert result.records == records
+    saved = ckpt.list_checkpoints(tmp_path)
+    assert [p.name for p in saved] == ["step_3"]
+
+
+def test_accumulation_equals_one_big_batch(tmp_path):
+    """4 micro-batches of 2 and 1 micro-batch of 8 see the same sequences: same first-step loss and grad."""
+    many = run(small(tmp_path / "a", "train.steps=1", "train.global_batch_size=8", "train.micro_batch_size=2",
+                     "moe.force_balance=even"), show_progress=False)
+    one = run(small(tmp_path / "b", "train.steps=1", "train.global_batch_size=8", "train.micro_batch_size=8",
+                    "moe.force_balance=even"), show_progress=False)
+    assert many.records[0]["loss"] == pytest.approx(one.records[0]["loss"], rel=1e-5)
+    assert many.records[0]["grad_norm"] == pytest.approx(one.records[0]["grad_norm"], rel=1e-4)
+
+
+def test_non_finite_steps_are_skipped_then_abort(tmp_path, monkeypatch):
+    import moetrain.models as models
+
+    real_build = models.build_model
+    poisoned_calls = {"n": 0, "bad": set()}
+
+    def build(cfg):
+        model = real_build(cfg)
+        forward = model.forward
+
+        def poisoned(input_ids, labels=None):
+            out = forward(input_ids, labels)
+            poisoned_calls["n"] += 1
+            if poisoned_calls["n"] in poisoned_calls["bad"]:
+                out.loss = out.loss * float("nan")
+            return out
+
+        model.forward = poisoned
+        return model
+
+    monkeypatch.setattr(models, "build_model", build)
+    poisoned_calls["bad"] = {3, 4}  # micro-batches of step 2 (2 per step)
+    result = run(small(tmp_path / "a", "train.steps=4"), show_progress=False)
+    assert [r["skipped"] for r in result.records] == [False, True, False, False]
+    poisoned_calls.update(n=0, bad=set(range(1, 100)))
+    with pytest.raises(UserError, match="max_skipped_steps = 2"):
+        run(small(tmp_path / "b", "train.steps=10", "train.max_skipped_steps=2"), show_progress=False)
+
+
+def test_multi_device_layout_is_refused(tmp_path):
+    with pytest.raises(UserError, match="parallel.ep = 2"):
+        run(small(tmp_path, "parallel.ep=2", "parallel.dp=2", "train.global_batch_size=4"), show_progress=False)
+
+
+def test_recompute_and_precision_options_train_the_same(tmp_path):
+    base = run(small(tmp_path / "a", "train.steps=3"), show_progress=False)
+    full = run(small(tmp_path / "b", "train.steps=3", "train.recompute=full"), show_progress=False)
+    ids = run(small(tmp_path / "c", "train.steps=3", "train.recompute_layer_ids=[0,2,4]"), show_progress=False)
+    for other in (full, ids):
+        assert [r["loss"] for r in other.records] == pytest.approx([r["loss"] for r in base.records], rel=1e-5)
+    bf16_state = run(small(tmp_path / "d", "train.steps=3", "optim.exp_avg_dtype=bf16",
+                           "optim.exp_avg_sq_dtype=bf16"), show_progress=False)
+    assert bf16_state.records[1]["loss"] == pytest.approx(base.records[1]["loss"], rel=1e-2)
+
+
+def test_sigint_saves_checkpoint_and_exits_cleanly(tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moetrain", "train", f"train.out_dir={tmp_path}", "train.steps=100000",
+         "checkpoint.interval=0"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    saved = ckpt.list_checkpoints(tmp_path)
+    assert len(saved) == 1
+    step = int(saved[0].name.split("_")[1])
+    assert step == len(read_metrics(tmp_path)) >= 3
+
+
+def test_default_train_command_learns(tmp_path):
+    """`moetrain train` on the built-in tiny default: loss falls, metrics complete, quickly."""
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "moetrain", "train", f"train.out_dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    elapsed = time.time() - started
+    assert proc.returncode == 0, proc.stderr
+    records = read_metrics(tmp_path)
+    cfg = load_config()
+    assert len(records) == cfg.train.steps
+    assert all(REQUIRED <= set(r) for r in records)
+    first = sum(r["loss"] for r in records[:10]) / 10
+    last = sum(r["loss"] for r in records[-10:]) / 10
+    assert last < 0.7 * first, (first, last)
+    assert elapsed < 120
+    assert ckpt.list_checkpoints(tmp_path)
