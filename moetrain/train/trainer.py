@@ -187,6 +187,8 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 (out.loss / accum).backward()
                 mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=device)
                 sums += torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp]) / accum
+            # Peak memory of forward + backward alone (the optimizer step may add its own temporaries).
+            peak_fwd_bwd = peak_memory_gib(device)
             grad_norm = optimizer.grad_norm()
             moe_layers = model.moe_layers()
             imbalance = (torch.stack([layer.load_imbalance() for layer in moe_layers])
@@ -220,7 +222,8 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 "mtp_loss": mtp_loss if cfg.model.mtp_num_layers else None,
                 "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_step / elapsed,
                 "tflops_per_gpu": tflops, "mfu": tflops / peak if peak else None,
-                "peak_mem_gib": peak_memory_gib(device), "step_time_s": elapsed, "skipped": not finite,
+                "peak_mem_gib": peak_memory_gib(device), "peak_mem_fwd_bwd_gib": peak_fwd_bwd,
+                "step_time_s": elapsed, "skipped": not finite,
                 "load_imbalance": [round(v, 4) for v in host[5:]],
             }
             if t.eval_interval and step % t.eval_interval == 0:

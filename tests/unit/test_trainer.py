@@ -156,3 +156,51 @@ def test_default_train_command_learns(tmp_path):
     assert last < 0.7 * first, (first, last)
     assert elapsed < 120
     assert ckpt.list_checkpoints(tmp_path)
+
+
+def test_eval_profile_and_manual_gc(tmp_path):
+    result = run(small(tmp_path, "train.steps=6", "train.eval_interval=3", "train.eval_steps=2",
+                       "profile.enabled=true", "profile.start_step=2", "profile.end_step=3",
+                       "train.manual_gc=true", "train.manual_gc_interval=2"), show_progress=False)
+    evals = {r["step"]: r.get("eval_loss") for r in result.records}
+    assert evals[1] is None and evals[2] is None
+    assert evals[3] is not None and evals[6] is not None and evals[6] < evals[3]  # learning shows on held-out data
+    traces = list((tmp_path / "profile").glob("trace_steps_2-3.json"))
+    assert len(traces) == 1
+    trace = json.loads(traces[0].read_text())
+    assert any("aten::mm" in e.get("name", "") or "aten::addmm" in e.get("name", "") for e in trace["traceEvents"])
+    import gc
+    assert gc.isenabled()  # manual GC hands collection back to Python when training ends
+
+
+def test_trains_on_a_prepared_token_dataset_via_cli(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"document {i}: the quick brown fox jumps over the lazy dog" for i in range(200)))
+    data_dir = tmp_path / "data"
+    prep = subprocess.run([sys.executable, "-m", "moetrain", "data", "prepare", "--input", str(corpus),
+                           "--tokenizer", "bytes", "--output", str(data_dir)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert prep.returncode == 0, prep.stderr
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "moetrain", "train", f"train.out_dir={out}", "train.steps=30",
+           "data.source=tokens", f"data.path={data_dir}", "train.seq_length=32", "train.eval_interval=15"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = read_metrics(out)
+    assert len(records) == 30 and records[-1]["loss"] < records[0]["loss"] - 1.0
+    assert "eval_loss" in records[14] and "eval_loss" in records[29]
+
+
+def test_user_errors_are_one_line(tmp_path):
+    cases = [
+        (["data.source=tokens", f"data.path={tmp_path / 'missing'}"], str(tmp_path / "missing")),
+        (["train.device=cuda"] if not torch.cuda.is_available() else ["parallel.tp=2"], "train"),
+        (["parallel.tp=2", "model.num_attention_heads=4"], "parallel.tp = 2"),
+    ]
+    for overrides, needle in cases:
+        proc = subprocess.run([sys.executable, "-m", "moetrain", "train", f"train.out_dir={tmp_path / 'o'}",
+                               *overrides], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (overrides, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -1,0 +1,192 @@
+"""Training-step throughput of `moetrain train` against a Hugging Face transformers peer.
+
+Runs in one process on one GPU, same model shape, same synthetic batches, same FLOP count
+(moetrain's accounting of the config, i.e. 6 x active matmul params + causal attention):
+
+    python -m moetrain.bench.train_step --preset qwen3-30b-a3b --layers 4 --seq 4096 --mbs 2
+
+Contenders:
+  moetrain (fp32 master)   bf16 params, fp32 master weights, fp32 main grads and Adam moments
+  moetrain (bf16 state)    bf16 params updated in place, bf16 grads and Adam moments
+  hf transformers          the model class from transformers (grouped_mm experts, SDPA),
+                           bf16 params, torch.optim.AdamW(fused=True) -- moments in bf16 too
+Each contender trains `--steps` steps; medians are taken over the steps after `--warmup`.
+The moetrain contenders repeat after the peer, so drift in the machine shows as a spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from moetrain.config.load import load_config
+from moetrain.config.schema import Config
+from moetrain.models.accounting import train_flops_per_token
+from moetrain.train.throughput import peak_tflops
+
+
+def top_kernels(trace: Path, steps: int, count: int = 12) -> str:
+    """The GPU kernels that took the most time in a Chrome trace, per step."""
+    events = json.loads(trace.read_text())["traceEvents"]
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == "kernel":
+            totals[e["name"]] = totals.get(e["name"], 0.0) + e.get("dur", 0.0)
+    busy = sum(totals.values())
+    lines = [f"  GPU busy {busy / steps / 1e3:.1f} ms/step; top kernels (ms/step):"]
+    for name, dur in sorted(totals.items(), key=lambda kv: -kv[1])[:count]:
+        lines.append(f"  {dur / steps / 1e3:8.2f}  {name[:110]}")
+    return "\n".join(lines)
+
+
+def moetrain_run(preset: str, base: list[str], name: str, steps: int, warmup: int, extra: list[str],
+                 profile: bool = False) -> dict:
+    from moetrain.train.trainer import run
+
+    with tempfile.TemporaryDirectory() as out:
+        prof = ["profile.enabled=true", f"profile.start_step={steps - 2}", f"profile.end_step={steps}"]
+        cfg = load_config(preset=preset, overrides=[
+            *base, f"train.out_dir={out}", f"train.steps={steps}", "checkpoint.save_final=false",
+            "train.device=cuda", *extra, *(prof if profile else [])])
+        result = run(cfg, show_progress=False)
+        if profile:
+            print(f"{name}:\n" + top_kernels(next(Path(out, "profile").glob("*.json")), 3), flush=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+    timed = result.records[warmup:]
+    return {
+        "name": name,
+        "step_time_s": statistics.median(r["step_time_s"] for r in timed),
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+        "tflops_per_gpu": statistics.median(r["tflops_per_gpu"] for r in timed),
+        "peak_mem_gib": max(r["peak_mem_gib"] for r in result.records),
+        "peak_mem_fwd_bwd_gib": max(r["peak_mem_fwd_bwd_gib"] for r in result.records),
+        "first_loss": result.records[0]["loss"], "last_loss": result.records[-1]["loss"],
+    }
+
+
+def hf_config(cfg: Config):
+    """The transformers config of the same architecture (Qwen3-MoE and Mixtral families)."""
+    import transformers
+
+    m, e = cfg.model, cfg.moe
+    common = dict(vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+                  num_attention_heads=m.num_attention_heads, num_key_value_heads=cfg.kv_heads,
+                  rms_norm_eps=m.norm_eps, tie_word_embeddings=m.tie_embeddings,
+                  num_experts_per_tok=e.topk, output_router_logits=False,
+                  max_position_embeddings=max(cfg.train.seq_length, 4096))
+    if m.qk_norm:
+        return transformers.Qwen3MoeConfig(
+            **common, head_dim=cfg.attn_head_dim, num_experts=e.num_experts,
+            moe_intermediate_size=e.moe_ffn_hidden_size, intermediate_size=m.ffn_hidden_size,
+            norm_topk_prob=e.normalize_topk, decoder_sparse_step=1, mlp_only_layers=[])
+    return transformers.MixtralConfig(**common, num_local_experts=e.num_experts,
+                                      intermediate_size=e.moe_ffn_hidden_size)
+
+
+def hf_run(cfg: Config, steps: int, warmup: int, profile: bool = False) -> dict:
+    import transformers
+
+    from moetrain.train.data import build_data
+
+    torch.manual_seed(cfg.train.seed)
+    kwargs = dict(attn_implementation="sdpa", dtype=torch.bfloat16)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(
+            hf_config(cfg), experts_implementation="grouped_mm", **kwargs)
+        impl = "grouped_mm"
+    except TypeError:  # older transformers without the experts interface
+        model = transformers.AutoModelForCausalLM.from_config(hf_config(cfg), **kwargs)
+        impl = "default"
+    model.cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
+                            weight_decay=cfg.optim.weight_decay, fused=True)
+    data = build_data(cfg, cfg.model.vocab_size, "train")
+    accum = cfg.grad_accum_steps
+    tokens = cfg.train.global_batch_size * cfg.train.seq_length
+    flops = train_flops_per_token(cfg, cfg.train.seq_length) * tokens
+    times, losses = [], []
+    torch.cuda.reset_peak_memory_stats()
+    profiler = None
+    for step in range(steps):
+        if profile and step == steps - 3:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        total = torch.zeros((), device="cuda")
+        for _ in range(accum):
+            input_ids, _ = data.next_batch(cfg.train.micro_batch_size)
+            input_ids = input_ids.cuda()
+            loss = model(input_ids=input_ids, labels=input_ids).loss
+            (loss / accum).backward()
+            total += loss.detach() / accum
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad)
+        opt.step()
+        losses.append(total.item())
+        times.append(time.perf_counter() - started)
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        with tempfile.TemporaryDirectory() as out:
+            profiler.export_chrome_trace(f"{out}/hf.json")
+            print("hf transformers:\n" + top_kernels(Path(out, "hf.json"), 3), flush=True)
+    del model, opt
+    gc.collect()
+    torch.cuda.empty_cache()
+    step_time = statistics.median(times[warmup:])
+    return {"name": f"hf transformers ({impl})", "step_time_s": step_time, "tokens_per_s": tokens / step_time,
+            "tflops_per_gpu": flops / step_time / 1e12, "peak_mem_gib": peak_gib,
+            "first_loss": losses[0], "last_loss": losses[-1]}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="qwen3-30b-a3b")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--mbs", type=int, default=2)
+    parser.add_argument("--gbs", type=int, default=None, help="global batch (default: one micro-batch)")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
+    parser.add_argument("--profile", action="store_true", help="print each contender's top GPU kernels")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+
+    base = [f"model.num_layers={args.layers}", f"train.seq_length={args.seq}", f"train.micro_batch_size={args.mbs}",
+            f"train.global_batch_size={args.gbs or args.mbs}", "optim.warmup_steps=5", "optim.lr=3e-4",
+            "model.mtp_num_layers=0", "train.eval_interval=0", "train.log_interval=1000000"]
+    cfg = load_config(preset=args.preset, overrides=base)
+    bf16_state = ["precision.master_weights=false", "optim.main_grads_dtype=bf16",
+                  "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"]
+    rows = [moetrain_run(args.preset, base, "moetrain (fp32 master)", args.steps, args.warmup, [], args.profile),
+            moetrain_run(args.preset, base, "moetrain (bf16 state)", args.steps, args.warmup, bf16_state)]
+    if not args.no_peer:
+        rows.append(hf_run(cfg, args.steps, args.warmup, args.profile))
+        rows.append(moetrain_run(args.preset, base, "moetrain (bf16 state) again", args.steps, args.warmup,
+                                 bf16_state))
+    peak = peak_tflops(torch.cuda.get_device_name(), "bf16")
+    print(f"\n{args.preset}, {args.layers} layers, seq {args.seq}, {cfg.train.global_batch_size} x {args.seq} "
+          f"tokens/step, {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"{'contender':32s} {'ms/step':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>9s} "
+          f"{'loss first->last':>18s}")
+    for r in rows:
+        r["mfu"] = r["tflops_per_gpu"] / peak if peak else None
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+        print(f"{r['name']:32s} {r['step_time_s'] * 1e3:8.1f} {r['tokens_per_s']:10,.0f} {r['tflops_per_gpu']:8.1f} "
+              f"{mfu:>6s} {r['peak_mem_gib']:9.1f} {r['first_loss']:8.3f}->{r['last_loss']:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
