@@ -74,3 +74,13 @@ def test_tiny_trains_in_bf16_on_gpu(tmp_path):
     if any(k in name for k in ("H100", "H200", "A100", "B200")):
         assert records[-1]["mfu"] is not None and 0 < records[-1]["mfu"] < 1
     assert records[-1]["peak_mem_gib"] > 0
+
+
+def test_compiled_layers_train_like_eager_on_gpu(tmp_path):
+    from moetrain.train.trainer import run
+
+    common = ["train.device=cuda", "train.steps=8", "precision.dtype=fp32"]
+    eager = run(load_config(overrides=[f"train.out_dir={tmp_path / 'e'}", *common]), show_progress=False)
+    compiled = run(load_config(overrides=[f"train.out_dir={tmp_path / 'c'}", "train.compile=true", *common]),
+                   show_progress=False)
+    assert [r["loss"] for r in compiled.records] == pytest.approx([r["loss"] for r in eager.records], rel=2e-3)

@@ -204,3 +204,15 @@ def test_user_errors_are_one_line(tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_tensorboard_scalars_match_metrics(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = run(small(tmp_path, "train.steps=3", "train.tensorboard=true"), show_progress=False)
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    logged = [(e.step, e.value) for e in acc.Scalars("loss")]
+    assert [s for s, _ in logged] == [1, 2, 3]
+    assert [v for _, v in logged] == pytest.approx([r["loss"] for r in result.records], rel=1e-6)
