@@ -62,6 +62,20 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = {
+    "moe": ("moetrain.bench.moe_layer", "MoE layer forward+backward against torchtitan-style references"),
+    "train": ("moetrain.bench.train_step", "training step against Hugging Face transformers"),
+}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(BENCHMARKS[args.which][0])
+    module.main(args.bench_args)
+    return 0
+
+
 # ---- parser -------------------------------------------------------------------------------
 
 def _add_config_source(p: argparse.ArgumentParser, required: bool = False) -> None:
@@ -105,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, metavar="DIR", help="dataset directory to write (train with data.source=tokens data.path=DIR; "
                    "the eval split is data.eval_fraction, applied when the dataset is loaded)")
     p.set_defaults(func=cmd_data_prepare)
+
+    p = commands.add_parser("bench", help="side-by-side GPU benchmarks against peers (one process)")
+    p.add_argument("which", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()))
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to the benchmark (see its --help)")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -28,6 +28,7 @@ import torch
 
 from moetrain.config.load import load_config
 from moetrain.config.schema import Config
+from moetrain.errors import UserError
 from moetrain.models.accounting import train_flops_per_token
 from moetrain.train.throughput import peak_tflops
 
@@ -149,7 +150,7 @@ def hf_run(cfg: Config, steps: int, warmup: int, profile: bool = False) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="moetrain bench train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="qwen3-30b-a3b")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq", type=int, default=4096)
@@ -161,6 +162,8 @@ def main(argv=None) -> None:
     parser.add_argument("--profile", action="store_true", help="print each contender's top GPU kernels")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise UserError("moetrain bench train needs a CUDA GPU (none is visible)")
 
     base = [f"model.num_layers={args.layers}", f"train.seq_length={args.seq}", f"train.micro_batch_size={args.mbs}",
             f"train.global_batch_size={args.gbs or args.mbs}", "optim.warmup_steps=5", "optim.lr=3e-4",

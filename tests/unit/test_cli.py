@@ -201,3 +201,18 @@ def test_bugs_keep_their_traceback(fake_module):
     fake_module("moetrain.train.trainer", run=_raising(FileNotFoundError("no filename: a bug")))
     with pytest.raises(FileNotFoundError):
         cli.main(["train"])
+
+
+def test_bench_commands_refuse_without_gpu_in_one_line():
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        return  # on a GPU machine the benchmarks run; this checks the CPU refusal only
+    for which in ("moe", "train"):
+        proc = subprocess.run([sys.executable, "-m", "moetrain", "bench", which], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == f"error: moetrain bench {which} needs a CUDA GPU (none is visible)"
