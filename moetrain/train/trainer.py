@@ -121,6 +121,10 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     with torch.device(device):
         model = build_model(cfg)
     model.to(dtype)
+    if cfg.model.from_hf:  # initialise from a Hugging Face checkpoint (architecture already from it)
+        from moetrain.models.hf import load_hf_weights
+
+        load_hf_weights(model, cfg.model.from_hf, progress=show_progress)
     model.set_recompute(t.recompute, t.recompute_layer_ids)
     if t.compile:
         for layer in model.layers:
@@ -163,94 +167,98 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
             config_yaml=config_yaml, keep_last=cfg.checkpoint.keep_last)
 
     last_saved = start_step if resume_from is not None else None
-    with _StopFlag() as stop, ProgressDisplay(t.steps, start_step, show_progress) as display:
-        display.log(
-            f"{cfg.model.name}: {counts.total / 1e6:,.2f}M params ({counts.active / 1e6:,.2f}M active) on "
-            f"{device_name or device.type}, {str(dtype).replace('torch.', '')}; {accum} micro-batch(es) of "
-            f"{t.micro_batch_size} x {t.seq_length} tokens per step; output in {out_dir}")
-        if resume_from is not None:
-            display.log(f"resumed from {resume_from} at step {start_step}")
-        for step in range(start_step + 1, t.steps + 1):
-            profiler.before_step(step)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            started = time.perf_counter()
-            lr = lr_at(step - 1, o, t.steps)
-            optimizer.zero_grad()
-            model.reset_moe_stats()
-            sums = torch.zeros(4, device=device)  # loss, lm_loss, aux_loss, mtp_loss
-            for _ in range(accum):
-                input_ids, labels = train_data.next_batch(t.micro_batch_size)
-                input_ids = input_ids.to(device, non_blocking=True)
-                labels = labels.to(device, non_blocking=True)
-                out = model(input_ids, labels)
-                (out.loss / accum).backward()
-                mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=device)
-                sums += torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp]) / accum
-            # Peak memory of forward + backward alone (the optimizer step may add its own temporaries).
-            peak_fwd_bwd = peak_memory_gib(device)
-            grad_norm = optimizer.grad_norm()
-            moe_layers = model.moe_layers()
-            imbalance = (torch.stack([layer.load_imbalance() for layer in moe_layers])
-                         if moe_layers else torch.zeros(0, device=device))
-            # One host sync per step for everything we log.
-            host = torch.cat([sums, grad_norm.reshape(1).to(device), imbalance.float()]).tolist()
-            loss, lm_loss, aux_loss, mtp_loss, norm = host[:5]
-            finite = math.isfinite(loss) and math.isfinite(norm)
-            if finite:
-                skipped_in_row = 0
-                if o.clip_grad > 0 and norm > o.clip_grad:
-                    optimizer.scale_grads(o.clip_grad / (norm + 1e-6))
-                optimizer.step(lr)
-                if cfg.moe.expert_bias:
-                    model.update_expert_bias(cfg.moe.expert_bias_update_rate)
-            else:
-                skipped_in_row += 1
-                display.log(f"[yellow]step {step}: non-finite loss ({loss}) or grad norm ({norm}); step skipped "
-                            f"({skipped_in_row} in a row, limit train.max_skipped_steps = {t.max_skipped_steps})")
-                if skipped_in_row > t.max_skipped_steps:
-                    metrics.close()
-                    raise UserError(
-                        f"training diverged: {skipped_in_row} consecutive steps with a non-finite loss or "
-                        f"gradient (train.max_skipped_steps = {t.max_skipped_steps}); lower optim.lr or check the data")
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - started
-            tflops = flops_per_token * tokens_per_step / elapsed / 1e12
-            record = {
-                "step": step, "loss": loss, "lm_loss": lm_loss, "aux_loss": aux_loss,
-                "mtp_loss": mtp_loss if cfg.model.mtp_num_layers else None,
-                "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_step / elapsed,
-                "tflops_per_gpu": tflops, "mfu": tflops / peak if peak else None,
-                "peak_mem_gib": peak_memory_gib(device), "peak_mem_fwd_bwd_gib": peak_fwd_bwd,
-                "step_time_s": elapsed, "skipped": not finite,
-                "load_imbalance": [round(v, 4) for v in host[5:]],
-            }
-            if t.eval_interval and step % t.eval_interval == 0:
-                record["eval_loss"] = evaluate(model, cfg, device, build_data)
-            metrics.write(record)
-            result.records.append(record)
-            result.last_step = step
-            if step % t.log_interval == 0 or step == t.steps:
-                display.update(record)
-            profiler.after_step(step)
-            if t.manual_gc and step % t.manual_gc_interval == 0:
-                gc.collect()
-            periodic = cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0
-            if periodic or stop.requested:
-                save(step)
-                last_saved = step
-            if stop.requested:
-                display.log(f"interrupted: checkpoint saved at step {step}; resume with checkpoint.resume=auto")
-                result.interrupted = True
-                break
-        if not result.interrupted and cfg.checkpoint.save_final and last_saved != result.last_step \
-                and result.last_step > 0:
-            save(result.last_step)
-    metrics.close()
-    profiler.close()
-    if t.manual_gc:
-        gc.enable()
+    try:
+        with _StopFlag() as stop, ProgressDisplay(t.steps, start_step, show_progress) as display:
+            display.log(
+                f"{cfg.model.name}: {counts.total / 1e6:,.2f}M params ({counts.active / 1e6:,.2f}M active) on "
+                f"{device_name or device.type}, {str(dtype).replace('torch.', '')}; {accum} micro-batch(es) of "
+                f"{t.micro_batch_size} x {t.seq_length} tokens per step; output in {out_dir}")
+            if resume_from is not None:
+                display.log(f"resumed from {resume_from} at step {start_step}")
+            for step in range(start_step + 1, t.steps + 1):
+                profiler.before_step(step)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                started = time.perf_counter()
+                lr = lr_at(step - 1, o, t.steps)
+                optimizer.zero_grad()
+                model.reset_moe_stats()
+                sums = torch.zeros(4, device=device)  # loss, lm_loss, aux_loss, mtp_loss
+                for _ in range(accum):
+                    input_ids, labels = train_data.next_batch(t.micro_batch_size)
+                    input_ids = input_ids.to(device, non_blocking=True)
+                    labels = labels.to(device, non_blocking=True)
+                    out = model(input_ids, labels)
+                    (out.loss / accum).backward()
+                    mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=device)
+                    sums += torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp]) / accum
+                # Peak memory of forward + backward alone (the optimizer step may add its own temporaries).
+                peak_fwd_bwd = peak_memory_gib(device)
+                grad_norm = optimizer.grad_norm()
+                moe_layers = model.moe_layers()
+                imbalance = (torch.stack([layer.load_imbalance() for layer in moe_layers])
+                             if moe_layers else torch.zeros(0, device=device))
+                # One host sync per step for everything we log.
+                host = torch.cat([sums, grad_norm.reshape(1).to(device), imbalance.float()]).tolist()
+                loss, lm_loss, aux_loss, mtp_loss, norm = host[:5]
+                finite = math.isfinite(loss) and math.isfinite(norm)
+                if finite:
+                    skipped_in_row = 0
+                    if o.clip_grad > 0 and norm > o.clip_grad:
+                        optimizer.scale_grads(o.clip_grad / (norm + 1e-6))
+                    optimizer.step(lr)
+                    if cfg.moe.expert_bias:
+                        model.update_expert_bias(cfg.moe.expert_bias_update_rate)
+                else:
+                    skipped_in_row += 1
+                    display.log(f"[yellow]step {step}: non-finite loss ({loss}) or grad norm ({norm}); step skipped "
+                                f"({skipped_in_row} in a row, limit train.max_skipped_steps = {t.max_skipped_steps})")
+                    if skipped_in_row > t.max_skipped_steps:
+                        metrics.close()
+                        raise UserError(
+                            f"training diverged: {skipped_in_row} consecutive steps with a non-finite loss or "
+                            f"gradient (train.max_skipped_steps = {t.max_skipped_steps}); lower optim.lr or check the data")
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                elapsed = time.perf_counter() - started
+                tflops = flops_per_token * tokens_per_step / elapsed / 1e12
+                record = {
+                    "step": step, "loss": loss, "lm_loss": lm_loss, "aux_loss": aux_loss,
+                    "mtp_loss": mtp_loss if cfg.model.mtp_num_layers else None,
+                    "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_step / elapsed,
+                    "tflops_per_gpu": tflops, "mfu": tflops / peak if peak else None,
+                    "peak_mem_gib": peak_memory_gib(device), "peak_mem_fwd_bwd_gib": peak_fwd_bwd,
+                    "step_time_s": elapsed, "skipped": not finite,
+                    "load_imbalance": [round(v, 4) for v in host[5:]],
+                }
+                if t.eval_interval and step % t.eval_interval == 0:
+                    record["eval_loss"] = evaluate(model, cfg, device, build_data)
+                metrics.write(record)
+                result.records.append(record)
+                result.last_step = step
+                if step % t.log_interval == 0 or step == t.steps:
+                    display.update(record)
+                profiler.after_step(step)
+                if t.manual_gc and step % t.manual_gc_interval == 0:
+                    gc.collect()
+                periodic = cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0
+                if periodic or stop.requested:
+                    save(step)
+                    last_saved = step
+                if stop.requested:
+                    display.log(f"interrupted: checkpoint saved at step {step}; resume with checkpoint.resume=auto")
+                    result.interrupted = True
+                    break
+            if not result.interrupted and cfg.checkpoint.save_final and last_saved != result.last_step \
+                    and result.last_step > 0:
+                save(result.last_step)
+    finally:
+        # Also on errors (divergence abort, Ctrl-C twice): close files, hand GC back, drop hooks.
+        metrics.close()
+        profiler.close()
+        optimizer.close()
+        if t.manual_gc:
+            gc.enable()
     if show_progress or result.records:
         from rich.console import Console
 

@@ -216,3 +216,25 @@ def test_tensorboard_scalars_match_metrics(tmp_path):
     logged = [(e.step, e.value) for e in acc.Scalars("loss")]
     assert [s for s, _ in logged] == [1, 2, 3]
     assert [v for _, v in logged] == pytest.approx([r["loss"] for r in result.records], rel=1e-6)
+
+
+@pytest.mark.parametrize("extra", [[], ["optim.main_grads_dtype=bf16"]])
+def test_training_state_is_freed_after_run(tmp_path, monkeypatch, extra):
+    """Gradient hooks must not keep the model and optimizer state alive after run() returns."""
+    import gc
+    import weakref
+
+    import moetrain.train.optim as optim_mod
+
+    refs = []
+    original = optim_mod.PrecisionAwareAdamW.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        for slot in self.slots:
+            refs.extend(weakref.ref(t) for t in (slot.param, slot.exp_avg, slot.main_grad) if t is not None)
+
+    monkeypatch.setattr(optim_mod.PrecisionAwareAdamW, "__init__", spy)
+    run(small(tmp_path, "train.steps=2", *extra), show_progress=False)
+    gc.collect()
+    assert refs and sum(r() is not None for r in refs) == 0
