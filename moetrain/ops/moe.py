@@ -39,39 +39,37 @@ def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int):
     """Group the routed copies of each token by expert.
 
     x [T, H]; topk_idx [T, K] int64 with -1 marking a dropped assignment.
-    Returns (x_perm [M, H] rows sorted by expert with dropped rows last,
-             offs [E] int32 cumulative group ends, row_map [M] int64: x_perm row r is the
-             copy for flat assignment row_map[r] = t*K + k).
+    Returns (x_perm [M, H] rows sorted by expert, offs [E] int32 cumulative group ends,
+             row_map [M] int64: x_perm row r is the copy for flat assignment row_map[r] = t*K + k).
+    Dropped assignments are grouped with the last expert: every row then holds a finite
+    expert output, which the combine multiplies by zero. That costs compute only when tokens
+    are actually dropped, and keeps the combine free of masks and host syncs.
     """
     flat = topk_idx.reshape(-1)
-    # Dropped assignments (-1) sort after every expert, beyond offs[-1].
-    key = torch.where(flat < 0, torch.full_like(flat, num_experts), flat)
+    key = torch.where(flat < 0, torch.full_like(flat, num_experts - 1), flat)
     row_map = torch.argsort(key, stable=True)
     # scatter_add rather than bincount: bincount sizes its output from the data (a device sync).
-    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=key.device)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=key.device)
     counts.scatter_add_(0, key, torch.ones_like(key))
-    counts = counts[:num_experts]
     offs = torch.cumsum(counts, dim=0).to(torch.int32)
     x_perm = x.index_select(0, row_map // topk_idx.shape[1])
     return x_perm, offs, row_map
 
 
 def unpermute(y_perm: torch.Tensor, row_map: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor):
-    """Combine: out[t] = sum_k topk_weight[t, k] * y[t*K + k], dropped assignments excluded.
+    """Combine: out[t] = sum_k topk_weight[t, k] * y[t*K + k], dropped assignments (-1) excluded.
 
     y_perm [M, H] in permuted order; row_map [M] from ``permute``; topk_idx/topk_weight [T, K].
-    Returns [T, H] in the dtype of y_perm; the weighted sum runs in fp32 (fp64 for fp64 inputs). No atomics: the
-    inverse permutation is a gather.
+    Returns [T, H] in the dtype of y_perm. No atomics: the inverse permutation is a gather and
+    the weighted sum over K is a batched [1, K] x [K, H] product (fp32 accumulation inside the
+    GEMM; the weights are rounded to y's dtype, as a bf16 layer would).
     """
     T, K = topk_idx.shape
     inverse = torch.empty_like(row_map)
     inverse[row_map] = torch.arange(row_map.numel(), device=row_map.device)
-    acc = torch.promote_types(y_perm.dtype, torch.float32)
-    y = y_perm.index_select(0, inverse).view(T, K, -1).to(acc)
-    weight = torch.where(topk_idx < 0, torch.zeros_like(topk_weight), topk_weight).to(acc)
-    # where (not multiply) so that garbage in dropped rows cannot leak NaN into the sum.
-    y = torch.where((topk_idx < 0).unsqueeze(-1), torch.zeros_like(y), y)
-    return torch.einsum("tkh,tk->th", y, weight).to(y_perm.dtype)
+    y = y_perm.index_select(0, inverse).view(T, K, -1)
+    weight = torch.where(topk_idx < 0, torch.zeros_like(topk_weight), topk_weight).to(y.dtype)
+    return torch.bmm(weight.unsqueeze(1), y).squeeze(1)
 
 
 def moe_experts(
@@ -111,5 +109,6 @@ def moe_experts(
 
 
 def _expert_of_row(topk_idx: torch.Tensor, row_map: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Expert id of each permuted row; dropped rows map to expert 0 (their output is discarded)."""
-    return topk_idx.reshape(-1).index_select(0, row_map).clamp(min=0, max=num_experts - 1)
+    """Expert id of each permuted row; dropped rows sit with the last expert (see ``permute``)."""
+    flat = topk_idx.reshape(-1).index_select(0, row_map)
+    return torch.where(flat < 0, torch.full_like(flat, num_experts - 1), flat)
