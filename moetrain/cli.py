@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "the eval split is data.eval_fraction, applied when the dataset is loaded)")
     p.set_defaults(func=cmd_data_prepare)
 
+    from moetrain.convert import register as register_convert  # no torch at import
+
+    register_convert(commands, _add_config_source)
+
     p = commands.add_parser("bench", help="side-by-side GPU benchmarks against peers (one process)")
     p.add_argument("which", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()))
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to the benchmark (see its --help)")

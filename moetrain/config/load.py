@@ -3,9 +3,10 @@
 Order of application (later wins): the files of an `extends:` chain (depth first, a list
 in order), the file's own keys, then command-line overrides ``section.key=value``. Every
 dotted key remembers where its value came from (a file, ``preset NAME`` or ``command
-line``) so that errors can say which input to fix. After merging, values are checked
-against the annotations of ``moetrain.config.schema`` with exact types (``coerce``) and
-then ``Config.check()`` validates cross-field consistency.
+line``) so that errors can say which input to fix. ``model.from_hf: DIR`` then supplies
+the architecture keys from a Hugging Face checkpoint (``apply_from_hf``). After merging,
+values are checked against the annotations of ``moetrain.config.schema`` with exact types
+(``coerce``) and then ``Config.check()`` validates cross-field consistency.
 
 YAML is read with YAML 1.2 scalar rules rather than PyYAML's 1.1 defaults, because the
 1.1 rules surprise people writing training configs: ``lr: 1e-3`` would be a string,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -215,6 +217,17 @@ class ResolvedConfig:
     def __init__(self) -> None:
         self.data: dict = {}
         self.sources: dict[str, str] = {}
+        # Keys set by the default preset that nobody asked for (no file, no --preset): their
+        # sources, so that model.from_hf may replace them (see apply_from_hf).
+        self.implicit: dict[str, str] = {}
+
+    def is_explicit(self, key: str) -> bool:
+        """Whether the user's inputs set ``key`` (a file, a chosen preset or the command line)."""
+        section, _, name = key.partition(".")
+        value = self.data.get(section)
+        if not isinstance(value, dict) or name not in value:
+            return False
+        return key not in self.implicit or self.sources.get(key) != self.implicit[key]
 
     def apply(self, data: dict, source: str) -> None:
         self.data = _deep_merge(self.data, data)
@@ -295,6 +308,8 @@ def resolve(path: str | None = None, preset: str | None = None, overrides: Itera
     else:
         p = preset_path(preset or DEFAULT_PRESET)
         _load_file(p, f"preset {p.stem}", str(p), out, [])
+        if preset is None:
+            out.implicit = dict(out.sources)
     for text in overrides:
         out.apply(_parse_override(text), COMMAND_LINE)
     return out
@@ -467,7 +482,63 @@ def load_config(path: str | None = None, preset: str | None = None, overrides: I
     ``overrides`` are ``section.key=value`` strings; values are parsed as YAML.
     Raises ConfigError naming the key or file and its source on any user mistake.
     """
-    return build(resolve(path, preset, overrides))
+    resolved = resolve(path, preset, overrides)
+    apply_from_hf(resolved)
+    return build(resolved)
+
+
+# ---- model.from_hf ------------------------------------------------------------------------
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return type(a) is type(b) and a == b
+    return math.isclose(a, b, rel_tol=1e-12)
+
+
+def apply_from_hf(resolved: ResolvedConfig) -> None:
+    """``model.from_hf: DIR``: every architecture key (the model.*/moe.* keys that shape the
+    network) comes from DIR/config.json (or the config.yaml of a `moetrain convert` output), on
+    top of the schema defaults. A key that a file, a chosen preset or the command line sets to a
+    different value is a ConfigError naming both values and sources; keys of the default preset
+    (used when no config is given) are replaced silently. ``model.mtp_num_layers: 0`` is allowed
+    (drops the MTP weights). Soft hints (name, init_std, aux loss) fill keys nobody set.
+    """
+    model = resolved.data.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("from_hf"), str):
+        return  # unset, null, or a type error that build() reports
+    directory = model["from_hf"]
+    where = f"model.from_hf = {directory!r} (from {resolved.source_of('model.from_hf')})"
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{where}: no such directory")
+    from moetrain.errors import UserError
+    from moetrain.models.hf_config import source_arch
+
+    try:
+        arch, hints, label = source_arch(directory)
+    except UserError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    take: dict = {}
+    for key, value in arch.items():
+        if not resolved.is_explicit(key):
+            take[key] = value
+            continue
+        section, name = key.split(".")
+        source = resolved.source_of(key)
+        try:
+            mine = coerce(resolved.data[section][name], typing.get_type_hints(SECTIONS[section])[name], key, source)
+        except ConfigError:
+            continue  # build() reports the type error
+        if _same(mine, value) or (key == "model.mtp_num_layers" and mine == 0):
+            continue
+        raise ConfigError(
+            f"{key} = {_show(mine)} (from {source}) conflicts with the architecture of model.from_hf: "
+            f"{label} gives {_show(value)}; remove {key} or set it to {_show(value)}")
+    take.update({k: v for k, v in hints.items() if not resolved.is_explicit(k)})
+    nested: dict = {}
+    for key, value in take.items():
+        section, name = key.split(".")
+        nested.setdefault(section, {})[name] = value
+    resolved.apply(nested, label)
 
 
 # ---- output -------------------------------------------------------------------------------

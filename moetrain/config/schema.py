@@ -31,6 +31,9 @@ Dtype = Literal["fp32", "bf16"]
 @dataclass
 class ModelConfig:
     name: str = doc("tiny", "Free-form model name shown in logs and reports.")
+    from_hf: Optional[str] = doc(
+        None, "Initialise from this Hugging Face checkpoint directory (or a `moetrain convert` output); "
+        "its config sets every architecture key of model.* and moe.*.")
     vocab_size: int = doc(512, "Vocabulary size (rows of the embedding and the output head).")
     hidden_size: int = doc(64, "Model width H.")
     num_layers: int = doc(4, "Number of decoder layers (MTP layers not included).")
