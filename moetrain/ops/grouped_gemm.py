@@ -12,15 +12,23 @@ Backends:
               (a device sync), so it is the reference, not the production path.
     "torch" : torch._grouped_mm (sync-free, CUDA). Its CPU backward mishandles empty groups in
               torch 2.13, so "auto" only picks it on CUDA.
+    "triton": our persistent Triton kernels (moetrain.kernels.grouped_gemm: forward, dgrad, wgrad),
+              sync-free. Needs the triton package and a CUDA device, or TRITON_INTERPRET=1 (set
+              before triton is imported) to run them on CPU tensors in Triton's interpreter.
     "auto"  : "torch" on CUDA, "loop" elsewhere.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import torch
 
-BACKENDS = ("auto", "torch", "loop")
-# The MoE config says "reference" for the loop backend; Triton arrives with the kernels issue.
+from moetrain.errors import UserError
+
+BACKENDS = ("auto", "torch", "triton", "loop")
+# The MoE config says "reference" for the loop backend.
 _ALIASES = {"reference": "loop"}
 
 
@@ -30,7 +38,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         return "torch" if device.type == "cuda" else "loop"
     if backend == "triton":
-        raise NotImplementedError("the triton grouped GEMM backend is not built yet; use auto, torch or reference")
+        _check_triton(device)
+        return "triton"
     if backend not in BACKENDS:
         raise ValueError(f"unknown grouped GEMM backend {backend!r}; valid: {', '.join(BACKENDS)}, reference")
     return backend
@@ -45,7 +54,47 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
     which = resolve_backend(backend, x.device)
     if which == "torch":
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs.to(torch.int32))
+    if which == "triton":
+        return _TritonGroupedGemm.apply(x, w, offs)
     return grouped_gemm_loop(x, w, offs)
+
+
+def _check_triton(device: torch.device) -> None:
+    """The triton backend needs the package, and a CUDA device or the CPU interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        raise UserError("grouped GEMM backend 'triton' needs the triton package (pip install triton); "
+                        "use backend auto, torch or reference")
+    if device.type == "cuda":
+        return
+    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
+        return
+    raise UserError(f"grouped GEMM backend 'triton' needs a CUDA device (tensors are on {device}); "
+                    "set TRITON_INTERPRET=1 before importing triton to run its CPU interpreter, "
+                    "or use backend auto, torch or reference")
+
+
+class _TritonGroupedGemm(torch.autograd.Function):
+    """y = x_g @ w_g^T with the Triton kernels; backward: dx by the dgrad kernel (dy_g @ w_g), dw by
+    the variable-K wgrad kernel (dy_g^T @ x_g). Nothing reads offs on the host."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs):
+        from moetrain.kernels import grouped_gemm as kernels  # imports triton: only when chosen
+
+        offs = offs.to(torch.int32)
+        ctx.save_for_backward(x, w, offs)
+        return kernels.grouped_gemm_fwd(x, w, offs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        from moetrain.kernels import grouped_gemm as kernels
+
+        x, w, offs = ctx.saved_tensors
+        dy = dy.to(x.dtype)
+        dx = kernels.grouped_gemm_dgrad(dy, w, offs) if ctx.needs_input_grad[0] else None
+        dw = kernels.grouped_gemm_wgrad(dy, x, offs) if ctx.needs_input_grad[1] else None
+        return dx, dw, None
 
 
 def grouped_gemm_loop(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,670 @@
+"""Grouped GEMM kernels (Triton) for the MoE expert path, and the plain PyTorch references.
+
+Legend: M rows (routed token copies, sorted by group), G groups (experts), N = w.shape[1] (output
+features of the forward), K = w.shape[2] (input features, the forward's reduction).
+
+    x     [M, K]     bf16 / fp16 / fp32, contiguous; group g owns rows offs[g-1]..offs[g]-1
+    w     [G, N, K]  same dtype, contiguous
+    offs  [G]        int32 on the device, cumulative row ends (non-decreasing, offs[-1] <= M);
+                     rows offs[-1]..M-1 belong to no group; groups may be empty or uneven
+    y     [M, N]     forward  y_g   = x_g @ w[g]^T            (rows past offs[-1]: 0)
+    dy    [M, N]     gradient of y
+    dx    [M, K]     dgrad    dx_g  = dy_g @ w[g]             (rows past offs[-1]: 0)
+    dw    [G, N, K]  wgrad    dw[g] = dy_g^T @ x_g            (empty groups: 0)
+
+All three accumulate in fp32 and write the input dtype. Nothing reads offs on the host: the kernels
+find their work from offs on the device, so they are sync-free and CUDA-graph capturable (after
+the first call per shape, which autotunes).
+
+Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over work tiles):
+- forward / dgrad (`_rowgroup_kernel`, DGRAD constexpr): group g owns cdiv(rows_g, BLOCK_M) row
+  tiles times the output column tiles, group-major, with bands of GROUP_M row tiles inside a
+  group so that concurrent programs share weight and activation tiles in L2. Each program loads
+  offs once, builds the cumulative tile count per group in registers (tl.cumsum) and maps a
+  tile to its group with block reductions: no host sync, no extra launch. The tile loop is
+  flattened (tl.range(flatten=True)) so the loads of the next tile overlap this tile's epilogue.
+  TMA path: A by a 2-D descriptor (rows past the group's end only feed dropped output rows),
+  w by a 3-D [G, N, K] descriptor (zero fill stays inside each expert), output by a "ragged"
+  TMA store that the hardware clips at the group's end (see RAGGED below).
+- wgrad (`_wgrad_kernel`): the tiles are the BLOCK_M x BLOCK_N tiles of every dw[g]; the
+  reduction runs over the group's rows (variable K), so the (tile, row chunk) loop is flattened
+  by hand into one pipelined loop. TMA path: dy and x by ragged descriptors (rows past the
+  group's end read as zeros), dw by a 3-D TMA store.
+- forward with gather_rows: A rows are read through an index array (x_perm never exists);
+  A uses pointer loads (Hopper TMA has no row gather), w and the output still use TMA.
+- USE_TMA=False: masked pointer loads and stores everywhere. Both paths run under
+  TRITON_INTERPRET=1 (fp32 only: the 3.6 interpreter computes bf16 dots wrongly).
+- Autotuning (`_pick_config`): the first call per (op, dtype, N, K, M/G bucket) times every
+  candidate config (triton.testing.do_bench, median) and keeps the fastest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------------------------
+# References (obviously correct; they read offs on the host).
+# ----------------------------------------------------------------------------------------------
+
+
+def _ranges(offs: torch.Tensor, m: int):
+    start = 0
+    for end in offs.tolist():
+        end = min(max(end, start), m)
+        yield start, end
+        start = end
+
+
+def grouped_gemm_ref(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """y [M, N] = x_g @ w[g]^T per group, zeros past offs[-1]; computed in x's dtype."""
+    y = x.new_zeros(x.shape[0], w.shape[1])
+    for g, (s, e) in enumerate(_ranges(offs, x.shape[0])):
+        y[s:e] = x[s:e] @ w[g].t()
+    return y
+
+
+def grouped_gemm_dgrad_ref(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """dx [M, K] = dy_g @ w[g] per group, zeros past offs[-1]."""
+    dx = dy.new_zeros(dy.shape[0], w.shape[2])
+    for g, (s, e) in enumerate(_ranges(offs, dy.shape[0])):
+        dx[s:e] = dy[s:e] @ w[g]
+    return dx
+
+
+def grouped_gemm_wgrad_ref(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """dw [G, N, K] = dy_g^T @ x_g per group, zeros for empty groups."""
+    dw = dy.new_zeros(offs.shape[0], dy.shape[1], x.shape[1])
+    for g, (s, e) in enumerate(_ranges(offs, dy.shape[0])):
+        dw[g] = dy[s:e].t() @ x[s:e]
+    return dw
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+# "Ragged" TMA addressing: a 2-D tensor T [R, C] with row stride rs is described as 4-D with
+# shape [2^31-ish, 2^31-ish, 2^30, C] and strides [2^34 - rs, rs, rs, 1]. Coordinates
+# [2^30, end, 2^30 - end + row, col] address T[row, col] (the first two terms cancel modulo 2^64),
+# and the hardware bounds check on the third dimension (< 2^30) becomes row < end: loads past a
+# group's end read zeros and stores past it are dropped, with no masks in the kernel.
+RAGGED_ROWS = 1 << 30
+RAGGED = tl.constexpr(RAGGED_ROWS)  # the same, visible inside kernels
+
+
+# Row counts, group counts and the grid size change with routing and shape but not the code:
+# leave them unspecialized so that they do not multiply compilations.
+@triton.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
+def _rowgroup_kernel(
+    a_ptr, a_desc,  # A [M, RED]: x (forward) or dy (dgrad); a_desc 2-D, block [BLOCK_M, BLOCK_K]
+    gather_ptr,  # GATHER: [M] int32 source row of each A row (A is then [T, RED], rows gathered)
+    w_ptr, w_desc,  # w [G, D1, D2]; w_desc 3-D, block [1, BLOCK_N, BLOCK_K] (forward) / [1, BLOCK_K, BLOCK_N]
+    out_ptr, out_desc,  # out [M, OUT]; out_desc ragged 4-D, block [1, 1, BLOCK_M, BLOCK_N]
+    offs_ptr,  # [G] int32
+    M, OUT, RED, G,
+    stride_am, stride_wg, stride_w1, stride_om,
+    NUM_PROGS,
+    DGRAD: tl.constexpr,  # False: OUT = D1, RED = D2 (y = x w^T); True: RED = D1, OUT = D2 (dx = dy w)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, FLATTEN: tl.constexpr, PRECISION: tl.constexpr,
+    GATHER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    out_dtype = out_ptr.dtype.element_ty
+
+    # Row range of every group, in registers. Slots past G repeat the last end (empty groups).
+    gi = tl.arange(0, BLOCK_G)
+    ends = tl.load(offs_ptr + tl.minimum(gi, G - 1))
+    ends = tl.minimum(tl.maximum(ends, 0), M)
+    starts = tl.load(offs_ptr + tl.maximum(tl.minimum(gi - 1, G - 1), 0), mask=gi > 0, other=0)
+    starts = tl.minimum(tl.maximum(starts, 0), M)
+    row_tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
+    n_tiles = (OUT + BLOCK_N - 1) // BLOCK_N
+    tile_ends = tl.cumsum(row_tiles, 0) * n_tiles  # group g owns tiles [tile_ends[g-1], tile_ends[g])
+    total = tl.max(tile_ends, 0)
+    k_tiles = (RED + BLOCK_K - 1) // BLOCK_K
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+
+    for tile in tl.range(pid, total, NUM_PROGS, flatten=FLATTEN):
+        # The tile's group: the number of groups whose tiles all come before it.
+        before = tile_ends <= tile
+        g = tl.sum(before.to(tl.int32), 0)
+        tile0 = tl.max(tl.where(before, tile_ends, 0), 0)
+        row0 = tl.max(tl.where(before, ends, 0), 0)
+        row_end = tl.min(tl.where(before, M, ends), 0)
+        # Grouped ordering inside the group: bands of GROUP_M row tiles, column tiles outer.
+        local = tile - tile0
+        m_tiles_g = (row_end - row0 + BLOCK_M - 1) // BLOCK_M
+        band = local // (GROUP_M * n_tiles)
+        first_m = band * GROUP_M
+        band_m = tl.minimum(m_tiles_g - first_m, GROUP_M)
+        r = local - band * (GROUP_M * n_tiles)
+        m0 = row0 + (first_m + r % band_m) * BLOCK_M
+        n0 = (r // band_m) * BLOCK_N
+
+        w_base = w_ptr + g.to(tl.int64) * stride_wg
+        row_ok = (m0 + rm) < row_end
+        if GATHER:
+            # A rows come straight from the token rows (no permuted copy): pointer loads, since
+            # Hopper's TMA cannot gather rows.
+            src = tl.load(gather_ptr + m0 + rm, mask=row_ok, other=0)
+            a_rows = a_ptr + src.to(tl.int64)[:, None] * stride_am
+        else:
+            a_rows = a_ptr + m0.to(tl.int64) * stride_am + rm[:, None] * stride_am
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            k0 = ki * BLOCK_K
+            k_ok = (k0 + rk) < RED
+            if USE_TMA and not GATHER:
+                # Rows past the group's end belong to the next group: they only feed output rows
+                # that the ragged store drops. TMA zero-fills past M, RED and w's extents.
+                a = a_desc.load([m0, k0])
+            else:
+                a = tl.load(a_rows + (k0 + rk)[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            if USE_TMA:
+                if DGRAD:
+                    b = w_desc.load([g, k0, n0]).reshape(BLOCK_K, BLOCK_N)
+                else:
+                    b = w_desc.load([g, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
+            else:
+                n_ok = (n0 + rn) < OUT
+                if DGRAD:
+                    b = tl.load(w_base + (k0 + rk)[:, None] * stride_w1 + (n0 + rn)[None, :],
+                                mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                else:
+                    b = tl.load(w_base + (n0 + rn)[None, :] * stride_w1 + (k0 + rk)[:, None],
+                                mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+
+        c = acc.to(out_dtype)
+        if USE_TMA:
+            out_desc.store([RAGGED, row_end, RAGGED - row_end + m0, n0], c.reshape(1, 1, BLOCK_M, BLOCK_N))
+        else:
+            o_ptrs = out_ptr + m0.to(tl.int64) * stride_om + rm[:, None] * stride_om + (n0 + rn)[None, :]
+            tl.store(o_ptrs, c, mask=row_ok[:, None] & ((n0 + rn) < OUT)[None, :])
+
+    # Rows past the last group's end belong to no group: write zeros (usually there are none).
+    tail0 = tl.max(ends, 0)
+    tail_tiles = ((M - tail0 + BLOCK_M - 1) // BLOCK_M) * n_tiles
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_dtype)
+    for t in range(pid, tail_tiles, NUM_PROGS):
+        m0 = tail0 + (t // n_tiles) * BLOCK_M
+        n0 = (t % n_tiles) * BLOCK_N
+        o_ptrs = out_ptr + m0.to(tl.int64) * stride_om + rm[:, None] * stride_om + (n0 + rn)[None, :]
+        tl.store(o_ptrs, zeros, mask=((m0 + rm) < M)[:, None] & ((n0 + rn) < OUT)[None, :])
+
+
+@triton.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
+def _wgrad_kernel(
+    dy_ptr, dy_desc,  # dy [M, N]; dy_desc ragged 4-D, block [1, 1, BLOCK_K, BLOCK_M]
+    x_ptr, x_desc,  # x [M, K]; x_desc ragged 4-D, block [1, 1, BLOCK_K, BLOCK_N]
+    dw_ptr, dw_desc,  # dw [G, N, K]; dw_desc 3-D, block [1, BLOCK_M, BLOCK_N]
+    offs_ptr,  # [G] int32
+    M, N, K, G,
+    stride_dym, stride_xm, stride_dwg, stride_dwn,
+    NUM_PROGS,
+    BLOCK_M: tl.constexpr,  # dw tile rows (over N)
+    BLOCK_N: tl.constexpr,  # dw tile columns (over K)
+    BLOCK_K: tl.constexpr,  # reduction step (over the group's rows)
+    BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    out_dtype = dw_ptr.dtype.element_ty
+    tiles_k = (K + BLOCK_N - 1) // BLOCK_N
+    per_group = ((N + BLOCK_M - 1) // BLOCK_M) * tiles_k
+
+    # This program's iteration count: per group, (its tiles that are ours) x (row chunks, at
+    # least 1 so that an empty group still stores its zero tile). Tiles are group-major.
+    gi = tl.arange(0, BLOCK_G)
+    ends = tl.load(offs_ptr + gi, mask=gi < G, other=0)
+    starts = tl.load(offs_ptr + gi - 1, mask=(gi > 0) & (gi < G), other=0)
+    rows = tl.maximum(tl.minimum(ends, M) - tl.minimum(tl.maximum(starts, 0), M), 0)
+    chunks = tl.maximum((rows + BLOCK_K - 1) // BLOCK_K, 1)
+    lo = gi * per_group
+    mine = (lo + per_group - pid + NUM_PROGS - 1) // NUM_PROGS - (lo - pid + NUM_PROGS - 1) // NUM_PROGS
+    iters = tl.sum(tl.where(gi < G, mine * chunks, 0), 0)
+
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # State of the hand-flattened (tile, row chunk) loop: one scf.for that the pipeliner can
+    # overlap across tiles (tl.range(flatten=True) needs a loop-invariant inner trip count).
+    tile = pid
+    ki = pid * 0
+    nk = ki + 1
+    g = ki
+    row0 = ki
+    row_end = ki
+    n0 = ki
+    k0 = ki
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, iters):
+        if ki == 0:
+            g = tile // per_group
+            local = tile - g * per_group
+            n0 = (local // tiles_k) * BLOCK_M
+            k0 = (local % tiles_k) * BLOCK_N
+            row0 = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
+            row_end = tl.load(offs_ptr + g)
+            row0 = tl.minimum(tl.maximum(row0, 0), M)
+            row_end = tl.maximum(tl.minimum(row_end, M), row0)
+            nk = tl.maximum((row_end - row0 + BLOCK_K - 1) // BLOCK_K, 1)
+        r0 = row0 + ki * BLOCK_K
+        if USE_TMA:
+            # Ragged loads: rows at or past the group's end read as zeros.
+            a = dy_desc.load([RAGGED, row_end, RAGGED - row_end + r0, n0]).reshape(BLOCK_K, BLOCK_M)
+            b = x_desc.load([RAGGED, row_end, RAGGED - row_end + r0, k0]).reshape(BLOCK_K, BLOCK_N)
+        else:
+            r_ok = (r0 + rk) < row_end
+            a = tl.load(dy_ptr + r0.to(tl.int64) * stride_dym + rk[:, None] * stride_dym + (n0 + rm)[None, :],
+                        mask=r_ok[:, None] & ((n0 + rm) < N)[None, :], other=0.0)
+            b = tl.load(x_ptr + r0.to(tl.int64) * stride_xm + rk[:, None] * stride_xm + (k0 + rn)[None, :],
+                        mask=r_ok[:, None] & ((k0 + rn) < K)[None, :], other=0.0)
+        acc = tl.dot(a.T, b, acc, input_precision=PRECISION)
+        # Only the store sits under the branch; the bookkeeping is selects, so the pipeliner can
+        # compute the next iterations' load coordinates ahead (the shape tl.range(flatten=True) makes).
+        last = ki == nk - 1
+        if last:
+            c = acc.to(out_dtype)
+            if USE_TMA:
+                dw_desc.store([g, n0, k0], c.reshape(1, BLOCK_M, BLOCK_N))
+            else:
+                o_ptrs = (dw_ptr + g.to(tl.int64) * stride_dwg + n0.to(tl.int64) * stride_dwn
+                          + rm[:, None] * stride_dwn + (k0 + rn)[None, :])
+                tl.store(o_ptrs, c, mask=((n0 + rm) < N)[:, None] & ((k0 + rn) < K)[None, :])
+            # A zero yielded from the branch becomes the MMA's use-accumulator flag (no select).
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        tile = tl.where(last, tile + NUM_PROGS, tile)
+        ki = tl.where(last, 0, ki + 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs and autotuning
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """One tile configuration.
+
+    forward / dgrad: BLOCK_M rows x BLOCK_N output columns per tile, BLOCK_K reduction step,
+    GROUP_M row tiles per L2 band. wgrad: BLOCK_M (over N) x BLOCK_N (over K) tiles of dw[g],
+    BLOCK_K group rows per reduction step. use_tma: TMA descriptors (else masked pointer loads).
+    programs_per_sm: persistent programs per SM; 2 lets one program's epilogue overlap the
+    other's main loop (the config must then fit two blocks' shared memory and registers).
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    num_warps: int
+    use_tma: bool = True
+    group_m: int = 8
+    programs_per_sm: int = 1
+
+    def __str__(self) -> str:
+        kind = "tma" if self.use_tma else "ptr"
+        two = "/x2" if self.programs_per_sm == 2 else ""
+        return f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}"
+
+
+# H200 candidates (bf16). The fp32 accumulator of a 128x256 tile needs 8 warps to stay in registers.
+# Shared memory of a 128x256x64 stage is 48 KiB; with the 64 KiB TMA-store buffer only 3 stages fit
+# in the 227 KiB of an H100/H200 block.
+ROWGROUP_CONFIGS = (
+    GemmConfig(128, 256, 64, 3, 8),
+    GemmConfig(128, 128, 64, 4, 4),
+    GemmConfig(128, 128, 64, 4, 8),
+    GemmConfig(64, 256, 64, 4, 4),
+    GemmConfig(64, 128, 64, 4, 4),
+    GemmConfig(128, 256, 64, 3, 8, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 4, use_tma=False),
+    GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
+    GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
+)
+WGRAD_CONFIGS = (
+    GemmConfig(128, 256, 64, 3, 8),
+    GemmConfig(128, 128, 64, 4, 4),
+    GemmConfig(128, 128, 64, 4, 8),
+    GemmConfig(128, 256, 64, 3, 8, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 4, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 8, use_tma=False),
+    GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
+    GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
+)
+# The interpreter runs every program in Python: small tiles keep the CPU tests fast.
+INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False)
+INTERPRETER_PROGRAMS = 3
+
+_BEST: dict = {}  # autotune cache: key -> GemmConfig
+_SM_COUNT: dict = {}
+_SHIM_DONE = False
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 before import)."""
+    return bool(triton.knobs.runtime.interpret)
+
+
+def configs_for(op: str) -> tuple:
+    """Autotune candidates of an op ("fwd", "fwd_gather", "dgrad", "wgrad")."""
+    return WGRAD_CONFIGS if op == "wgrad" else ROWGROUP_CONFIGS
+
+
+def _interpreter_numpy_shim() -> None:
+    # Triton 3.6's interpreter holds scalars as 1-element numpy arrays and calls int() on them for
+    # range(); numpy >= 2.4 refuses that. Read the element instead (interpreter only).
+    global _SHIM_DONE
+    if _SHIM_DONE:
+        return
+    _SHIM_DONE = True
+    import numpy as np
+    try:
+        int(np.zeros(1))
+        return
+    except TypeError:
+        pass
+    from triton.runtime import interpreter as itp
+    original = itp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    itp._patch_lang_tensor = patched
+
+
+def _num_programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """TMA descriptors need Hopper+, a 16-byte aligned base and 16-byte aligned leading strides."""
+    t0 = tensors[0]
+    if t0.device.type == "cuda":
+        if torch.cuda.get_device_capability(t0.device)[0] < 9:
+            return False
+    elif not interpreting():
+        return False
+    for t in tensors:
+        if t.data_ptr() % 16 or t.stride(-1) != 1:
+            return False
+        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _ragged_desc(t: torch.Tensor, block: list):
+    """4-D "ragged" descriptor of a 2-D tensor (see RAGGED above); rows must be < 2^30."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    rs = t.stride(0)
+    return TensorDescriptor(t, [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, t.shape[1]], [(1 << 34) - rs, rs, rs, 1], [1, 1, *block])
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 follows torch's matmul precision setting (tf32 unless "highest"); 16-bit ignores it.
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+        return "ieee"
+    return "tf32"
+
+
+def _check_device(*tensors: torch.Tensor) -> None:
+    dev = tensors[0].device
+    if any(t.device != dev for t in tensors):
+        raise ValueError(f"grouped GEMM: tensors on different devices {[str(t.device) for t in tensors]}")
+    if dev.type == "cuda":
+        return
+    if not interpreting():
+        raise RuntimeError(f"Triton grouped GEMM needs CUDA tensors (got {dev}) or TRITON_INTERPRET=1 "
+                           "set before triton is imported (CPU interpreter)")
+    _interpreter_numpy_shim()
+
+
+def _on_device(device: torch.device):
+    # Triton launches on the current CUDA device: make it the tensors' one.
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _pick_config(key: tuple, candidates: tuple, config, run):
+    """Explicit config, cached winner, or time every candidate once (median of do_bench)."""
+    if config is not None:
+        return config
+    if interpreting():
+        return INTERPRETER_CONFIG
+    if key in _BEST:
+        return _BEST[key]
+    if torch.cuda.is_current_stream_capturing():
+        return candidates[0]  # cannot time inside a graph capture; warm up before capturing
+    best, best_ms, error = None, math.inf, None
+    for cfg in candidates:
+        try:
+            ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=20, return_mode="median")
+        except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
+            error = exc
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise RuntimeError(f"grouped GEMM: no config ran for {key}") from error
+    _BEST[key] = best
+    return best
+
+
+def _block_g(groups: int) -> int:
+    # One compiled kernel serves every expert count up to 256 (the group vectors are tiny).
+    return max(256, triton.next_power_of_2(groups))
+
+
+def _bucket(rows: int, groups: int) -> int:
+    return triton.next_power_of_2(max(1, rows // max(groups, 1)))
+
+
+def _output(out, shape, like: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if tuple(out.shape) != tuple(shape) or out.dtype != like.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {like.dtype} tensor of shape {tuple(shape)}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, gather_rows: torch.Tensor | None = None,
+                     config: GemmConfig | None = None, out: torch.Tensor | None = None,
+                     num_programs: int | None = None) -> torch.Tensor:
+    """Forward: y [M, N] = x_g @ w[g]^T per group; rows past offs[-1] are 0.
+
+    x [M, K], w [G, N, K] (same dtype: bf16/fp16/fp32), offs [G] int32 cumulative row ends on
+    x's device. Returns y [M, N] in x's dtype (fp32 accumulation).
+    gather_rows [M] int32/int64 (optional): row r of the grouped operand is x[gather_rows[r]],
+    with x [T, K] the unpermuted token rows (the permuted copy is never materialized).
+    ``config`` bypasses the autotuner; ``out`` (contiguous [M, N]) receives the result;
+    ``num_programs`` overrides the persistent grid size (default: programs_per_sm per SM).
+    """
+    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2] or offs.shape != (w.shape[0],):
+        raise ValueError(f"grouped_gemm_fwd: x {tuple(x.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} "
+                         "must be [M,K], [G,N,K], [G]")
+    if gather_rows is not None and gather_rows.dim() != 1:
+        raise ValueError(f"grouped_gemm_fwd: gather_rows {tuple(gather_rows.shape)} must be [M]")
+    return _rowgroup(x, w, offs, False, config, out, num_programs, gather_rows)
+
+
+def grouped_gemm_dgrad(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, config: GemmConfig | None = None,
+                       out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
+    """Data gradient: dx [M, K] = dy_g @ w[g] per group; rows past offs[-1] are 0.
+
+    dy [M, N], w [G, N, K] (same dtype), offs [G] int32. Returns dx [M, K] in dy's dtype.
+    Same kernel as the forward, with w read as [N, K] (no transposed copy of w).
+    """
+    if dy.dim() != 2 or w.dim() != 3 or dy.shape[1] != w.shape[1] or offs.shape != (w.shape[0],):
+        raise ValueError(f"grouped_gemm_dgrad: dy {tuple(dy.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} "
+                         "must be [M,N], [G,N,K], [G]")
+    return _rowgroup(dy, w, offs, True, config, out, num_programs)
+
+
+def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
+    _check_device(a, w, offs)
+    if a.dtype != w.dtype:
+        raise ValueError(f"grouped GEMM: dtypes differ ({a.dtype}, {w.dtype})")
+    a, w = a.contiguous(), w.contiguous()
+    offs = offs.to(torch.int32).contiguous()
+    M, RED = a.shape
+    if gather is not None:
+        _check_device(a, gather)
+        gather = gather.to(torch.int32).contiguous()
+        M = gather.shape[0]
+    G, D1, D2 = w.shape
+    OUT = D2 if dgrad else D1
+    out = _output(out, (M, OUT), a)
+    if M == 0 or OUT == 0:
+        return out
+    if G == 0 or RED == 0:
+        return out.zero_()
+    tma_ok = _tma_ok(a, w, out) and M < RAGGED_ROWS
+
+    def run(cfg: GemmConfig):
+        use_tma = cfg.use_tma and tma_ok
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        if use_tma:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            a_desc = a if gather is not None else TensorDescriptor(a, [M, RED], [RED, 1], [bm, bk])
+            w_desc = TensorDescriptor(w, [G, D1, D2], [D1 * D2, D2, 1], [1, bk, bn] if dgrad else [1, bn, bk])
+            out_desc = _ragged_desc(out, [bm, bn])
+        else:
+            a_desc, w_desc, out_desc = a, w, out
+        # Upper bound of the tile count without reading offs: every group adds at most one partial tile.
+        bound = (triton.cdiv(M, bm) + G) * triton.cdiv(OUT, bn)
+        nprog = max(1, min(num_programs or _num_programs(a.device) * cfg.programs_per_sm, bound))
+        _rowgroup_kernel[(nprog,)](
+            a, a_desc, offs if gather is None else gather, w, w_desc, out, out_desc, offs, M, OUT, RED, G,
+            a.stride(0), w.stride(0), w.stride(1), out.stride(0), nprog,
+            DGRAD=dgrad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+            BLOCK_G=_block_g(G), USE_TMA=use_tma,
+            FLATTEN=not interpreting(), PRECISION=_precision(a.dtype), GATHER=gather is not None,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
+    key = (op, a.dtype, a.device, OUT, RED, _bucket(M, G), tma_ok)
+    with _on_device(a.device):
+        run(_pick_config(key, ROWGROUP_CONFIGS, config, run))
+    return out
+
+
+def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, config: GemmConfig | None = None,
+                       out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
+    """Weight gradient (variable-K grouped GEMM): dw [G, N, K] = dy_g^T @ x_g per group.
+
+    dy [M, N], x [M, K] (same dtype), offs [G] int32. Returns dw [G, N, K] in dy's dtype; groups
+    with no rows get zeros; rows past offs[-1] do not contribute. On the TMA path, rows of other
+    groups that share a row chunk are multiplied by exact zeros, so they must be finite.
+    """
+    if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != x.shape[0] or offs.dim() != 1:
+        raise ValueError(f"grouped_gemm_wgrad: dy {tuple(dy.shape)}, x {tuple(x.shape)}, offs {tuple(offs.shape)} "
+                         "must be [M,N], [M,K], [G]")
+    _check_device(dy, x, offs)
+    if dy.dtype != x.dtype:
+        raise ValueError(f"grouped GEMM: dtypes differ ({dy.dtype}, {x.dtype})")
+    dy, x = dy.contiguous(), x.contiguous()
+    offs = offs.to(torch.int32).contiguous()
+    M, N = dy.shape
+    K = x.shape[1]
+    G = offs.shape[0]
+    out = _output(out, (G, N, K), dy)
+    if G == 0 or N == 0 or K == 0:
+        return out
+    if M == 0:
+        return out.zero_()
+    tma_ok = _tma_ok(dy, x, out) and M < RAGGED_ROWS
+
+    def run(cfg: GemmConfig):
+        use_tma = cfg.use_tma and tma_ok
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        if use_tma:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            dy_desc = _ragged_desc(dy, [bk, bm])
+            x_desc = _ragged_desc(x, [bk, bn])
+            dw_desc = TensorDescriptor(out, [G, N, K], [N * K, K, 1], [1, bm, bn])
+        else:
+            dy_desc, x_desc, dw_desc = dy, x, out
+        nprog = max(1, min(num_programs or _num_programs(dy.device) * cfg.programs_per_sm,
+                           G * triton.cdiv(N, bm) * triton.cdiv(K, bn)))
+        _wgrad_kernel[(nprog,)](
+            dy, dy_desc, x, x_desc, out, dw_desc, offs, M, N, K, G,
+            dy.stride(0), x.stride(0), out.stride(0), out.stride(1), nprog,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_G=_block_g(G),
+            USE_TMA=use_tma, PRECISION=_precision(dy.dtype),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    key = ("wgrad", dy.dtype, dy.device, N, K, _bucket(M, G), tma_ok)
+    with _on_device(dy.device):
+        run(_pick_config(key, WGRAD_CONFIGS, config, run))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Ahead-of-time compile (no GPU needed): resource and instruction checks for a GPU target
+# ----------------------------------------------------------------------------------------------
+
+
+def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: int = 90, num_groups: int = 256):
+    """Compile one op's kernel for CUDA compute capability ``capability`` without a GPU.
+
+    op: "fwd", "fwd_gather", "dgrad" or "wgrad"; dtype: Triton type name ("bf16", "fp16", "fp32"). Returns the
+    triton CompiledKernel (``.metadata.shared`` bytes of shared memory, ``.asm["ptx"|"cubin"|
+    "ttgir"]``). Integer sizes and strides are compiled as multiples of 16, as at the benchmark
+    shapes. Needs the compiled (not interpreted) kernels: run without TRITON_INTERPRET.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bm, bn, bk, tma = config.block_m, config.block_n, config.block_k, config.use_tma
+    ptr = f"*{dtype}"
+
+    def desc(*block):
+        return f"tensordesc<{dtype}[{', '.join(str(b) for b in block)}]>" if tma else ptr
+
+    if op in ("fwd", "fwd_gather", "dgrad"):
+        fn = _rowgroup_kernel
+        gather = op == "fwd_gather"
+        sig = {"a_ptr": ptr, "a_desc": ptr if gather else desc(bm, bk), "gather_ptr": "*i32", "w_ptr": ptr,
+               "w_desc": desc(1, bk, bn) if op == "dgrad" else desc(1, bn, bk),
+               "out_ptr": ptr, "out_desc": desc(1, 1, bm, bn), "offs_ptr": "*i32"}
+        ints = ["M", "OUT", "RED", "G", "stride_am", "stride_wg", "stride_w1", "stride_om", "NUM_PROGS"]
+        consts = dict(DGRAD=op == "dgrad", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+                      BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=True, PRECISION="tf32", GATHER=gather)
+    elif op == "wgrad":
+        fn = _wgrad_kernel
+        sig = {"dy_ptr": ptr, "dy_desc": desc(1, 1, bk, bm), "x_ptr": ptr, "x_desc": desc(1, 1, bk, bn),
+               "dw_ptr": ptr, "dw_desc": desc(1, bm, bn), "offs_ptr": "*i32"}
+        ints = ["M", "N", "K", "G", "stride_dym", "stride_xm", "stride_dwg", "stride_dwn", "NUM_PROGS"]
+        consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_G=_block_g(num_groups),
+                      USE_TMA=tma, PRECISION="tf32")
+    else:
+        raise ValueError(f"unknown op {op!r}; valid: fwd, fwd_gather, dgrad, wgrad")
+    sig.update({name: "i32" for name in ints})
+    sig.update({name: "constexpr" for name in consts})
+    aligned = [n for n, t in sig.items() if t.startswith("*")] + [n for n in ints if n not in ("M", "G", "NUM_PROGS")]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})

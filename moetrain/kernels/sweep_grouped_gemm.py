@@ -1,0 +1,232 @@
+"""GPU sweep: our Triton grouped GEMM (every autotune config) against torch._grouped_mm.
+
+    python -m moetrain.kernels.sweep_grouped_gemm [--shapes dsv3,qwen3] [--ops fwd,wgrad] [--json PATH]
+
+(--ops fwd_gather adds the forward with A rows gathered through an index array, against torch
+on the already-permuted copy.)
+
+One GPU, one process. For each benchmark shape (balanced routing: M/G rows per expert) and each
+of FC1 (N = 2I, K = H) and FC2 (N = H, K = I), and each op:
+    fwd   y [M, N]     = x_g @ w[g]^T       x [M, K], w [G, N, K]
+    dgrad dx [M, K]    = dy_g @ w[g]        dy [M, N]
+    wgrad dw [G, N, K] = dy_g^T @ x_g
+it first checks every config (NaN-poisoned output, relative error against torch._grouped_mm over
+the whole output, and against float64 on the first and last group), then times it with
+triton.testing.do_bench (median; the L2 is flushed between runs and the input sets rotate so
+that they exceed the L2). Random bf16 data, never zeros. Prints progress, then one table:
+shape, op, torch TFLOP/s, ours TFLOP/s (best config), ratio, best config; and per shape the
+six GEMMs of a layer (ms). --json writes every config's numbers (default: $OUT/ when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+# name: (routed rows M, experts G, hidden H, expert intermediate I)
+SHAPES = {  # the many-small-experts shapes first: they decide the 1.1x claim
+    "dsv3": (65536, 256, 7168, 2048),
+    "qwen3": (131072, 128, 2048, 768),
+    "dsv3-ep8": (65536, 32, 7168, 2048),
+    "gptoss": (65536, 32, 2880, 2880),
+    "mixtral": (32768, 8, 4096, 14336),
+}
+OPS = ("fwd", "dgrad", "wgrad")
+EXTRA_OPS = ("fwd_gather",)
+BOUND = 1e-2  # bf16 outputs of two fp32-accumulating GEMMs, and bf16 vs fp64
+
+
+def log(msg: str, t0: float) -> None:
+    print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Relative error in fp32, chunked so that no full fp32 copy of a 15 GB tensor is made."""
+    chunk = max(1, (1 << 27) // max(1, got[0].numel()))
+    num = den = 0.0
+    for a, b in zip(got.split(chunk), want.split(chunk)):
+        num += (a.float() - b.float()).pow(2).sum().item()
+        den += b.float().pow(2).sum().item()
+    return math.sqrt(num / den)
+
+
+def fp64_group_err(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: int, e: int, g: int) -> float:
+    if op in ("fwd", "fwd_gather"):
+        want, have = a[s:e].double() @ b[g].double().T, got[s:e]
+    elif op == "dgrad":
+        want, have = a[s:e].double() @ b[g].double(), got[s:e]
+    else:
+        want, have = a[s:e].double().T @ b[s:e].double(), got[g]
+    return ((have.double() - want).norm() / want.norm()).item()
+
+
+def make_inputs(m: int, g: int, n: int, k: int, sets: int, seed: int, gather: bool):
+    """``sets`` independent input sets (x, w, dy, x[perm], perm) of random bf16 data, balanced offs."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    out = []
+    for _ in range(sets):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w = (torch.randn(g, n, k, device="cuda", generator=gen) / math.sqrt(k)).to(torch.bfloat16)
+        dy = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
+        perm = torch.randperm(m, device="cuda", generator=gen).to(torch.int32) if gather else None
+        out.append((x, w, dy, x[perm] if gather else None, perm))
+    offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
+    return out, offs
+
+
+def op_inputs(op: str, inp):
+    """The two operands as the GEMM sees them (torch and the fp64 checks use these)."""
+    x, w, dy, x_perm, _ = inp
+    return {"fwd": (x, w), "fwd_gather": (x_perm, w), "dgrad": (dy, w), "wgrad": (dy, x)}[op]
+
+
+def run_ours(gg, op: str, inp, offs, cfg, out):
+    x, w, dy, _, perm = inp
+    if op == "fwd":
+        return gg.grouped_gemm_fwd(x, w, offs, config=cfg, out=out)
+    if op == "fwd_gather":
+        return gg.grouped_gemm_fwd(x, w, offs, gather_rows=perm, config=cfg, out=out)
+    if op == "dgrad":
+        return gg.grouped_gemm_dgrad(dy, w, offs, config=cfg, out=out)
+    return gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=out)
+
+
+def torch_op(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    if op in ("fwd", "fwd_gather"):
+        return torch._grouped_mm(a, b.transpose(-2, -1), offs=offs)
+    if op == "dgrad":
+        return torch._grouped_mm(a, b, offs=offs)
+    return torch._grouped_mm(a.t(), b, offs=offs)
+
+
+def bench(fn, sets: int) -> float:
+    import triton
+
+    counter = [0]
+
+    def rotated():
+        fn(counter[0] % sets)
+        counter[0] += 1
+
+    return triton.testing.do_bench(rotated, warmup=10, rep=40, return_mode="median")
+
+
+def run_case(label, m, g, n, k, ops, gg, t0, results):
+    """One GEMM shape (FC1 or FC2 of a model): every op, torch and every config."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    set_bytes = 2 * (m * k + g * n * k + m * n)
+    sets = max(1, min(4, math.ceil(2 * l2 / set_bytes)))  # rotate so the working set exceeds the L2
+    inputs, offs = make_inputs(m, g, n, k, sets, seed=m + n + k, gather="fwd_gather" in ops)
+    flops = 2.0 * m * n * k
+    ends = offs.tolist()  # host copy for the fp64 spot checks only (outside any timed region)
+    last = (ends[-2] if g > 1 else 0, ends[-1])
+    for op in ops:
+        a0, b0 = op_inputs(op, inputs[0])
+        want = torch_op(op, a0, b0, offs)
+        torch_err = max(fp64_group_err(op, want, a0, b0, 0, ends[0], 0),
+                        fp64_group_err(op, want, a0, b0, *last, g - 1))
+        torch_ms = bench(lambda i: torch_op(op, *op_inputs(op, inputs[i]), offs), sets)
+        row = {"shape": label, "op": op, "M": m, "G": g, "N": n, "K": k, "sets": sets,
+               "torch_ms": torch_ms, "torch_tflops": flops / torch_ms / 1e9, "torch_fp64_err": torch_err,
+               "configs": []}
+        out = torch.empty(want.shape, dtype=want.dtype, device=want.device)
+        for cfg in gg.configs_for(op):
+            entry = {"config": str(cfg)}
+            try:
+                out.fill_(float("nan"))
+                run_ours(gg, op, inputs[0], offs, cfg, out)
+                torch.cuda.synchronize()
+                nan = bool(torch.isnan(out).any())
+                err = rel_err(out, want)
+                e64 = max(fp64_group_err(op, out, a0, b0, 0, ends[0], 0),
+                          fp64_group_err(op, out, a0, b0, *last, g - 1))
+                entry.update(vs_torch=err, fp64_err=e64, ok=not nan and err < BOUND and e64 < BOUND)
+                if entry["ok"]:
+                    ms = bench(lambda i: run_ours(gg, op, inputs[i], offs, cfg, out), sets)
+                    entry.update(ms=ms, tflops=flops / ms / 1e9)
+                else:
+                    print(f"    WRONG {label} {op} {cfg}: nan={nan} vs_torch={err:.2e} fp64={e64:.2e}", flush=True)
+            except Exception as exc:  # a config that does not fit this GPU is reported, not fatal
+                entry.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                print(f"    FAILED {label} {op} {cfg}: {entry['error']}", flush=True)
+            row["configs"].append(entry)
+        good = [c for c in row["configs"] if c.get("ok")]
+        best = min(good, key=lambda c: c["ms"]) if good else None
+        row["best"] = best
+        results.append(row)
+        ours = f"{best['tflops']:.0f} TF/s ({best['config']})" if best else "no valid config"
+        log(f"{label} {op}: torch {row['torch_tflops']:.0f} TF/s, ours {ours}", t0)
+        print("    " + ", ".join(f"{c['config']} {c['tflops']:.0f}" for c in good), flush=True)
+        want = out = None  # free this op's outputs before the next op allocates its own
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
+    parser.add_argument("--ops", default=",".join(OPS), help="comma list of fwd, dgrad, wgrad, fwd_gather")
+    parser.add_argument("--json", default=None, help="write every config's numbers here")
+    parser.add_argument("--budget", type=float, default=320.0,
+                        help="seconds; no new GEMM shape starts after this (the table covers what ran)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the sweep needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from moetrain.kernels import grouped_gemm as gg
+
+    if gg.interpreting():
+        print("unset TRITON_INTERPRET: the sweep times the compiled kernels", file=sys.stderr)
+        return 2
+    shapes = [s for s in args.shapes.split(",") if s]
+    ops = [o for o in args.ops.split(",") if o]
+    for s in shapes:
+        if s not in SHAPES:
+            parser.error(f"unknown shape {s!r}; valid: {', '.join(SHAPES)}")
+    for o in ops:
+        if o not in OPS + EXTRA_OPS:
+            parser.error(f"unknown op {o!r}; valid: {', '.join(OPS + EXTRA_OPS)}")
+
+    t0 = time.time()
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+          f"triton {__import__('triton').__version__}, SMs {torch.cuda.get_device_properties(0).multi_processor_count}",
+          flush=True)
+    results = []
+    for s in shapes:
+        m, g, h, i = SHAPES[s]
+        for fc, n, k in (("fc1", 2 * i, h), ("fc2", h, i)):
+            if time.time() - t0 > args.budget:
+                log(f"budget of {args.budget:.0f}s reached: skipping {s} {fc}", t0)
+                continue
+            log(f"{s} {fc}: M={m} G={g} N={n} K={k}", t0)
+            run_case(f"{s} {fc}", m, g, n, k, ops, gg, t0, results)
+            torch.cuda.empty_cache()  # the case's inputs are gone: return their memory
+
+    print("\nshape          op          torch TF/s  ours TF/s   ratio  best config")
+    for r in results:
+        b = r["best"]
+        ours = f"{b['tflops']:9.0f}  {r['torch_ms'] / b['ms']:6.2f}  {b['config']}" if b else "      n/a     n/a  (no valid config)"
+        print(f"{r['shape']:14s} {r['op']:10s}  {r['torch_tflops']:10.0f}  {ours}")
+    if set(OPS) <= set(ops):
+        print("\nlayer (six GEMMs, best config each)   torch ms   ours ms   ratio")
+        for s in shapes:
+            rows = [r for r in results if r["shape"].split()[0] == s and r["op"] in OPS]
+            if len(rows) == 2 * len(OPS) and all(r["best"] for r in rows):
+                t_ms = sum(r["torch_ms"] for r in rows)
+                o_ms = sum(r["best"]["ms"] for r in rows)
+                print(f"{s:37s}  {t_ms:8.2f}  {o_ms:8.2f}  {t_ms / o_ms:6.2f}")
+    path = args.json or (os.path.join(os.environ["OUT"], "sweep_grouped_gemm.json") if os.environ.get("OUT") else None)
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"\nfull results: {path}")
+    print(f"total {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

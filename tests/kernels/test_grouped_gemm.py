@@ -1,0 +1,216 @@
+"""Triton grouped GEMM (forward, dgrad, wgrad, autograd) against a float64 reference.
+
+Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set here before
+triton is imported) in float32: the interpreter computes bf16 dots wrongly in triton 3.6, so bf16
+is covered by test_grouped_gemm_gpu.py. With a GPU the same tests run the compiled kernels on
+CUDA in float32 (IEEE dots). Outputs are poisoned with NaN before every run.
+
+Legend: M rows, G groups, N = w.shape[1], K = w.shape[2].
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set", allow_module_level=True)
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton", reason="the triton package is not installed")
+
+from moetrain import ops  # noqa: E402
+from moetrain.errors import UserError  # noqa: E402
+from moetrain.kernels import grouped_gemm as gg  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+FP32_BOUND = 1e-5  # fp32 accumulation over <= 100 terms, compared with fp64
+
+# (name, offs, M): uneven and empty groups, one group holding everything, G=1, M not a multiple
+# of any block, trailing rows past offs[-1], and every row trailing.
+CASES = [
+    ("uneven_empty_trailing", [10, 10, 47, 60], 70),
+    ("single_group_all_rows", [0, 50, 50], 50),
+    ("one_group", [37], 37),
+    ("all_trailing", [0, 0], 5),
+    ("many_groups", [3, 3, 20, 21, 40, 40, 58], 61),
+]
+CONFIGS = [
+    gg.GemmConfig(32, 32, 16, 1, 4, use_tma=False),
+    gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True),
+    gg.GemmConfig(16, 32, 16, 1, 4, use_tma=True, group_m=2),  # several row tiles per band
+]
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32():
+    # On a GPU, fp32 dots follow torch's matmul precision: ask for IEEE so the bound is fp32's.
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(old)
+
+
+def rel_err(got, want):
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) or NaN outputs"
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def poisoned(*shape):
+    return torch.full(shape, float("nan"), device=DEVICE)
+
+
+def make(offs, m, n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(len(offs), n, k, generator=g)
+    dy = torch.randn(m, n, generator=g)
+    return x.to(DEVICE), w.to(DEVICE), dy.to(DEVICE), torch.tensor(offs, dtype=torch.int32, device=DEVICE)
+
+
+def group_rows(offs, m):
+    start = 0
+    for end in offs:
+        yield start, end
+        start = end
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("name,offs,m", CASES, ids=[c[0] for c in CASES])
+def test_forward_dgrad_wgrad_match_fp64(name, offs, m, cfg):
+    n, k = 40, 20  # neither a multiple of 32; K=20 leaves a partial reduction step
+    x, w, dy, offs_t = make(offs, m, n, k, seed=m + len(offs))
+    x64, w64, dy64 = x.double(), w.double(), dy.double()
+    progs = 1 if cfg.block_m == 16 else 3  # one program walks every tile; several share them
+
+    y = gg.grouped_gemm_fwd(x, w, offs_t, config=cfg, out=poisoned(m, n), num_programs=progs)
+    want = gg.grouped_gemm_ref(x64, w64, offs_t)
+    assert rel_err(y, want) < FP32_BOUND
+    assert torch.equal(y[offs[-1]:], torch.zeros_like(y[offs[-1]:]))
+
+    dx = gg.grouped_gemm_dgrad(dy, w, offs_t, config=cfg, out=poisoned(m, k), num_programs=progs)
+    want = gg.grouped_gemm_dgrad_ref(dy64, w64, offs_t)
+    assert rel_err(dx, want) < FP32_BOUND
+    assert torch.equal(dx[offs[-1]:], torch.zeros_like(dx[offs[-1]:]))
+
+    dw = gg.grouped_gemm_wgrad(dy, x, offs_t, config=cfg, out=poisoned(len(offs), n, k), num_programs=progs)
+    want = gg.grouped_gemm_wgrad_ref(dy64, x64, offs_t)
+    assert rel_err(dw, want) < FP32_BOUND
+    for gi, (s, e) in enumerate(group_rows(offs, m)):
+        if s == e:
+            assert torch.equal(dw[gi], torch.zeros_like(dw[gi])), f"empty group {gi} not zero"
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[:2], ids=str)
+def test_forward_gather_rows_matches_permuted_copy(cfg):
+    # The fused-expert forward: A rows read through an index array (repeats: top-k copies).
+    offs, m, t, n, k = [9, 9, 30, 44], 47, 20, 40, 20
+    x_src, w, _, offs_t = make(offs, t, n, k, seed=21)
+    rows = torch.randint(0, t, (m,), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    y = gg.grouped_gemm_fwd(x_src, w, offs_t, gather_rows=rows, config=cfg, out=poisoned(m, n), num_programs=2)
+    want = gg.grouped_gemm_ref(x_src.double()[rows], w.double(), offs_t)
+    assert rel_err(y, want) < FP32_BOUND
+    assert torch.equal(y[44:], torch.zeros(3, n, device=DEVICE))
+
+
+def test_reference_matches_explicit_loop():
+    x, w, dy, offs_t = make([4, 4, 9], 11, 6, 5, seed=1)
+    x, w, dy = x.double(), w.double(), dy.double()
+    y = gg.grouped_gemm_ref(x, w, offs_t)
+    torch.testing.assert_close(y[4:9], x[4:9] @ w[2].T)
+    torch.testing.assert_close(y[:4], x[:4] @ w[0].T)
+    assert torch.equal(y[9:], torch.zeros(2, 6, dtype=y.dtype, device=y.device))
+    dw = gg.grouped_gemm_wgrad_ref(dy, x, offs_t)
+    assert torch.equal(dw[1], torch.zeros_like(dw[1]))
+    torch.testing.assert_close(dw[2], dy[4:9].T @ x[4:9])
+
+
+def test_unaligned_rows_fall_back_to_pointer_loads():
+    # K=13 fp32: row stride 52 bytes is not 16-byte aligned, so a TMA config must use pointer loads.
+    offs = [5, 5, 17]
+    x, w, dy, offs_t = make(offs, 19, 24, 13, seed=7)
+    cfg = gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True)
+    assert not gg._tma_ok(x)
+    y = gg.grouped_gemm_fwd(x, w, offs_t, config=cfg, out=poisoned(19, 24))
+    assert rel_err(y, gg.grouped_gemm_ref(x.double(), w.double(), offs_t)) < FP32_BOUND
+    dw = gg.grouped_gemm_wgrad(dy, x, offs_t, config=cfg, out=poisoned(3, 24, 13))
+    assert rel_err(dw, gg.grouped_gemm_wgrad_ref(dy.double(), x.double(), offs_t)) < FP32_BOUND
+
+
+def test_default_config_path_and_shape_errors():
+    offs = [6, 6, 30]
+    x, w, dy, offs_t = make(offs, 33, 16, 24, seed=3)
+    y = gg.grouped_gemm_fwd(x, w, offs_t)  # autotuned on a GPU, the interpreter config on CPU
+    assert rel_err(y, gg.grouped_gemm_ref(x.double(), w.double(), offs_t)) < FP32_BOUND
+    with pytest.raises(ValueError, match="must be"):
+        gg.grouped_gemm_fwd(x, w.transpose(1, 2), offs_t)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        gg.grouped_gemm_fwd(x, w.double(), offs_t)
+
+
+def test_autograd_function_matches_loop_backend():
+    offs = [7, 7, 25, 31]
+    m, n, k = 36, 24, 16
+    x, w, _, offs_t = make(offs, m, n, k, seed=11)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    ref_leaves = [x.double().requires_grad_(), w.double().requires_grad_()]
+    y = ops.grouped_gemm(leaves[0], leaves[1], offs_t, backend="triton")
+    want = ops.grouped_gemm(ref_leaves[0], ref_leaves[1], offs_t, backend="loop")
+    assert y.dtype == torch.float32
+    assert rel_err(y, want.detach()) < FP32_BOUND
+    probe = torch.randn(m, n, dtype=torch.float64, device=DEVICE)
+    (y * probe.float()).sum().backward()
+    (want * probe).sum().backward()
+    for got, ref in zip(leaves, ref_leaves):
+        assert rel_err(got.grad, ref.grad) < FP32_BOUND
+    assert torch.equal(leaves[0].grad[31:], torch.zeros(5, k, device=DEVICE))
+    assert torch.equal(leaves[1].grad[1], torch.zeros(n, k, device=DEVICE))  # empty group
+
+
+def test_moe_experts_triton_backend_matches_reference():
+    t, h, i, e, topk = 23, 16, 8, 4, 2
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(t, h, generator=g)
+    w1 = torch.randn(e, 2 * i, h, generator=g) / h**0.5
+    w2 = torch.randn(e, h, i, generator=g) / i**0.5
+    idx = torch.stack([torch.randperm(e, generator=g)[:topk] for _ in range(t)])
+    idx[:, 0] = torch.where(idx[:, 1] == 1, 2, 1)  # expert 0 only as a second choice: skew
+    idx[::5, 1] = -1  # dropped assignments: trailing rows
+    weight = torch.rand(t, topk, generator=g)
+    args = [a.to(DEVICE) for a in (x, idx, weight, w1, w2)]
+    leaves = [args[0].clone().requires_grad_(), args[3].clone().requires_grad_(), args[4].clone().requires_grad_()]
+    ref_leaves = [a.double().requires_grad_() for a in (args[0], args[3], args[4])]
+    got = ops.moe_experts(leaves[0], args[1], args[2], leaves[1], leaves[2], backend="triton")
+    want = ops.moe_experts(ref_leaves[0], args[1], args[2].double(), ref_leaves[1], ref_leaves[2], backend="reference")
+    assert rel_err(got, want.detach()) < FP32_BOUND
+    probe = torch.randn(t, h, dtype=torch.float64, device=DEVICE)
+    (got * probe.float()).sum().backward()
+    (want * probe).sum().backward()
+    for a, b in zip(leaves, ref_leaves):
+        assert rel_err(a.grad, b.grad) < 1e-4
+
+
+def test_resolve_backend_triton(monkeypatch):
+    assert ops.resolve_backend("triton", torch.device(DEVICE)) == "triton"
+    if not ON_GPU:
+        monkeypatch.delenv("TRITON_INTERPRET")
+        with pytest.raises(UserError, match="TRITON_INTERPRET=1"):
+            ops.resolve_backend("triton", torch.device("cpu"))
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    with pytest.raises(UserError, match="triton package"):
+        ops.resolve_backend("triton", torch.device(DEVICE))
+
+
+def test_ops_import_does_not_import_triton():
+    import subprocess
+
+    code = "import sys, moetrain.ops; assert 'triton' not in sys.modules, 'moetrain.ops imported triton'"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -1,0 +1,70 @@
+"""Compile every grouped GEMM autotune config for Hopper (sm_90a) without a GPU and check what
+the H200 will get: it compiles, fits the 227 KiB of shared memory a block may use, spills no
+registers, issues wgmma, loads through TMA (or cp.async on the pointer path), and the tile loop
+is software-pipelined (loads of later steps in flight while wgmma runs).
+
+Runs in a subprocess: the compiled kernels are unavailable in a process that set TRITON_INTERPRET.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton", reason="the triton package is not installed")
+
+SMEM_BLOCK = 232448  # bytes of shared memory one block may use on H100/H200
+SMEM_SM = 233472  # per SM, shared by its resident blocks (each also reserves 1 KiB)
+
+_SCRIPT = r"""
+import json, os, re, subprocess, tempfile
+import triton
+from moetrain.kernels import grouped_gemm as gg
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+rows = []
+for op in ("fwd", "fwd_gather", "dgrad", "wgrad"):
+    for cfg in gg.configs_for(op):
+        ck = gg.aot_compile(op, cfg)
+        ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
+        spill = None
+        if os.path.exists(ptxas):
+            with tempfile.TemporaryDirectory() as d:
+                src = os.path.join(d, "k.ptx")
+                open(src, "w").write(ptx)
+                info = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                                      capture_output=True, text=True).stderr
+            m = re.search(r"(\d+) bytes spill stores", info)
+            spill = int(m.group(1)) if m else None
+        rows.append(dict(op=op, config=str(cfg), tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
+                         per_sm=cfg.programs_per_sm,
+                         wgmma="wgmma.mma_async" in ptx, tma_load="cp.async.bulk.tensor" in ptx,
+                         cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx,
+                         pipelined="pendings = 1" in ttgir))
+print(json.dumps(rows))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_config_compiles_for_sm90_and_fits(compiled):
+    assert len(compiled) >= 10
+    for row in compiled:
+        assert row["shared"] <= SMEM_BLOCK, row
+        assert (row["shared"] + 1024) * row["per_sm"] <= SMEM_SM, row
+        assert row["spill"] in (0, None), row
+        assert row["wgmma"], row
+        assert row["pipelined"], row
+        if row["tma"]:
+            assert row["tma_load"], row
+        else:
+            assert row["cp_async"], row
