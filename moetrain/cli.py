@@ -120,8 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "the eval split is data.eval_fraction, applied when the dataset is loaded)")
     p.set_defaults(func=cmd_data_prepare)
 
-    from moetrain.convert import register as register_convert  # no torch at import
+    from moetrain.convert import register as register_convert  # neither imports torch
+    from moetrain.plan.cli import register as register_plan
 
+    register_plan(commands, _add_config_source)
     register_convert(commands, _add_config_source)
 
     p = commands.add_parser("bench", help="side-by-side GPU benchmarks against peers (one process)")

@@ -1,0 +1,10 @@
+"""Projection: will a configuration fit, and how fast will it run? (`moetrain plan`).
+
+hardware.py  profiles (profiles/*.yaml)      layout.py     pipeline_layout grammar, stages
+activations.py  saved-for-backward bytes     memory.py     per-rank memory and verdict
+costs.py     per-block roofline              comm.py       collectives over a two-level network
+simulator.py pipeline schedules              perf.py       step time, MFU, bubbles
+report.py    tables and JSON                 measure.py    --measure (torch)
+validate.py  plan validate (torch, GPU)      cli.py        argparse wiring
+Everything but measure.py and validate.py is pure Python: no torch import.
+"""

@@ -1,0 +1,3 @@
+from moetrain.plan.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,400 @@
+"""Activation bytes saved for backward, per block, derived from what OUR modules keep.
+
+Legend: B sequences per micro-batch, S sequence length (per CP rank), T = B*S tokens, H hidden,
+nh/kv query/key-value heads (per TP rank), hd head dim, F dense intermediate, I expert
+intermediate, E experts, K top-k, M routed rows (T*K), V vocab (per TP rank), b bytes of the
+parameter/activation dtype (2 bf16/fp16, 4 fp32).
+
+Every term below is a tensor that autograd keeps alive between forward and backward in
+moetrain.models (measured with torch.autograd.graph.saved_tensors_hooks, unique storages,
+parameters excluded: tests/plan/test_activations.py), for example:
+
+* RMSNorm (fp32 math): the fp32 input (a copy for bf16, the input itself for fp32), the fp32
+  normalised tensor and rsqrt [T, 1]: 8*T*D + 4*T bytes (+ an fp32 copy of the weight for bf16).
+* Linear / grouped GEMM: its input (kept for the weight gradient: ``wgrad`` terms).
+* Fused attention (flash / memory-efficient SDPA): q, k, v, the output and the fp32 log-sum-exp
+  [B, nh, S]; GQA keeps k/v with kv heads. ``attention="unfused"`` models torch's math SDPA
+  (fp32 copies of q, k, v and the fp32 probabilities [B, nh, S, S]); learned sinks (GPT-OSS)
+  always take our explicit path (fp32 softmax over [S, S+1] plus a b-byte copy).
+* RoPE keeps only its cos/sin tables (a b-byte copy per call in bf16).
+* MoE: the router's fp32 input copy, fp32 scores [T, E], indices (the group-limited selection
+  keeps nothing: no gradient flows through it); the expert path keeps the permuted rows [M, H],
+  FC1 output [M, 2I], SwiGLU parts [M, I], FC2 input, and the combine's gathered rows [M, H]
+  and weights.
+* Routed rows M = tokens x top-k (x --moe-imbalance on the busiest rank). A capacity factor
+  does not shrink them: our ops keep every assignment (dropped ones ride with the last expert
+  and are weighted by zero), so capacity only adds its mask.
+* Recompute: full keeps the block input only; selective drops the attention core (keeps q, k,
+  v) and the routed-expert path (keeps its inputs x and the top-k weights).
+
+Tensor/sequence/context parallel splits follow Megatron-LM: per-head and intermediate tensors
+/ tp; [T, H] tensors / tp only with sequence parallelism; T / cp everywhere; vocab / tp.
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moetrain.config.schema import Config
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: float
+    wgrad: bool = False  # kept only for a weight gradient (freed by the W pass in zero-bubble)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Per-rank shapes of one micro-batch."""
+
+    B: int
+    S: int  # sequence length on this rank (seq_length / cp)
+    b: int  # bytes of the parameter / activation dtype
+    tp: int = 1
+    sp: bool = False
+    etp: int = 1
+    attention: str = "auto"  # auto | fused | unfused
+    moe_imbalance: float = 1.0  # routed rows on the worst rank / average
+    device: str = "cuda"  # which SDPA kernels "auto" assumes: cuda | cpu
+    ep: int = 1
+
+    @property
+    def T(self) -> int:
+        return self.B * self.S
+
+    @property
+    def Th(self) -> float:
+        """Tokens of [T, H] tensors on this rank (sequence parallel shards them over TP)."""
+        return self.T / self.tp if self.sp else self.T
+
+
+ATTENTION = ("auto", "fused", "unfused")
+
+
+def resolve_dims(cfg: Config, attention: str = "auto", moe_imbalance: float = 1.0, device: str = "cuda",
+                 dtype_bytes: int | None = None) -> Dims:
+    """Per-rank shapes from the config; ``dtype_bytes`` overrides precision.dtype (CPU runs fp32)."""
+    p = cfg.parallel
+    if attention not in ATTENTION:
+        raise ValueError(f"attention {attention!r}; valid: {', '.join(ATTENTION)}")
+    b = dtype_bytes or (4 if cfg.precision.dtype == "fp32" else 2)
+    return Dims(B=cfg.train.micro_batch_size, S=cfg.train.seq_length // p.cp, b=b, tp=p.tp,
+                sp=p.sequence_parallel, etp=p.etp, attention=attention, moe_imbalance=moe_imbalance, device=device,
+                ep=p.ep)
+
+
+dims_for = resolve_dims
+
+
+def attention_kernel(d: Dims, gqa: bool, same_dims: bool, masked: bool) -> str:
+    """Which SDPA path torch takes (torch 2.11): on CUDA flash (16-bit, equal q/v head dims,
+    GQA, no mask) or memory-efficient (any dtype, masks, no GQA); otherwise the math path.
+    On CPU the flash kernel needs equal q/v head dims."""
+    if d.attention != "auto":
+        return d.attention
+    if d.device == "cpu":
+        return "fused" if same_dims else "unfused"
+    flash = d.b != 4 and same_dims and not masked
+    mem_efficient = not gqa
+    return "fused" if (flash or mem_efficient) else "unfused"
+
+
+def _heads(n: int, tp: int) -> float:
+    return max(n / tp, 1.0)
+
+
+def norm(name: str, rows: float, dim: int, b: int) -> list[Term]:
+    return [Term(name, 8 * rows * dim + 4 * rows + (4 * dim if b != 4 else 0))]
+
+
+def rope_tables(d: Dims, rope_dim: int, calls: int = 2) -> list[Term]:
+    # Each apply_rope keeps its cos and sin [S, 1, rope/2] cast to the activation dtype; in fp32
+    # the cast is a no-op and all layers share the model's two fp32 tables (negligible).
+    if d.b == 4:
+        return []
+    return [Term("rope tables", calls * 2 * d.S * (rope_dim // 2) * d.b)]
+
+
+# ---- attention ----------------------------------------------------------------------------------
+
+def _core_fused(d: Dims, nh: float, kv: float, dq: int, dv: int, v_storage: float) -> list[Term]:
+    T, b = d.T, d.b
+    return [Term("attn q", b * T * nh * dq), Term("attn k", b * T * kv * dq), Term("attn v", v_storage),
+            Term("attn out", b * T * nh * dv), Term("attn lse", 4 * T * nh)]
+
+
+def _core_unfused(d: Dims, nh: float, dq: int, dv: int) -> list[Term]:
+    # torch's math SDPA: scaled copies of q and k (k expanded to nh heads), v (expanded),
+    # probabilities [B, nh, S, S]; on CPU all in fp32 (16-bit inputs are upcast). The output is
+    # a new tensor that o_proj keeps.
+    T, S = d.T, d.S
+    c = 4 if d.device == "cpu" else d.b
+    return [Term("attn q", c * T * nh * dq), Term("attn k", c * T * nh * dq),
+            Term("attn v", c * T * nh * dv), Term("attn probs", c * d.B * nh * S * S),
+            Term("attn out", d.b * T * nh * dv, wgrad=True)]
+
+
+def gqa_attention(cfg: Config, d: Dims, window: int | None, selective: bool) -> list[Term]:
+    m = cfg.model
+    T, b, H = d.T, d.b, m.hidden_size
+    nh, kv, hd = _heads(m.num_attention_heads, d.tp), _heads(cfg.kv_heads, d.tp), cfg.attn_head_dim
+    out = [Term("qkv input", b * d.Th * H, wgrad=True)]
+    if m.qk_norm:
+        out += norm("q_norm", T * nh, hd, b) + norm("k_norm", T * kv, hd, b)
+    out += rope_tables(d, hd)
+    q, k, v = b * T * nh * hd, b * T * kv * hd, b * T * kv * hd
+    if selective:
+        # checkpointed core: its inputs q, k, v stay; o_proj keeps the core output.
+        out += [Term("attn q", q), Term("attn k", k), Term("attn v", v)]
+        out.append(Term("attn out", b * T * nh * hd, wgrad=m.attention_sinks))
+        return out
+    if m.attention_sinks:
+        # explicit path: k, v repeated to nh heads when GQA; mask [S, S]; fp32 softmax over
+        # [S, S+1]; a b-byte copy of the probabilities (fp32: a view); output reshaped (a copy).
+        S = d.S
+        rep = b * T * nh * hd
+        out += [Term("attn q", q), Term("attn k", rep if kv != nh else k), Term("attn v", rep if kv != nh else v),
+                Term("attn mask", S * S), Term("attn softmax fp32", 4 * d.B * nh * S * (S + 1))]
+        if b != 4:
+            out.append(Term("attn probs", b * d.B * nh * S * S))
+        out.append(Term("attn out", b * T * nh * hd, wgrad=True))
+        return out
+    if attention_kernel(d, kv != nh, True, window is not None) == "unfused":
+        return out + _core_unfused(d, nh, hd, hd)
+    out += _core_fused(d, nh, kv, hd, hd, v)
+    if window is not None:
+        out.append(Term("attn mask", d.S * d.S))
+    return out
+
+
+def mla_attention(cfg: Config, d: Dims, selective: bool) -> list[Term]:
+    m = cfg.model
+    T, b, H = d.T, d.b, m.hidden_size
+    nh = _heads(m.num_attention_heads, d.tp)
+    qk, dv, kvl = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+    out = [Term("q/kv down input", b * d.Th * H, wgrad=True)]
+    if m.q_lora_rank:
+        out += norm("q_a_norm", T, m.q_lora_rank, b) + [Term("q_b input", b * T * m.q_lora_rank, wgrad=True)]
+    out += norm("kv_a_norm", T, kvl, b) + [Term("kv_b input", b * T * kvl, wgrad=True)]
+    if b == 4:  # fp32: the norm keeps the latent as a view of kv_a_proj's whole output (latent | rope key)
+        out.append(Term("kv_a output (rope part)", 4 * T * m.qk_rope_head_dim))
+    out += rope_tables(d, m.qk_rope_head_dim)
+    kv_storage = b * T * nh * (m.qk_nope_head_dim + dv)  # v is a view of kv_b_proj's output
+    if selective:
+        return out + [Term("attn q", b * T * nh * qk), Term("attn k", b * T * nh * qk), Term("attn v", kv_storage),
+                      Term("attn out", b * T * nh * dv)]
+    if attention_kernel(d, False, qk == dv, False) == "unfused":
+        return out + _core_unfused(d, nh, qk, dv)
+    return out + _core_fused(d, nh, nh, qk, dv, kv_storage)
+
+
+# ---- feed-forward -------------------------------------------------------------------------------
+
+def ffn_intermediates(rows: float, ffn: float, activation: str, b: int) -> list[Term]:
+    """What an FFN keeps besides its input: FC1 output, activation parts, FC2 input."""
+    if activation == "gelu":
+        return [Term("fc1 out", b * rows * ffn), Term("fc2 input", b * rows * ffn, wgrad=True)]
+    parts = 1 if activation == "swiglu" else 4  # silu out | clamped gate, sigmoid, gate*sig, up+1
+    return [Term("fc1 out", b * rows * 2 * ffn), Term("act parts", parts * b * rows * ffn),
+            Term("fc2 input", b * rows * ffn, wgrad=True)]
+
+
+def dense_mlp(cfg: Config, d: Dims) -> list[Term]:
+    m = cfg.model
+    return [Term("mlp input", d.b * d.Th * m.hidden_size, wgrad=True)] + \
+        ffn_intermediates(d.T, m.ffn_hidden_size / d.tp, m.activation, d.b)
+
+
+def routed_rows(cfg: Config, d: Dims) -> float:
+    """Routed rows M on the worst rank: tokens of this rank x top-k x imbalance."""
+    return d.Th * cfg.moe.topk * d.moe_imbalance
+
+
+def router(cfg: Config, d: Dims) -> list[Term]:
+    e, H = cfg.moe, cfg.model.hidden_size
+    T, E, K = d.Th, e.num_experts, e.topk
+    out = []
+    if d.b != 4:  # fp32 routing: a copy of the input and of the weight (fp32 models use both as is)
+        out += [Term("router input fp32", 4 * T * H, wgrad=True), Term("router weight fp32", 4 * E * H)]
+    out.append(Term("router scores", 4 * T * E))
+    if e.z_loss_coeff > 0:
+        out.append(Term("router z-loss", 4 * T * E + 4 * T))  # logits and logsumexp
+    if e.aux_loss_coeff > 0:
+        # sigmoid scores are normalised by their sum [T, 1]; the loss keeps f [B, E] or [E]
+        f = 4 * d.B * E if e.aux_loss_type == "sequence" else 4 * E
+        out.append(Term("router aux", (4 * T if e.score_function == "sigmoid" else 0) + f))
+    if e.force_balance != "none":
+        return out
+    # Group-limited selection only produces indices (no gradient flows through it): autograd
+    # frees what its ops saved as soon as the forward moves on, so nothing stays.
+    out.append(Term("top-k idx", 8 * T * K))
+    if e.normalize_topk:
+        out.append(Term("top-k normalise", 4 * T * K + 4 * T))
+    if e.capacity_factor is not None:
+        out.append(Term("capacity mask", T * K))  # the kept-assignment mask of the weights' where
+    return out
+
+
+def routed_experts(cfg: Config, d: Dims) -> list[Term]:
+    e, H = cfg.moe, cfg.model.hidden_size
+    M, b = routed_rows(cfg, d), d.b
+    out = [Term("permute idx", 8 * M), Term("expert input", b * M * H, wgrad=True)]
+    out += ffn_intermediates(M, e.moe_ffn_hidden_size / d.etp, e.activation, b)
+    if e.expert_linear_bias:
+        out.append(Term("bias idx", 8 * M))
+    # combine: a gather of the rows back to token order and a batched [1, K] x [K, H] product
+    # that keeps the gathered rows and the weights (cast to the activation dtype)
+    out += [Term("combine idx+mask", 8 * M + M), Term("combine weights", b * M), Term("combine rows", b * M * H)]
+    return out
+
+
+def moe_mlp(cfg: Config, d: Dims, selective: bool) -> list[Term]:
+    e, H, b = cfg.moe, cfg.model.hidden_size, d.b
+    shared = cfg.shared_ffn_size
+    out = router(cfg, d)
+    # The MoE input x (b*T*H): kept by the shared experts' FC1, by the selective checkpoint, or
+    # (fp32) by the router, which then uses it without a copy.
+    if shared > 0 or selective or b == 4:
+        out.append(Term("moe input", b * d.Th * H, wgrad=shared > 0 or b == 4))
+    if selective:
+        # checkpoint inputs: the final top-k weights, and with capacity the new (dropped) indices
+        out.append(Term("top-k weights", 4 * d.Th * e.topk + (8 * d.Th * e.topk if e.capacity_factor else 0)))
+    else:
+        out += routed_experts(cfg, d)
+    if shared > 0:
+        out += [Term(f"shared {t.name}", t.bytes, t.wgrad)
+                for t in ffn_intermediates(d.T, shared / d.tp, e.activation, b)]
+    return out
+
+
+# ---- blocks -------------------------------------------------------------------------------------
+
+def block_terms(cfg: Config, d: Dims, moe: bool, window: int | None, mode: str) -> list[Term]:
+    """Activations of one decoder block (or MTP block) for recompute mode none|selective|full."""
+    H = cfg.model.hidden_size
+    if mode == "full":
+        return [Term("block input (full recompute)", d.b * d.Th * H)]
+    selective = mode == "selective"
+    out = norm("input_norm", d.Th, H, d.b)
+    if cfg.model.attention_type == "mla":
+        out += mla_attention(cfg, d, selective)
+    else:
+        out += gqa_attention(cfg, d, window, selective)
+    out += norm("post_attn_norm", d.Th, H, d.b)
+    out += moe_mlp(cfg, d, selective) if moe else dense_mlp(cfg, d)
+    return out
+
+
+def mtp_extra_terms(cfg: Config, d: Dims) -> list[Term]:
+    """An MTP depth around its block: enorm, hnorm, eh_proj input, final norm, head input, loss."""
+    H = cfg.model.hidden_size
+    return (norm("mtp enorm", d.Th, H, d.b) + norm("mtp hnorm", d.Th, H, d.b)
+            + [Term("eh_proj input", 2 * d.b * d.Th * H, wgrad=True), Term("mtp tokens", 16 * d.T)]
+            + head_terms(cfg, d))
+
+
+def head_terms(cfg: Config, d: Dims) -> list[Term]:
+    """Final norm + output head + fp32 cross-entropy (log-softmax kept in fp32: 4*T*V)."""
+    H = cfg.model.hidden_size
+    return norm("final_norm", d.Th, H, d.b) + [
+        Term("head input", d.b * d.Th * H, wgrad=True),
+        Term("log-softmax fp32", 4 * d.T * cfg.model.vocab_size / d.tp)]
+
+
+def ce_transients(cfg: Config, d: Dims) -> tuple[float, float]:
+    """(forward, backward) bytes above the saved activations at one cross-entropy.
+
+    forward: the logits [T, V] in the parameter dtype plus their fp32 upcast (none for fp32)
+    while the log-softmax is computed; backward: the fp32 gradients of the log-softmax output
+    and input (8*T*V) while the saved log-softmax is still alive."""
+    TV = d.T * cfg.model.vocab_size / d.tp
+    fwd = d.b * TV + (4 * TV if d.b != 4 else 0)
+    return fwd, 8 * TV
+
+
+def _attention_backward(cfg: Config, d: Dims, window: int | None) -> float:
+    """Transient bytes of the attention core's backward: fused kernels make dq, dk, dv, an fp32
+    dq accumulator and the output gradient; the math / explicit paths also the gradients of the
+    probabilities [B, nh, S, S] (two of them alive in the softmax backward)."""
+    m, b, T, S = cfg.model, d.b, d.T, d.S
+    nh = _heads(m.num_attention_heads, d.tp)
+    if m.attention_type == "mla":
+        dq, dv, kv, same = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, nh, False
+        same = dq == dv
+    else:
+        dq = dv = cfg.attn_head_dim
+        kv, same = _heads(cfg.kv_heads, d.tp), True
+    grads = b * T * (nh * dq + kv * dq + kv * dv) + b * T * nh * dv
+    if m.attention_type == "gqa" and m.attention_sinks:
+        return grads + 2 * 4 * d.B * nh * S * (S + 1) + b * d.B * nh * S * S
+    if attention_kernel(d, kv != nh, same, window is not None) == "unfused":
+        c = 4 if d.device == "cpu" else b
+        return grads + 2 * c * d.B * nh * S * S
+    return grads + 4 * T * nh * dq
+
+
+def block_backward_extra(cfg: Config, d: Dims, moe: bool, window: int | None, grads: str, b_param: int,
+                         saved: list[Term]) -> float:
+    """Bytes above "all of this block's saved activations alive" at the block's worst backward
+    moment (the block runs without recompute here; recompute adds its rebuilt part separately).
+
+    Moments in backward order: MoE combine (gradients of the gathered rows and FC2 output), expert FC2
+    and FC1 backward (gradients of their inputs/outputs; the combine rows and the activation
+    parts already freed), dense FC2/FC1 likewise, then the attention core with the MLP's
+    activations freed. ``grads``: "hook" adds the one parameter-dtype gradient that a main-grad
+    hook is folding in (the largest of that moment); "lazy" adds every param.grad this block
+    has created so far (they persist); "none" adds none."""
+    m, e, b = cfg.model, cfg.moe, d.b
+    H, T = m.hidden_size, d.T
+    bp = b_param
+
+    def g(numel_now: float, numel_so_far: float) -> float:
+        return bp * (numel_now if grads == "hook" else numel_so_far if grads == "lazy" else 0.0)
+
+    moments = []
+    so_far = 0.0
+    mlp_saved = 0.0
+    if moe:
+        M, I = routed_rows(cfg, d), e.moe_ffn_hidden_size / d.etp
+        parts = 1 if e.activation == "swiglu" else 4
+        sh = cfg.shared_ffn_size / d.tp
+        if sh > 0:
+            so_far += 3 * sh * H
+            moments.append(b * T * (2 * sh + H) + g(2 * sh * H, so_far))
+        moments.append(2 * b * M * H + g(0.0, so_far))  # grads of the gathered rows and of FC2's output
+        so_far += d_expert_params(cfg, d) / 3
+        moments.append(b * M * H + b * M * I - b * M * H + g(d_expert_params(cfg, d) / 3, so_far))
+        so_far += 2 * d_expert_params(cfg, d) / 3
+        freed = b * M * H + b * M * I * (1 + parts) + b * M * 2 * I
+        moments.append(b * M * 2 * I + b * M * H - freed + g(2 * d_expert_params(cfg, d) / 3, so_far))
+        so_far += e.num_experts * H
+        mlp_saved = sum(t.bytes for t in saved if t.name.startswith(("router", "group", "top-k", "capacity",
+                        "moe", "permute", "expert", "fc", "act", "bias", "combine", "shared")))
+    else:
+        F = m.ffn_hidden_size / d.tp
+        rows = F if m.activation == "gelu" else 2 * F
+        parts = 0 if m.activation == "gelu" else 1
+        so_far += H * F
+        moments.append(b * T * H + b * T * F + g(H * F, so_far))
+        so_far += rows * H
+        freed = b * T * F * (1 + parts) + b * T * rows
+        moments.append(b * T * rows + b * d.Th * H - freed + g(rows * H, so_far))
+        mlp_saved = sum(t.bytes for t in saved if t.name.startswith(("mlp", "fc", "act")))
+    attn_params = (2 * m.num_attention_heads * cfg.attn_head_dim * H + 2 * cfg.kv_heads * cfg.attn_head_dim * H
+                   if m.attention_type == "gqa" else 0) / d.tp
+    so_far += attn_params
+    moments.append(_attention_backward(cfg, d, window) - mlp_saved + g(attn_params / 2, so_far))
+    return max(max(moments), 0.0)
+
+
+def d_expert_params(cfg: Config, d: Dims) -> float:
+    """Routed-expert weights (w1 + w2) of one MoE layer on this rank."""
+    e, H = cfg.moe, cfg.model.hidden_size
+    return e.num_experts / d.ep * 3 * (e.moe_ffn_hidden_size / d.etp) * H
+
+
+def total(terms: list[Term], wgrad_only: bool = False) -> float:
+    return sum(t.bytes for t in terms if t.wgrad or not wgrad_only)

@@ -1,0 +1,149 @@
+"""`moetrain plan memory | perf | validate`: argparse wiring for the planner.
+
+``register(commands, add_config_source)`` adds the ``plan`` command tree to the subparsers
+object of moetrain/cli.py. ``plan memory`` and ``plan perf`` (without --measure) import no
+torch. ``python -m moetrain.plan ...`` runs the same commands standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from moetrain.errors import UserError
+
+
+def _load(args):
+    from moetrain.config.load import load_config
+
+    return load_config(path=args.config, preset=args.preset, overrides=args.overrides)
+
+
+def _hardware(args):
+    from moetrain.plan.hardware import load_hardware
+
+    return load_hardware(args.hardware)
+
+
+def _check_options(args) -> None:
+    if getattr(args, "moe_imbalance", 1.0) < 1.0:
+        raise UserError(f"--moe-imbalance = {args.moe_imbalance}: must be >= 1 (worst rank / average routed rows)")
+    if not 0.0 <= getattr(args, "dp_overlap", 0.0) <= 1.0:
+        raise UserError(f"--dp-overlap = {args.dp_overlap}: must be between 0 and 1")
+
+
+def cmd_memory(args) -> int:
+    _check_options(args)
+    cfg = _load(args)
+    hw = _hardware(args)
+    from moetrain.plan.memory import project_memory
+    from moetrain.plan.report import memory_json, memory_table
+
+    rep = project_memory(cfg, hw, attention=args.attention, moe_imbalance=args.moe_imbalance)
+    print(memory_json(cfg, rep) if args.json else memory_table(cfg, rep))
+    return 0
+
+
+def cmd_perf(args) -> int:
+    _check_options(args)
+    cfg = _load(args)
+    hw = _hardware(args)
+    from moetrain.plan.perf import project_perf
+    from moetrain.plan.report import perf_json, perf_table
+
+    measured = None
+    if args.measure:
+        from moetrain.plan.measure import measure_blocks  # imports torch
+
+        measured = measure_blocks(cfg)
+    rep = project_perf(cfg, hw, attention=args.attention, moe_imbalance=args.moe_imbalance,
+                       dp_overlap=args.dp_overlap, measured=measured)
+    if args.timeline or args.png:
+        from moetrain.plan.perf import timeline_of
+
+        tl = timeline_of(cfg, rep)
+        if args.timeline:
+            Path(args.timeline).write_text(tl.to_json())
+        if args.png:
+            from moetrain.plan.simulator import render_png
+
+            try:
+                render_png(tl, args.png)
+            except ImportError:
+                raise UserError("--png needs matplotlib (pip install matplotlib); --timeline writes the JSON") from None
+    print(perf_json(cfg, rep) if args.json else perf_table(cfg, rep, hw))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from moetrain.plan.validate import run_validation
+
+    run_validation(args.configs, json_out=args.json, out_dir=args.out, steps=args.steps, hardware=args.hardware,
+                   measure=not args.no_measure)
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hardware", metavar="NAME|FILE", default="h200-sxm",
+                   help="built-in profile (a100-80gb-sxm, h100-sxm, h200-sxm, b200, mi300x, mi355x) or a YAML file")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON")
+    p.add_argument("--attention", choices=("auto", "fused", "unfused"), default="auto",
+                   help="attention kernel assumed: auto (what torch picks on CUDA), fused (flash / memory-efficient), "
+                        "unfused (math path storing the [S, S] scores)")
+    p.add_argument("--moe-imbalance", type=float, default=1.0, metavar="X",
+                   help="routed rows on the busiest rank / average (>= 1; default 1 = balanced)")
+
+
+def register(commands, add_config_source) -> None:
+    """Add `plan memory | perf | validate` to the argparse subparsers object ``commands``."""
+    plan = commands.add_parser("plan", help="project memory and step time before using GPUs").add_subparsers(
+        dest="subcommand", metavar="SUBCOMMAND", required=True)
+
+    p = plan.add_parser("memory", help="per-GPU memory per pipeline rank and a fits / at-risk / out-of-memory verdict")
+    add_config_source(p)
+    _common(p)
+    p.set_defaults(func=cmd_memory)
+
+    p = plan.add_parser("perf", help="step time, tokens/s/GPU, TFLOP/s/GPU, MFU, pipeline bubbles")
+    add_config_source(p)
+    _common(p)
+    p.add_argument("--measure", action="store_true",
+                   help="time one block of each kind forward+backward on the local GPU instead of the roofline")
+    p.add_argument("--dp-overlap", type=float, default=0.5, metavar="F",
+                   help="fraction of data-parallel gradient/parameter communication hidden behind compute (default 0.5)")
+    p.add_argument("--timeline", metavar="FILE", help="write the pipeline timeline as JSON (per rank, per micro-batch)")
+    p.add_argument("--png", metavar="FILE", help="render the pipeline timeline as a PNG (needs matplotlib)")
+    p.set_defaults(func=cmd_perf)
+
+    from moetrain.plan.validate_configs import CONFIG_NAMES
+
+    p = plan.add_parser("validate", help="run the real trainer on the local GPU and compare with the projection")
+    p.add_argument("--configs", nargs="+", metavar="NAME", choices=CONFIG_NAMES, default=None,
+                   help=f"subset of the built-in validation configs ({', '.join(CONFIG_NAMES)})")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--out", metavar="DIR", default="runs/plan-validate", help="per-config JSON files go here")
+    p.add_argument("--steps", type=int, default=6, help="training steps per config (default 6)")
+    p.add_argument("--hardware", metavar="NAME|FILE", default="h200-sxm", help="profile used for the projection")
+    p.add_argument("--no-measure", action="store_true", help="skip the --measure mode time projection")
+    p.set_defaults(func=cmd_validate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry: ``python -m moetrain.plan memory --preset tiny``."""
+    from moetrain import cli
+
+    parser = argparse.ArgumentParser(prog="moetrain plan-standalone")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    register(commands, cli._add_config_source)
+    args = cli._parse(parser, ["plan", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except UserError as err:
+        print(f"error: {cli._one_line(str(err))}", file=sys.stderr)
+        return cli.EXIT_USER_ERROR
+    except (FileNotFoundError, IsADirectoryError) as err:
+        if err.filename is None:
+            raise
+        print(f"error: {err.strerror}: {err.filename}", file=sys.stderr)
+        return cli.EXIT_USER_ERROR

@@ -1,0 +1,238 @@
+"""Per-block compute cost: a roofline over the kernels our modules launch, no GPU needed.
+
+Legend as in activations.py (T tokens, H hidden, M routed rows, E experts, I expert
+intermediate, b activation bytes, V vocab). Each op is (flops, bytes, kind):
+
+* gemm: time = max(flops / (peak * efficiency(M, N, K)), bytes / bandwidth) + a kernel floor;
+  efficiency(M, N, K) = 1 / (1 + 32/M + 64/N + 128/K) on top of the hardware's gemm_efficiency
+  (small dimensions waste tiles: a fit to GEMMs timed on our H200, +-20%). Grouped GEMMs use the
+  rows per expert as M and GROUPED_FACTOR. fp32 matmuls run at the fp32 (non-tensor) peak.
+* attention: fused causal attention FLOPs (4 * B * nh * S * ctx * d) at ATTN_FWD / ATTN_BWD of
+  the GEMM rate; the math / explicit paths as GEMMs plus memory traffic of the [S, S] scores.
+* mem: elementwise / norm / permute / sort kernels: bytes read + written at ELEMENTWISE of the
+  achievable copy bandwidth.
+
+Backward = GEMM FLOPs x 2 (input and weight gradients: the weight part is what zero-bubble
+moves to W), attention backward, elementwise traffic x BWD_MEM, and the main-grad hook traffic.
+The host launches every kernel (eager PyTorch): a phase takes max(GPU time, kernels x
+hardware.launch_overhead_us). The constants below were fitted to forward/backward times of our
+trainer on one H200 (plan calibration, see notes) and are ratios, so they carry to other
+hardware through its peaks and bandwidth.
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moetrain.config.schema import Config
+from moetrain.plan.activations import Dims, attention_kernel, routed_rows
+
+GROUPED_FACTOR = 0.78
+ATTN_FWD = 0.60  # fused attention forward vs the large-GEMM rate
+ATTN_BWD = 0.57
+ELEMENTWISE = 0.46  # of the achievable copy bandwidth (many small fp32 kernels)
+BWD_MEM = 1.9  # backward elementwise traffic / forward traffic
+KERNEL_FLOOR_S = 4e-6  # GPU time of the smallest kernel
+BWD_KERNELS = 1.6  # backward kernels / forward kernels (autograd nodes, accumulation)
+
+
+@dataclass
+class Cost:
+    """Seconds and kernel counts of one phase; ``gemm_flops`` for reporting."""
+
+    gpu: float = 0.0
+    kernels: float = 0.0
+    flops: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float, kernels: float = 1, flops: float = 0.0) -> None:
+        self.gpu += seconds
+        self.kernels += kernels
+        self.flops += flops
+        self.parts[name] = self.parts.get(name, 0.0) + seconds
+
+    def time(self, launch_s: float) -> float:
+        return max(self.gpu, self.kernels * launch_s)
+
+
+@dataclass
+class BlockCost:
+    fwd: Cost
+    bwd_input: Cost  # input gradients (+ recompute, + elementwise backward)
+    bwd_weight: Cost  # weight gradients (GEMM wgrad, main-grad hooks)
+
+
+class Roofline:
+    def __init__(self, hw, dtype: str):
+        self.hw = hw
+        self.dtype = dtype  # bf16 | fp16 | fp32
+        self.mm_dtype = dtype if dtype != "fp32" else "fp32"
+        self.bw = hw.mem_bw * ELEMENTWISE
+
+    def gemm_eff(self, M: float, N: float, K: float) -> float:
+        return 1.0 / (1.0 + 32.0 / max(M, 1) + 64.0 / max(N, 1) + 128.0 / max(K, 1))
+
+    def gemm(self, M: float, N: float, K: float, b: int, dtype: str | None = None, rows_pe: float | None = None,
+             factor: float = 1.0) -> tuple[float, float]:
+        """(seconds, flops) of [M, K] x [K, N]."""
+        flops = 2.0 * M * N * K
+        if M <= 0 or N <= 0 or K <= 0:
+            return 0.0, 0.0
+        dt = dtype or self.mm_dtype
+        peak = self.hw.peak(dt) * 1e12 * (self.hw.gemm_efficiency if dt != "fp32" else 0.85)
+        eff = self.gemm_eff(rows_pe if rows_pe is not None else M, N, K) * factor
+        t = max(flops / (peak * eff), b * (M * K + K * N + M * N) / self.hw.mem_bw)
+        return t + KERNEL_FLOOR_S, flops
+
+    def mem(self, nbytes: float, kernels: float = 1) -> float:
+        return nbytes / self.bw + kernels * KERNEL_FLOOR_S
+
+    def attention(self, flops: float, backward: bool) -> float:
+        peak = self.hw.peak(self.mm_dtype) * 1e12 * (self.hw.gemm_efficiency if self.dtype != "fp32" else 0.85)
+        return flops / (peak * (ATTN_BWD if backward else ATTN_FWD)) + KERNEL_FLOOR_S
+
+
+def _norm(c: Cost, rf: Roofline, name: str, elems: float, b: int) -> None:
+    # to fp32, pow, mean, add+rsqrt, mul, weight mul, cast back
+    c.add(name, rf.mem((36 + 2 * b) * elems, 7), 8)
+
+
+def _linear(fw: Cost, bi: Cost, bw: Cost, rf: Roofline, name: str, M: float, N: float, K: float, b: int,
+            **kw) -> None:
+    t, fl = rf.gemm(M, N, K, b, **kw)
+    fw.add(name, t, 1, fl)
+    bi.add(name, t, 1, fl)  # dgrad: [M, N] x [N, K]
+    bw.add(name, t, 1, fl)  # wgrad: [K, M] x [M, N]
+
+
+def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None, mode: str,
+               ep: int = 1) -> BlockCost:
+    """Forward / backward cost of one decoder block on one rank (recompute ``mode`` adds the
+    recomputed forward part to the backward)."""
+    m, e = cfg.model, cfg.moe
+    b, T, Th, H, B, S = d.b, d.T, d.Th, m.hidden_size, d.B, d.S
+    nh = max(m.num_attention_heads / d.tp, 1)
+    fw, bi, bw = Cost(), Cost(), Cost()
+    _norm(fw, rf, "norms", 2 * Th * H, b)
+    fw.add("residual", rf.mem(2 * 3 * b * Th * H, 2), 2)
+    # ---- attention
+    if m.attention_type == "mla":
+        qk, dv = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+        if m.q_lora_rank:
+            _linear(fw, bi, bw, rf, "attn proj", T, m.q_lora_rank, H, b)
+            _norm(fw, rf, "attn norms", T * m.q_lora_rank, b)
+            _linear(fw, bi, bw, rf, "attn proj", T, nh * qk, m.q_lora_rank, b)
+        else:
+            _linear(fw, bi, bw, rf, "attn proj", T, nh * qk, H, b)
+        _linear(fw, bi, bw, rf, "attn proj", T, m.kv_lora_rank + m.qk_rope_head_dim, H, b)
+        _norm(fw, rf, "attn norms", T * m.kv_lora_rank, b)
+        _linear(fw, bi, bw, rf, "attn proj", T, nh * (m.qk_nope_head_dim + dv), m.kv_lora_rank, b)
+        _linear(fw, bi, bw, rf, "attn proj", T, H, nh * dv, b)
+        fw.add("rope+cat", rf.mem(10 * b * T * (nh + 1) * m.qk_rope_head_dim + 4 * b * T * nh * qk, 12), 16)
+        kv, same = nh, qk == dv
+    else:
+        hd = cfg.attn_head_dim
+        kvh = max(cfg.kv_heads / d.tp, 1)
+        qk = dv = hd
+        _linear(fw, bi, bw, rf, "attn proj", T, (nh + 2 * kvh) * hd, H, b)
+        bi.add("attn proj", 0, 2)  # three projections in the model, one cost above
+        fw.add("attn proj", 0, 2)
+        _linear(fw, bi, bw, rf, "attn proj", T, H, nh * hd, b)
+        if m.qk_norm:
+            _norm(fw, rf, "attn norms", T * (nh + kvh) * hd, b)
+        fw.add("rope", rf.mem(10 * b * T * (nh + kvh) * hd, 14), 16)
+        kv, same = kvh, True
+    ctx = S / 2 if window is None else min(window, S / 2)
+    attn_flops = 2 * B * nh * S * ctx * (qk + dv)
+    sinks = m.attention_type == "gqa" and m.attention_sinks
+    if sinks or attention_kernel(d, kv != nh, same, window is not None) == "unfused":
+        # scores and probabilities materialised: GEMMs over the full [S, S] plus fp32 softmax traffic
+        full = 2 * B * nh * S * S * (qk + dv)
+        t = full / (rf.hw.peak(rf.mm_dtype) * 1e12 * 0.5)
+        elems = B * nh * S * S
+        bwd_traffic = 2 * (24 + 2 * b) * elems
+        # math SDPA: scale, softmax, cast. Our sinks path also: fp32 cast, mask fill, cat with the
+        # sink column, slice + cast back (bytes per score element, read + write).
+        fwd_traffic = (40 + 4 * b if sinks else 24 + 2 * b) * elems
+        fw.add("attention", t + rf.mem(fwd_traffic, 6), 8, attn_flops)
+        bi.add("attention", 2 * t + rf.mem(bwd_traffic, 8), 10, 2.5 * attn_flops)
+    else:
+        fw.add("attention", rf.attention(attn_flops, False), 1, attn_flops)
+        bi.add("attention", rf.attention(2.5 * attn_flops, True), 2, 2.5 * attn_flops)
+    # ---- MLP
+    if moe:
+        E, I = e.num_experts, e.moe_ffn_hidden_size / d.etp
+        M = routed_rows(cfg, d)
+        E_l = E / ep
+        rpe = M / E_l
+        t, fl = rf.gemm(Th, E, H, 4, dtype="fp32")
+        fw.add("router", t + rf.mem((b + 4) * Th * H + 40 * Th * E, 25), 30, fl)
+        bi.add("router", t + rf.mem(30 * Th * E, 15), 15, fl)
+        bw.add("router", t, 1, fl)
+        fw.add("permute", rf.mem(2 * b * M * H + 40 * M, 8), 10)
+        for name, N, Kd in (("experts fc1", 2 * I, H), ("experts fc2", H, I)):
+            _linear(fw, bi, bw, rf, name, M, N, Kd, b, rows_pe=rpe, factor=GROUPED_FACTOR)
+        fw.add("swiglu", rf.mem(5 * b * M * I, 3), 4)
+        fw.add("combine", rf.mem(3 * b * M * H + b * Th * H + 16 * M, 6), 8)  # gather + batched [1,K]x[K,H]
+        sh = cfg.shared_ffn_size / d.tp
+        if sh > 0:
+            _linear(fw, bi, bw, rf, "shared fc1", T, 2 * sh, H, b)
+            _linear(fw, bi, bw, rf, "shared fc2", T, H, sh, b)
+            fw.add("swiglu", rf.mem(5 * b * T * sh, 3), 4)
+    else:
+        F = m.ffn_hidden_size / d.tp
+        rows = F if m.activation == "gelu" else 2 * F
+        _linear(fw, bi, bw, rf, "mlp fc1", T, rows, H, b)
+        _linear(fw, bi, bw, rf, "mlp fc2", T, H, F, b)
+        fw.add("act", rf.mem(5 * b * T * F, 3), 4)
+    # elementwise backward ~ BWD_MEM x forward traffic (all non-GEMM, non-attention parts)
+    mem_fwd = sum(v for k, v in fw.parts.items() if not k.startswith(("attn proj", "attention", "mlp fc",
+                                                                        "experts fc", "shared fc")))
+    mem_kernels = fw.kernels
+    bi.add("elementwise", BWD_MEM * mem_fwd, (BWD_KERNELS - 1) * mem_kernels)
+    if mode == "full":
+        for k, v in fw.parts.items():
+            bi.add(f"recompute {k}", v, 0)
+        bi.kernels += fw.kernels
+        bi.flops += fw.flops
+    elif mode == "selective":
+        for k in ("attention", "permute", "experts fc1", "experts fc2", "swiglu", "combine"):
+            if k in fw.parts:
+                bi.add(f"recompute {k}", fw.parts[k], 4)
+    return BlockCost(fw, bi, bw)
+
+
+def head_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:
+    """Final norm + output head + fp32 cross-entropy (and its backward)."""
+    H, b, T, Th = cfg.model.hidden_size, d.b, d.T, d.Th
+    V = cfg.model.vocab_size / d.tp
+    fw, bi, bw = Cost(), Cost(), Cost()
+    _norm(fw, rf, "final norm", Th * H, b)
+    _linear(fw, bi, bw, rf, "head", T, V, H, b)
+    # logits -> fp32 (b + 4), log-softmax (max, sum-exp, write: ~3 passes), nll
+    ce = (b + 4) * T * V + 12 * T * V
+    fw.add("cross-entropy", rf.mem(ce, 6), 10)
+    # nll backward (zeros + scatter), log-softmax backward (read 2, write 1), fp32 -> b
+    bi.add("cross-entropy", rf.mem(4 * T * V + 12 * T * V + (4 + b) * T * V, 6), 10)
+    bi.add("final norm", 2 * fw.parts["final norm"], 10)
+    return BlockCost(fw, bi, bw)
+
+
+def embedding_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:
+    H, b = cfg.model.hidden_size, d.b
+    V = cfg.model.vocab_size / d.tp
+    fw, bi, bw = Cost(), Cost(), Cost()
+    fw.add("embedding", rf.mem(2 * b * d.T * H, 1), 2)
+    bw.add("embedding", rf.mem(b * V * H + 3 * b * d.T * H + 16 * d.T, 6), 8)
+    return BlockCost(fw, bi, bw)
+
+
+def mtp_extra_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:
+    H, b = cfg.model.hidden_size, d.b
+    hc = head_cost(cfg, d, rf)
+    fw, bi, bw = hc.fwd, hc.bwd_input, hc.bwd_weight
+    _norm(fw, rf, "mtp norms", 2 * d.Th * H, b)
+    _linear(fw, bi, bw, rf, "eh_proj", d.T, H, 2 * H, b)
+    fw.add("mtp embedding", rf.mem(2 * b * d.T * H + 4 * b * d.T * H, 4), 8)
+    return BlockCost(fw, bi, bw)

@@ -1,0 +1,107 @@
+"""``plan perf --measure``: time one decoder block of each kind forward + backward on the GPU.
+
+Legend: B sequences, S sequence length (per CP rank), H hidden, E experts.
+
+The block is built from the config exactly as the model builds it (DecoderLayer, same recompute
+mode), fed random [B, S, H] activations in the parameter dtype, and timed with CUDA events
+after warm-up; the medians replace the roofline's compute for that block kind. With expert
+parallelism the block holds E / ep experts and keeps top-k (the rows per rank are the same as
+without EP for balanced routing); tensor parallelism divides the measured time by tp
+(an approximation: the collectives are modelled separately).
+Imports torch (only this module of the planner does).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+
+from moetrain.config.schema import Config
+from moetrain.errors import UserError
+
+
+def _local_config(cfg: Config) -> Config:
+    c = copy.deepcopy(cfg)
+    e, p = c.moe, c.parallel
+    if e.num_experts and p.ep > 1:
+        e.num_experts = max(e.num_experts // p.ep, e.topk)
+        e.num_groups = e.topk_groups = None
+    c.train.seq_length = cfg.train.seq_length // p.cp
+    return c
+
+
+def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "cuda") -> dict[str, tuple[float, float]]:
+    """{"dense"|"moe": (forward seconds, backward seconds)} for the block kinds of ``cfg``.
+    ``device="cpu"`` (tests only) times with the host clock in fp32."""
+    import time
+
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("plan perf --measure needs a CUDA GPU and none is available; "
+                        "run without --measure for the CPU-only roofline projection")
+    from moetrain.models.recompute import checkpoint
+    from moetrain.models.rope import RopeParams
+    from moetrain.models.transformer import DecoderLayer
+    from moetrain.plan.memory import block_mode
+    from moetrain.train.optim import DTYPES
+
+    c = _local_config(cfg)
+    m = c.model
+    dev = torch.device(device)
+    dtype = DTYPES[c.precision.dtype] if device == "cuda" else torch.float32
+    cuda = device == "cuda"
+
+    def stamp():
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def elapsed(a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if cuda else b - a
+    kinds: dict[str, int] = {}
+    for i in range(m.num_layers):
+        kinds.setdefault("moe" if c.is_moe_layer(i) else "dense", i)
+    B, S, H = c.train.micro_batch_size, c.train.seq_length, m.hidden_size
+    rope_dim = m.qk_rope_head_dim if m.attention_type == "mla" else c.attn_head_dim
+    cos, sin = RopeParams.from_model_config(m, rope_dim).tables(S, device=dev)
+    out = {}
+    for kind, layer_id in kinds.items():
+        torch.manual_seed(0)
+        with torch.device(dev):
+            blk = DecoderLayer(c, kind == "moe", None)
+        with torch.no_grad():
+            for name, prm in blk.named_parameters():
+                if "norm" in name:
+                    prm.fill_(1.0)
+                elif name.rsplit(".", 1)[-1] in ("bias", "b1", "b2"):
+                    prm.zero_()
+                else:
+                    prm.normal_(0.0, m.init_std)
+        blk.to(dtype).train()
+        mode = block_mode(cfg, layer_id)
+        blk.set_recompute(mode)
+        x = torch.randn(B, S, H, device=dev, dtype=dtype, requires_grad=True)
+        stamps = []
+        # No synchronisation inside the loop: as in training, the host runs ahead of the GPU.
+        for it in range(warmup + iters):
+            e0 = stamp()
+            y, aux = checkpoint(blk, x, cos, sin) if mode == "full" else blk(x, cos, sin)
+            e1 = stamp()
+            (y.float().square().mean() + aux).backward()
+            e2 = stamp()
+            if it >= warmup:
+                stamps.append((e0, e1, e2))
+            blk.zero_grad(set_to_none=True)
+            x.grad = None
+        if cuda:
+            torch.cuda.synchronize()
+        fwd = [elapsed(a, b) for a, b, _ in stamps]
+        bwd = [elapsed(b, c) for _, b, c in stamps]
+        out[kind] = (statistics.median(fwd), statistics.median(bwd))
+        del blk, x
+        if cuda:
+            torch.cuda.empty_cache()
+    return out

@@ -1,0 +1,246 @@
+"""Step-time projection: per-stage compute (costs.py roofline or --measure), communication
+(comm.py), the pipeline schedule (simulator.py), data-parallel gradient reduction and the
+optimizer step.
+
+Per stage: forward F, input-gradient backward B and weight-gradient backward W are the sums
+over its contents (embedding, blocks with their recompute mode, MTP depths, head + loss) plus
+per block: TP collectives (sequence parallel: all-gather + reduce-scatter around attention and
+MLP; otherwise all-reduce; forward and backward), EP all-to-all (dispatch + combine, forward
+and backward), CP ring exchange of K/V (overlapped with attention; only the excess counts).
+The main-grad hooks add (param bytes + 2 x grad bytes) per parameter per micro-batch to W.
+
+step = pipeline makespan (simulator, p2p per boundary) + exposed DP communication
+       ((1 - dp_overlap) x [grad reduce-scatter (ZeRO-1) or all-reduce] and, with ZeRO-1, the
+       parameter all-gather) + optimizer step (memory traffic of grad-norm, clipping, AdamW and
+       master->param copy at the copy bandwidth; the fused multi-tensor AdamW at FUSED_ADAMW of
+       it, floored by hardware.measured.fused_adamw_gelem_per_s) + zero_grad.
+
+Outputs: step_time_s, tokens_per_s_per_gpu, tflops_per_gpu (accounting.train_flops_per_token,
+the trainer's numerator), mfu (over the hardware's dense peak for precision.dtype),
+bubble_fraction (of the peak rank), per_rank.
+Pure Python (``--measure`` imports torch in measure.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moetrain.config.schema import Config
+from moetrain.models import accounting as acc
+from moetrain.plan import comm
+from moetrain.plan.activations import resolve_dims
+from moetrain.plan.costs import BlockCost, Cost, Roofline, block_cost, embedding_cost, head_cost, mtp_extra_cost
+from moetrain.plan.layout import parse_layout
+from moetrain.plan.memory import DTYPE_BYTES, block_mode, stage_params, StageParams, _window
+from moetrain.plan.simulator import simulate
+
+FUSED_ADAMW = 0.75  # fraction of the copy bandwidth the fused AdamW kernel streams at (H200 fit)
+STEP_OVERHEAD_S = 5e-3  # per step: data, host sync for metrics, loss bookkeeping (H200 fit)
+TENSORS_PER_BLOCK = 11  # parameter tensors per block (hooks, zero_grad, explicit AdamW launch per tensor)
+
+
+@dataclass
+class StageTime:
+    f: float
+    b: float
+    w: float
+    comm: float  # communication inside f + b + w (reported)
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class PerfReport:
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    per_rank: list[dict]
+    breakdown: dict[str, float]
+    timeline: object = None
+    mode: str = "roofline"
+
+    def to_dict(self) -> dict:
+        return {"step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+                "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "bubble_fraction": self.bubble_fraction,
+                "compute_mode": self.mode, "breakdown_s": self.breakdown, "per_rank": self.per_rank}
+
+
+def _phase(c: Cost, launch: float) -> float:
+    return c.time(launch)
+
+
+def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None, dp_extra: dict) -> list[StageTime]:
+    p, m = cfg.parallel, cfg.model
+    launch = hw.launch_overhead_us * 1e-6
+    b_p, b_g = DTYPE_BYTES[cfg.precision.dtype], DTYPE_BYTES[cfg.optim.main_grads_dtype]
+    hook = cfg.optim.main_grads_dtype != cfg.precision.dtype
+    H = m.hidden_size
+    tp_link = comm.group_link(hw, p.tp, 1)
+    tp_bytes = d.b * d.T * H  # one [T, H] activation
+    out = []
+    for st in layout.stages:
+        f = b = w = cm = 0.0
+        parts: dict[str, float] = {}
+
+        def add(name: str, bc: BlockCost, scale: float = 1.0) -> None:
+            nonlocal f, b, w
+            tf, tb, tw = (_phase(bc.fwd, launch) * scale, _phase(bc.bwd_input, launch) * scale,
+                          _phase(bc.bwd_weight, launch) * scale)
+            f, b, w = f + tf, b + tb, w + tw
+            parts[name] = parts.get(name, 0.0) + tf + tb + tw
+
+        if st.has_embedding:
+            add("embedding", embedding_cost(cfg, d, rf))
+        blocks = [(i, cfg.is_moe_layer(i), _window(cfg, i)) for i in st.layers]
+        blocks += [(m.num_layers + dep, cfg.is_moe, None) for dep in st.mtp]
+        for gid, moe, win in blocks:
+            mode = block_mode(cfg, gid)
+            bc = block_cost(cfg, d, rf, moe, win, mode, ep=p.ep)
+            kind = "moe" if moe else "dense"
+            if measured and kind in measured:
+                mf, mb = measured[kind]
+                model_b = _phase(bc.bwd_input, launch) + _phase(bc.bwd_weight, launch)
+                share = _phase(bc.bwd_weight, launch) / model_b if model_b else 0.0
+                f += mf / p.tp
+                b += mb * (1 - share) / p.tp
+                w += mb * share / p.tp
+                parts[kind] = parts.get(kind, 0.0) + (mf + mb) / p.tp
+            else:
+                add(kind, bc)
+            # TP: 2 collectives per block forward and backward
+            if p.tp > 1:
+                one = comm.all_gather(tp_bytes, p.tp, tp_link) * 2 if p.sequence_parallel else \
+                    comm.all_reduce(tp_bytes, p.tp, tp_link)
+                f += 2 * one
+                b += 2 * one
+                cm += 4 * one
+            if moe and p.ep > 1:
+                a2a = comm.all_to_all(d.b * d.Th * cfg.moe.topk * H, p.ep, p.etp * (p.tp if not p.sequence_parallel else 1),
+                                      hw, d.moe_imbalance)
+                f += 2 * a2a
+                b += 2 * a2a
+                cm += 4 * a2a
+            if p.cp > 1:
+                kv_bytes = 2 * d.b * d.T * max(cfg.kv_heads / p.tp, 1) * cfg.attn_head_dim
+                ring = (p.cp - 1) * comm.p2p(kv_bytes, comm.group_link(hw, p.cp, p.tp))
+                attn = bc.fwd.parts.get("attention", 0.0)
+                f += max(ring - attn, 0.0)
+                b += 2 * max(ring - attn, 0.0)
+                cm += 3 * ring
+            if hook:
+                n_block = dp_extra["block_params"].get(gid, 0.0)
+                w += (b_p + 2 * b_g) * n_block / hw.mem_bw + 3 * TENSORS_PER_BLOCK * launch
+        for _ in st.mtp:
+            add("mtp head", mtp_extra_cost(cfg, d, rf))
+        if st.has_loss:
+            add("head+loss", head_cost(cfg, d, rf))
+        out.append(StageTime(f, b, w, cm, parts))
+    return out
+
+
+def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str, float]:
+    """Seconds of zero_grad, grad norm + clipping, AdamW and the master->param copy (optim.py)."""
+    o = cfg.optim
+    b_p, b_g = DTYPE_BYTES[cfg.precision.dtype], DTYPE_BYTES[o.main_grads_dtype]
+    b_m, b_v = DTYPE_BYTES[o.exp_avg_dtype], DTYPE_BYTES[o.exp_avg_sq_dtype]
+    master = cfg.precision.master_weights and b_p != 4
+    b_t = 4 if master else b_p
+    bw = hw.mem_bw
+    launch = hw.launch_overhead_us * 1e-6
+    separate = o.main_grads_dtype != cfg.precision.dtype
+    # each part: GPU time or host launch time, whichever is longer (the host runs ahead)
+    out = {"zero_grad": max(b_g * n_local / bw if separate else 0.0, n_tensors * launch),
+           "grad_norm_clip": max(3 * b_g * n_local / bw, 3 * launch)}
+    fused = b_t == b_g == b_m == b_v
+    if fused:
+        stream = (2 * b_t + b_g + 2 * b_m + 2 * b_v) * n_local / (bw * FUSED_ADAMW)
+        floor = n_local / (hw.measured.get("fused_adamw_gelem_per_s", 147.0 * hw.hbm_tbps / 4.8) * 1e9)
+        out["adamw"] = max(stream, floor, 4 * launch)
+    else:
+        up = lambda x: (x + 4) if x != 4 else 0  # noqa: E731  an fp32 copy of a 16-bit tensor
+        # copies in, lerp, mul, addcmul, decay, v/bias, sqrt, add, addcdiv, copies back
+        nbytes = up(b_g) + up(b_m) + up(b_v) + up(b_t) + 12 + 8 + 16 + 8 + 8 + 8 + 8 + 16 + up(b_m) + up(b_v) + up(b_t)
+        out["adamw"] = max(nbytes * n_local / bw, 15 * n_tensors * launch)
+    out["master_copy"] = max((4 + b_p) * n_local / bw, n_tensors * launch) if master else 0.0
+    return out
+
+
+def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: float = 1.0, dp_overlap: float = 0.5,
+                 measured: dict | None = None) -> PerfReport:
+    p, t = cfg.parallel, cfg.train
+    layout = parse_layout(cfg)
+    d = resolve_dims(cfg, attention, moe_imbalance, "cuda")
+    rf = Roofline(hw, cfg.precision.dtype)
+    m_mb = cfg.grad_accum_steps
+    ranks_params: list[StageParams] = []
+    block_params: dict[int, float] = {}
+    for r in range(layout.pp):
+        sp = StageParams()
+        for st in layout.stages_of_rank(r):
+            sp.add(stage_params(cfg, st))
+        ranks_params.append(sp)
+        block_params.update(sp.by_block)
+    stimes = stage_times(cfg, hw, d, rf, layout, measured, {"block_params": block_params})
+
+    # pipeline
+    p2p_s = comm.p2p(d.b * d.Th * cfg.model.hidden_size, comm.group_link(hw, 2, p.tp * p.cp * p.dp)) \
+        if layout.pp > 1 else 0.0
+    schedule = p.pp_schedule if layout.pp > 1 else "1f1b"
+    tl = simulate(schedule, layout.pp, layout.vpp, m_mb, [s.f for s in stimes], [s.b for s in stimes],
+                  [s.w for s in stimes], p2p_s)
+    makespan = tl.step_time
+    busy = [tl.busy(r) for r in range(layout.pp)]
+    bubbles = [tl.bubble_fraction(r) for r in range(layout.pp)]
+
+    # data parallel + optimizer, per pipeline rank
+    b_g, b_p = DTYPE_BYTES[cfg.optim.main_grads_dtype], DTYPE_BYTES[cfg.precision.dtype]
+    dp_dense = p.dp * p.cp
+    dp_expert = max(p.dp * p.cp * p.tp // (p.ep * p.etp), 1)
+    dense_link = comm.group_link(hw, dp_dense, p.tp)
+    expert_link = comm.group_link(hw, dp_expert, p.ep * p.etp)
+    per_rank, tails = [], []
+    for r, sp in enumerate(ranks_params):
+        if cfg.optim.distributed:
+            g = comm.reduce_scatter(b_g * sp.dense, dp_dense, dense_link) + \
+                comm.reduce_scatter(b_g * sp.expert, dp_expert, expert_link)
+            g += comm.all_gather(b_p * sp.dense, dp_dense, dense_link) + \
+                comm.all_gather(b_p * sp.expert, dp_expert, expert_link)
+            n_opt = sp.dense / dp_dense + sp.expert / dp_expert
+        else:
+            g = comm.all_reduce(b_g * sp.dense, dp_dense, dense_link) + \
+                comm.all_reduce(b_g * sp.expert, dp_expert, expert_link)
+            n_opt = sp.total
+        exposed = (1.0 - dp_overlap) * g
+        n_tensors = TENSORS_PER_BLOCK * max(len(sp.by_block), 1) + 3
+        opt = optimizer_time(cfg, hw, n_opt, n_tensors)
+        tail = exposed + sum(opt.values()) + STEP_OVERHEAD_S
+        tails.append(tail)
+        stg = layout.stages_of_rank(r)
+        per_rank.append({
+            "pp_rank": r, "stages": [s.describe() for s in stg], "compute_s": busy[r],
+            "bubble_fraction": bubbles[r], "comm_in_pipeline_s": sum(stimes[s.index].comm for s in stg) * m_mb,
+            "dp_comm_s": g, "dp_comm_exposed_s": exposed, "optimizer_s": sum(opt.values()),
+            "stage_times_s": [{"stage": s.index, "fwd": stimes[s.index].f, "bwd": stimes[s.index].b,
+                               "wgrad": stimes[s.index].w} for s in stg]})
+    step = makespan + max(tails)
+    world = p.world_size
+    tokens = t.global_batch_size * t.seq_length
+    flops = acc.train_flops_per_token(cfg, t.seq_length) * tokens
+    tflops = flops / step / world / 1e12
+    peak = hw.peak(cfg.precision.dtype)
+    worst = max(range(len(bubbles)), key=lambda i: bubbles[i])
+    breakdown = {"pipeline_makespan": makespan, "tail_max": max(tails)}
+    stage_parts: dict[str, float] = {}
+    for s in stimes:
+        for k, v in s.parts.items():
+            stage_parts[k] = stage_parts.get(k, 0.0) + v * m_mb
+    breakdown.update({f"compute:{k}": v for k, v in stage_parts.items()})
+    return PerfReport(step_time_s=step, tokens_per_s_per_gpu=tokens / step / world, tflops_per_gpu=tflops,
+                      mfu=tflops / peak, bubble_fraction=bubbles[worst], per_rank=per_rank, breakdown=breakdown,
+                      timeline=tl, mode="measured" if measured else "roofline")
+
+
+def timeline_of(cfg: Config, rep: PerfReport):
+    """The simulated pipeline timeline of a projection (JSON via ``.to_json()``)."""
+    return rep.timeline

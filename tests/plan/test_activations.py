@@ -1,0 +1,202 @@
+"""The activation formula equals the bytes our modules really keep for backward.
+
+On CPU, a decoder block runs forward under torch.autograd.graph.saved_tensors_hooks; every
+saved tensor's storage is recorded once (parameters and the shared RoPE tables excluded), plus
+the inputs that activation checkpointing keeps (recorded by wrapping the models' ``checkpoint``).
+The sum must equal ``activations.block_terms`` exactly, for several module kinds, recompute
+modes and both dtypes.
+"""
+
+import dataclasses
+import gc
+import weakref
+
+import pytest
+import torch
+
+import moetrain.models.attention as attention_mod
+import moetrain.models.moe.layer as layer_mod
+from moetrain.config.load import load_config
+from moetrain.models.rope import RopeParams
+from moetrain.models.transformer import DecoderLayer, MoETransformer
+from moetrain.plan import activations as A
+
+DT = {4: torch.float32, 2: torch.bfloat16}
+
+
+class StorageTracker:
+    """Storages of recorded tensors; a storage counts while any tensor recorded on it is alive
+    (the graph holds the tensors it saved; nodes of dead branches free theirs)."""
+
+    def __init__(self, skip):
+        self.skip = skip
+        self.groups: list[tuple[int, int, list]] = []  # (data_ptr, nbytes, weakrefs)
+
+    def record(self, t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in self.skip:
+            return
+        for p, _, refs in reversed(self.groups):
+            if p == ptr and any(r() is not None for r in refs):
+                refs.append(weakref.ref(t))
+                return
+        self.groups.append((ptr, t.untyped_storage().nbytes(), [weakref.ref(t)]))
+
+    def pack(self, t):
+        # Keep a detached alias: returning ``t`` itself would make a node that saves its own
+        # output hold that output (a reference cycle autograd otherwise avoids).
+        alias = t.detach()
+        self.record(alias)
+        return alias
+
+    def alive_bytes(self) -> int:
+        gc.collect()
+        return sum(n for _, n, refs in self.groups if any(r() is not None for r in refs))
+
+
+def saved_bytes(cfg, moe, window, mode, dtype, monkeypatch, B=2, S=16):
+    torch.manual_seed(0)
+    blk = DecoderLayer(cfg, moe, window)
+    with torch.no_grad():
+        for name, p in blk.named_parameters():
+            p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * 0.05)
+    blk.to(dtype)
+    blk.set_recompute(mode)
+    m = cfg.model
+    rope_dim = m.qk_rope_head_dim if m.attention_type == "mla" else cfg.attn_head_dim
+    cos, sin = RopeParams.from_model_config(m, rope_dim).tables(S)
+    x = torch.randn(B, S, m.hidden_size, dtype=dtype, requires_grad=True)
+    skip = {p.untyped_storage().data_ptr() for p in blk.parameters()}
+    skip |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}
+    tracker = StorageTracker(skip)
+
+    from moetrain.models import recompute
+
+    def recording_checkpoint(fn, *args):
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                tracker.record(a)
+        return recompute.checkpoint(fn, *args)
+
+    monkeypatch.setattr(attention_mod, "checkpoint", recording_checkpoint)
+    monkeypatch.setattr(layer_mod, "checkpoint", recording_checkpoint)
+
+    with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
+        if mode == "full":
+            y, aux = recording_checkpoint(blk, x, cos, sin)
+        else:
+            y, aux = blk(x, cos, sin)
+    kept = tracker.alive_bytes()  # storages the autograd graph (or a checkpoint) still holds
+    (y.float().sum() + aux).backward()  # the graph must be complete
+    return kept
+
+
+def formula(cfg, moe, window, mode, b, B=2, S=16):
+    d = A.Dims(B=B, S=S, b=b, device="cpu")
+    return A.total(A.block_terms(cfg, d, moe, window, mode))
+
+
+def tiny(**over):
+    base = ["model.hidden_size=32", "model.num_attention_heads=4", "model.ffn_hidden_size=48",
+            "moe.moe_ffn_hidden_size=24", "train.micro_batch_size=2", "train.seq_length=16"]
+    return load_config(preset="tiny", overrides=base + [f"{k}={v}" for k, v in over.items()])
+
+
+GQA = {"model.attention_type": "gqa", "model.num_query_groups": 2, "model.mtp_num_layers": 0}
+CASES = {
+    # name: (overrides, moe block?, window)
+    "mla-moe-shared-groups": ({}, True, None),
+    "mla-dense": ({}, False, None),
+    "mla-no-q-lora": ({"model.q_lora_rank": "null"}, False, None),
+    "gqa-qknorm-dense": ({**GQA, "model.qk_norm": "true"}, False, None),
+    "gqa-gelu-dense": ({**GQA, "model.activation": "gelu"}, False, None),
+    "gqa-moe-softmax-zloss-capacity": ({**GQA, "moe.score_function": "softmax", "moe.num_groups": "null",
+                                        "moe.topk_groups": "null", "moe.expert_bias": "false",
+                                        "moe.z_loss_coeff": 0.01, "moe.capacity_factor": 1.0,
+                                        "moe.num_shared_experts": 0}, True, None),
+    "gqa-sinks-window-clamped-bias": ({**GQA, "model.attention_sinks": "true", "model.attention_bias": "true",
+                                       "moe.activation": "swiglu_clamped", "moe.expert_linear_bias": "true",
+                                       "moe.router_bias": "true", "moe.num_groups": 2, "moe.topk_groups": 1,
+                                       "moe.group_score": "max"}, True, 5),
+}
+
+
+@pytest.mark.parametrize("b", [4, 2], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_saved_bytes_equal_formula(name, mode, b, monkeypatch):
+    over, moe, window = CASES[name]
+    cfg = tiny(**over)
+    measured = saved_bytes(cfg, moe, window, mode, DT[b], monkeypatch)
+    assert formula(cfg, moe, window, mode, b) == measured
+
+
+def test_gqa_dense_block_by_hand():
+    """Hand count for one bf16 GQA + SwiGLU block (T=2*16, H=32, 4 heads / 2 kv of dim 8, F=48)."""
+    cfg = tiny(**GQA)
+    T, H, nh, kv, hd, F, S = 32, 32, 4, 2, 8, 48, 16
+    norms = 2 * (8 * T * H + 4 * T + 4 * H)  # fp32 copy + normalised + rsqrt, fp32 weight copy
+    attn = 2 * T * H + 4 * S * (hd // 2) * 2  # qkv input; cos/sin bf16 for q and k
+    attn += 2 * T * nh * hd + 2 * 2 * T * kv * hd + 2 * T * nh * hd + 4 * T * nh  # q, k, v, out, lse
+    mlp = 2 * T * H + 2 * T * 2 * F + 2 * T * F + 2 * T * F  # input, fc1 out, silu out, fc2 input
+    assert formula(cfg, False, None, "none", 2) == norms + attn + mlp
+
+
+def test_moe_routed_rows_scale_with_topk():
+    cfg2, cfg4 = tiny(**{"moe.topk": 2}), tiny(**{"moe.topk": 4})
+    d = A.Dims(B=2, S=16, b=2)
+    rows = lambda c: A.total(A.routed_experts(c, d))  # noqa: E731
+    M2, M4 = 32 * 2, 32 * 4
+    # permute idx, x rows, fc1 out, silu out, fc2 input, combine (inverse idx + mask, weight, gathered rows)
+    per_row = 8 + 2 * 32 + 2 * 2 * 24 + 2 * 24 + 2 * 24 + 9 + 2 + 2 * 32
+    assert rows(cfg2) == M2 * per_row and rows(cfg4) == M4 * per_row
+
+
+def test_tensor_and_sequence_parallel_split():
+    cfg = tiny(**GQA)
+    full = A.total(A.block_terms(cfg, A.Dims(B=2, S=16, b=2), False, None, "none"))
+    tp = A.total(A.block_terms(cfg, A.Dims(B=2, S=16, b=2, tp=2), False, None, "none"))
+    sp = A.total(A.block_terms(cfg, A.Dims(B=2, S=16, b=2, tp=2, sp=True), False, None, "none"))
+    assert sp < tp < full
+    T, H = 32, 32
+    # with SP the two norms and the two [T, H] linear inputs are halved
+    assert tp - sp == (2 * (8 * T * H + 4 * T) + 2 * 2 * T * H) / 2
+
+
+def test_context_parallel_halves_tokens():
+    cfg = tiny(**{**GQA, "parallel.cp": 2, "parallel.dp": 2})
+    d = A.resolve_dims(cfg)
+    assert (d.S, d.T) == (8, 16)
+
+
+def test_mtp_and_model_level_saved_bytes(monkeypatch):
+    """The whole model (fp32, tiny MLA with MTP) keeps the blocks + head + MTP extras."""
+    cfg = tiny()
+    torch.manual_seed(0)
+    model = MoETransformer(cfg)
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 16))
+    labels = torch.randint(0, cfg.model.vocab_size, (2, 16))
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    skip |= {ids.untyped_storage().data_ptr(), labels.untyped_storage().data_ptr()}
+    tracker = StorageTracker(skip)
+
+    with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
+        out = model(ids, labels)
+    kept = tracker.alive_bytes()
+    out.loss.backward()
+    d = A.Dims(B=2, S=16, b=4, device="cpu")
+    expected = sum(A.total(A.block_terms(cfg, d, cfg.is_moe_layer(i), None, "none")) for i in range(4))
+    expected += A.total(A.block_terms(cfg, d, True, None, "none")) + A.total(A.mtp_extra_terms(cfg, d))
+    expected += A.total(A.head_terms(cfg, d))
+    rope = 2 * 16 * (cfg.model.qk_rope_head_dim // 2) * 4  # the model's shared fp32 cos/sin tables
+    # labels reshaped for the loss and MTP targets/tokens are int64 [B, S] tensors: counted as "mtp tokens"
+    assert kept == pytest.approx(expected + rope, rel=0.01)
+
+
+def test_attention_kernel_choice():
+    d16, d32 = A.Dims(B=1, S=8, b=2), A.Dims(B=1, S=8, b=4)
+    assert A.attention_kernel(d16, gqa=True, same_dims=True, masked=False) == "fused"  # flash
+    assert A.attention_kernel(d32, gqa=True, same_dims=True, masked=False) == "unfused"  # no fp32 flash, no GQA mem-eff
+    assert A.attention_kernel(d32, gqa=False, same_dims=False, masked=True) == "fused"  # memory-efficient
+    cpu = dataclasses.replace(d16, device="cpu")
+    assert A.attention_kernel(cpu, gqa=False, same_dims=False, masked=False) == "unfused"

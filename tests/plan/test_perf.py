@@ -1,0 +1,126 @@
+"""Step-time projection: roofline pieces by hand, communication formulas, the optimizer model,
+output consistency, and the step times measured on our H200."""
+
+import pytest
+
+from moetrain.config.load import load_config
+from moetrain.errors import UserError
+from moetrain.models.accounting import train_flops_per_token
+from moetrain.plan import comm
+from moetrain.plan.costs import KERNEL_FLOOR_S, Roofline
+from moetrain.plan.hardware import load_hardware
+from moetrain.plan.perf import optimizer_time, project_perf
+
+H200 = load_hardware("h200")
+
+
+def cfg(preset="tiny", *over):
+    return load_config(preset=preset, overrides=list(over))
+
+
+def test_gemm_roofline_by_hand():
+    rf = Roofline(H200, "bf16")
+    M = N = K = 8192
+    t, flops = rf.gemm(M, N, K, 2)
+    eff = 1 / (1 + 32 / M + 64 / N + 128 / K)
+    assert flops == 2 * M ** 3
+    assert t == pytest.approx(flops / (989.4e12 * 0.80 * eff) + KERNEL_FLOOR_S)
+    # a skinny GEMM is memory bound
+    t, _ = rf.gemm(8192, 8, 8, 2)
+    assert t == pytest.approx(2 * (8192 * 8 + 64 + 8192 * 8) / H200.mem_bw + KERNEL_FLOOR_S)
+
+
+def test_collectives_by_hand():
+    link = comm.Link(bw=100e9, latency=1e-5)
+    assert comm.all_reduce(1e9, 8, link) == pytest.approx(2 * 7 / 8 * 1e9 / 100e9 + 14 * 1e-5)
+    assert comm.all_gather(1e9, 4, link) == pytest.approx(3 / 4 * 1e9 / 100e9 + 3 * 1e-5)
+    assert comm.all_reduce(1e9, 1, link) == 0.0
+    assert comm.group_link(H200, 8, 1).bw == 450e9  # inside a node: NVLink
+    assert comm.group_link(H200, 8, 2).bw == 50e9  # spans two nodes: the NIC
+    # all-to-all over 16 ranks, 8 per node: 7/16 of the data over NVLink, 8/16 over the NIC
+    t = comm.all_to_all(16e9, 16, 1, H200)
+    assert t == pytest.approx(max(7e9 / 450e9, 8e9 / 50e9) + 10e-6)
+
+
+def test_optimizer_time_fused_fp32_state_by_hand():
+    c = cfg("tiny")  # bf16 params, fp32 master, grads and moments -> fused AdamW
+    n = 1e9
+    t = optimizer_time(c, H200, n, n_tensors=10)
+    bw = H200.mem_bw
+    assert t["zero_grad"] == pytest.approx(4 * n / bw)
+    assert t["grad_norm_clip"] == pytest.approx(12 * n / bw)
+    assert t["adamw"] == pytest.approx(max(28 * n / (bw * 0.75), n / 147e9))
+    assert t["master_copy"] == pytest.approx(6 * n / bw)
+
+
+def test_outputs_are_consistent():
+    c = cfg("qwen3-30b-a3b", "parallel.pp=4", "parallel.ep=8", "parallel.dp=8", "train.global_batch_size=256",
+            "parallel.pipeline_layout=Et*11|t*12|t*12|t*13L")
+    rep = project_perf(c, H200)
+    world = 4 * 8
+    tokens = 256 * c.train.seq_length
+    assert rep.tokens_per_s_per_gpu == pytest.approx(tokens / rep.step_time_s / world)
+    assert rep.tflops_per_gpu == pytest.approx(train_flops_per_token(c) * tokens / rep.step_time_s / world / 1e12)
+    assert rep.mfu == pytest.approx(rep.tflops_per_gpu / 989.4)
+    assert len(rep.per_rank) == 4 and rep.bubble_fraction == max(r["bubble_fraction"] for r in rep.per_rank)
+    d = rep.to_dict()
+    assert {"step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "bubble_fraction", "per_rank"} <= set(d)
+
+
+def test_more_micro_batches_shrink_the_bubble():
+    base = ["parallel.pp=4", "train.micro_batch_size=1", "model.vocab_size=256"]  # near-uniform stages
+    small = project_perf(cfg("llama3-8b", *base, "train.global_batch_size=8"), H200)
+    big = project_perf(cfg("llama3-8b", *base, "train.global_batch_size=64"), H200)
+    assert big.bubble_fraction < small.bubble_fraction
+    assert big.bubble_fraction == pytest.approx(3 / (64 + 3), rel=0.25)  # near 1F1B's analytic value
+
+
+def test_expert_parallel_across_nodes_costs_more():
+    base = ["parallel.dp=16", "train.global_batch_size=64"]
+    intra = project_perf(cfg("qwen3-30b-a3b", *base, "parallel.ep=8"), H200)
+    inter = project_perf(cfg("qwen3-30b-a3b", *base, "parallel.ep=16"), H200)
+    assert inter.per_rank[0]["comm_in_pipeline_s"] > intra.per_rank[0]["comm_in_pipeline_s"]
+
+
+def test_measured_mode_uses_measured_block_times():
+    c = cfg("llama3-8b", "model.num_layers=2", "train.global_batch_size=1", "train.micro_batch_size=1")
+    a = project_perf(c, H200, measured={"dense": (0.010, 0.020)})
+    b = project_perf(c, H200, measured={"dense": (0.020, 0.040)})
+    assert b.step_time_s - a.step_time_s == pytest.approx(2 * 0.030)
+    assert a.mode == "measured"
+
+
+def test_measure_refuses_without_gpu():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    from moetrain.plan.measure import measure_blocks
+
+    with pytest.raises(UserError, match="needs a CUDA GPU"):
+        measure_blocks(cfg("tiny"))
+
+
+def test_measure_blocks_on_cpu_times_each_kind():
+    pytest.importorskip("torch")
+    from moetrain.plan.measure import measure_blocks
+
+    out = measure_blocks(cfg("tiny", "train.recompute=selective"), warmup=1, iters=1, device="cpu")
+    assert set(out) == {"dense", "moe"} and all(f > 0 and b > 0 for f, b in out.values())
+
+
+# Median step time of `moetrain train` on one H200 (plan validate, torch 2.11, after the
+# gather+bmm combine landed; moetrain/plan/VALIDATION.md). Machines differ by up to ~12%.
+H200_STEP_S = {
+    "tiny-wide": 0.0372, "qwen3-4l": 0.1646, "qwen3-4l-selective": 0.1735, "qwen3-4l-full": 0.1824,
+    "qwen3-bf16-state": 0.1293, "qwen3-accum-bf16-moments": 0.2536, "qwen3-fp32": 0.1756,
+    "deepseek-v3-2l": 0.2818, "deepseek-v3-2l-ids": 0.3052, "llama3-8b-4l": 0.1897, "mixtral-8x7b-2l": 0.1171,
+    "gpt-oss-20b-4l": 0.1814,
+}
+
+
+@pytest.mark.parametrize("name", list(H200_STEP_S))
+def test_matches_h200_step_times(name):
+    from moetrain.plan.validate import validation_config
+
+    proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
+    assert proj == pytest.approx(H200_STEP_S[name], rel=0.12)
