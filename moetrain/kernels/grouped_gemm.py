@@ -34,19 +34,21 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
   A uses pointer loads (Hopper TMA has no row gather), w and the output still use TMA.
 - USE_TMA=False: masked pointer loads and stores everywhere. Both paths run under
   TRITON_INTERPRET=1 (fp32 only: the 3.6 interpreter computes bf16 dots wrongly).
-- Autotuning (`_pick_config`): the first call per (op, dtype, N, K, M/G bucket) times every
+- Autotuning (`grouped_gemm_tuning.pick_config`): the first call per (op, dtype, N, K, M/G bucket) times every
   candidate config (triton.testing.do_bench, median) and keeps the fastest.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 
 import torch
 import triton
 import triton.language as tl
+
+from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
+    INTERPRETER_PROGRAMS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for, interpreter_numpy_shim,
+    interpreting, pick_config)
 
 # ----------------------------------------------------------------------------------------------
 # References (obviously correct; they read offs on the host).
@@ -287,101 +289,7 @@ def _wgrad_kernel(
         ki = tl.where(last, 0, ki + 1)
 
 
-# ----------------------------------------------------------------------------------------------
-# Configs and autotuning
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class GemmConfig:
-    """One tile configuration.
-
-    forward / dgrad: BLOCK_M rows x BLOCK_N output columns per tile, BLOCK_K reduction step,
-    GROUP_M row tiles per L2 band. wgrad: BLOCK_M (over N) x BLOCK_N (over K) tiles of dw[g],
-    BLOCK_K group rows per reduction step. use_tma: TMA descriptors (else masked pointer loads).
-    programs_per_sm: persistent programs per SM; 2 lets one program's epilogue overlap the
-    other's main loop (the config must then fit two blocks' shared memory and registers).
-    """
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_stages: int
-    num_warps: int
-    use_tma: bool = True
-    group_m: int = 8
-    programs_per_sm: int = 1
-
-    def __str__(self) -> str:
-        kind = "tma" if self.use_tma else "ptr"
-        two = "/x2" if self.programs_per_sm == 2 else ""
-        return f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}"
-
-
-# H200 candidates (bf16). The fp32 accumulator of a 128x256 tile needs 8 warps to stay in registers.
-# Shared memory of a 128x256x64 stage is 48 KiB; with the 64 KiB TMA-store buffer only 3 stages fit
-# in the 227 KiB of an H100/H200 block.
-ROWGROUP_CONFIGS = (
-    GemmConfig(128, 256, 64, 3, 8),
-    GemmConfig(128, 128, 64, 4, 4),
-    GemmConfig(128, 128, 64, 4, 8),
-    GemmConfig(64, 256, 64, 4, 4),
-    GemmConfig(64, 128, 64, 4, 4),
-    GemmConfig(128, 256, 64, 3, 8, use_tma=False),
-    GemmConfig(128, 128, 64, 4, 4, use_tma=False),
-    GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
-    GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
-)
-WGRAD_CONFIGS = (
-    GemmConfig(128, 256, 64, 3, 8),
-    GemmConfig(128, 128, 64, 4, 4),
-    GemmConfig(128, 128, 64, 4, 8),
-    GemmConfig(128, 256, 64, 3, 8, use_tma=False),
-    GemmConfig(128, 128, 64, 4, 4, use_tma=False),
-    GemmConfig(128, 128, 64, 4, 8, use_tma=False),
-    GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
-    GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
-)
-# The interpreter runs every program in Python: small tiles keep the CPU tests fast.
-INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False)
-INTERPRETER_PROGRAMS = 3
-
-_BEST: dict = {}  # autotune cache: key -> GemmConfig
 _SM_COUNT: dict = {}
-_SHIM_DONE = False
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 before import)."""
-    return bool(triton.knobs.runtime.interpret)
-
-
-def configs_for(op: str) -> tuple:
-    """Autotune candidates of an op ("fwd", "fwd_gather", "dgrad", "wgrad")."""
-    return WGRAD_CONFIGS if op == "wgrad" else ROWGROUP_CONFIGS
-
-
-def _interpreter_numpy_shim() -> None:
-    # Triton 3.6's interpreter holds scalars as 1-element numpy arrays and calls int() on them for
-    # range(); numpy >= 2.4 refuses that. Read the element instead (interpreter only).
-    global _SHIM_DONE
-    if _SHIM_DONE:
-        return
-    _SHIM_DONE = True
-    import numpy as np
-    try:
-        int(np.zeros(1))
-        return
-    except TypeError:
-        pass
-    from triton.runtime import interpreter as itp
-    original = itp._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    itp._patch_lang_tensor = patched
 
 
 def _num_programs(device: torch.device) -> int:
@@ -432,37 +340,12 @@ def _check_device(*tensors: torch.Tensor) -> None:
     if not interpreting():
         raise RuntimeError(f"Triton grouped GEMM needs CUDA tensors (got {dev}) or TRITON_INTERPRET=1 "
                            "set before triton is imported (CPU interpreter)")
-    _interpreter_numpy_shim()
+    interpreter_numpy_shim()
 
 
 def _on_device(device: torch.device):
     # Triton launches on the current CUDA device: make it the tensors' one.
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def _pick_config(key: tuple, candidates: tuple, config, run):
-    """Explicit config, cached winner, or time every candidate once (median of do_bench)."""
-    if config is not None:
-        return config
-    if interpreting():
-        return INTERPRETER_CONFIG
-    if key in _BEST:
-        return _BEST[key]
-    if torch.cuda.is_current_stream_capturing():
-        return candidates[0]  # cannot time inside a graph capture; warm up before capturing
-    best, best_ms, error = None, math.inf, None
-    for cfg in candidates:
-        try:
-            ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=20, return_mode="median")
-        except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
-            error = exc
-            continue
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    if best is None:
-        raise RuntimeError(f"grouped GEMM: no config ran for {key}") from error
-    _BEST[key] = best
-    return best
 
 
 def _block_g(groups: int) -> int:
@@ -565,7 +448,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
     op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
     key = (op, a.dtype, a.device, OUT, RED, _bucket(M, G), tma_ok)
     with _on_device(a.device):
-        run(_pick_config(key, ROWGROUP_CONFIGS, config, run))
+        run(pick_config(key, ROWGROUP_CONFIGS, config, run))
     return out
 
 
@@ -617,54 +500,5 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
 
     key = ("wgrad", dy.dtype, dy.device, N, K, _bucket(M, G), tma_ok)
     with _on_device(dy.device):
-        run(_pick_config(key, WGRAD_CONFIGS, config, run))
+        run(pick_config(key, WGRAD_CONFIGS, config, run))
     return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Ahead-of-time compile (no GPU needed): resource and instruction checks for a GPU target
-# ----------------------------------------------------------------------------------------------
-
-
-def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: int = 90, num_groups: int = 256):
-    """Compile one op's kernel for CUDA compute capability ``capability`` without a GPU.
-
-    op: "fwd", "fwd_gather", "dgrad" or "wgrad"; dtype: Triton type name ("bf16", "fp16", "fp32"). Returns the
-    triton CompiledKernel (``.metadata.shared`` bytes of shared memory, ``.asm["ptx"|"cubin"|
-    "ttgir"]``). Integer sizes and strides are compiled as multiples of 16, as at the benchmark
-    shapes. Needs the compiled (not interpreted) kernels: run without TRITON_INTERPRET.
-    """
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    bm, bn, bk, tma = config.block_m, config.block_n, config.block_k, config.use_tma
-    ptr = f"*{dtype}"
-
-    def desc(*block):
-        return f"tensordesc<{dtype}[{', '.join(str(b) for b in block)}]>" if tma else ptr
-
-    if op in ("fwd", "fwd_gather", "dgrad"):
-        fn = _rowgroup_kernel
-        gather = op == "fwd_gather"
-        sig = {"a_ptr": ptr, "a_desc": ptr if gather else desc(bm, bk), "gather_ptr": "*i32", "w_ptr": ptr,
-               "w_desc": desc(1, bk, bn) if op == "dgrad" else desc(1, bn, bk),
-               "out_ptr": ptr, "out_desc": desc(1, 1, bm, bn), "offs_ptr": "*i32"}
-        ints = ["M", "OUT", "RED", "G", "stride_am", "stride_wg", "stride_w1", "stride_om", "NUM_PROGS"]
-        consts = dict(DGRAD=op == "dgrad", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
-                      BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=True, PRECISION="tf32", GATHER=gather)
-    elif op == "wgrad":
-        fn = _wgrad_kernel
-        sig = {"dy_ptr": ptr, "dy_desc": desc(1, 1, bk, bm), "x_ptr": ptr, "x_desc": desc(1, 1, bk, bn),
-               "dw_ptr": ptr, "dw_desc": desc(1, bm, bn), "offs_ptr": "*i32"}
-        ints = ["M", "N", "K", "G", "stride_dym", "stride_xm", "stride_dwg", "stride_dwn", "NUM_PROGS"]
-        consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_G=_block_g(num_groups),
-                      USE_TMA=tma, PRECISION="tf32")
-    else:
-        raise ValueError(f"unknown op {op!r}; valid: fwd, fwd_gather, dgrad, wgrad")
-    sig.update({name: "i32" for name in ints})
-    sig.update({name: "constexpr" for name in consts})
-    aligned = [n for n, t in sig.items() if t.startswith("*")] + [n for n in ints if n not in ("M", "G", "NUM_PROGS")]
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})

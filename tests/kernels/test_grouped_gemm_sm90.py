@@ -21,12 +21,13 @@ SMEM_SM = 233472  # per SM, shared by its resident blocks (each also reserves 1 
 _SCRIPT = r"""
 import json, os, re, subprocess, tempfile
 import triton
+from moetrain.kernels import grouped_gemm_aot as aot
 from moetrain.kernels import grouped_gemm as gg
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 rows = []
 for op in ("fwd", "fwd_gather", "dgrad", "wgrad"):
     for cfg in gg.configs_for(op):
-        ck = gg.aot_compile(op, cfg)
+        ck = aot.aot_compile(op, cfg)
         ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
         spill = None
         if os.path.exists(ptxas):

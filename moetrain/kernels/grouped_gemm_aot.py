@@ -1,0 +1,52 @@
+"""Ahead-of-time compilation of the grouped GEMM kernels for a GPU target, without a GPU:
+resource and instruction checks (shared memory, wgmma, TMA, spills) in the CPU tests."""
+
+from __future__ import annotations
+
+import triton
+
+from moetrain.kernels.grouped_gemm import _block_g, _rowgroup_kernel, _wgrad_kernel
+from moetrain.kernels.grouped_gemm_tuning import GemmConfig
+
+def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: int = 90, num_groups: int = 256):
+    """Compile one op's kernel for CUDA compute capability ``capability`` without a GPU.
+
+    op: "fwd", "fwd_gather", "dgrad" or "wgrad"; dtype: Triton type name ("bf16", "fp16", "fp32"). Returns the
+    triton CompiledKernel (``.metadata.shared`` bytes of shared memory, ``.asm["ptx"|"cubin"|
+    "ttgir"]``). Integer sizes and strides are compiled as multiples of 16, as at the benchmark
+    shapes. Needs the compiled (not interpreted) kernels: run without TRITON_INTERPRET.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bm, bn, bk, tma = config.block_m, config.block_n, config.block_k, config.use_tma
+    ptr = f"*{dtype}"
+
+    def desc(*block):
+        return f"tensordesc<{dtype}[{', '.join(str(b) for b in block)}]>" if tma else ptr
+
+    if op in ("fwd", "fwd_gather", "dgrad"):
+        fn = _rowgroup_kernel
+        gather = op == "fwd_gather"
+        sig = {"a_ptr": ptr, "a_desc": ptr if gather else desc(bm, bk), "gather_ptr": "*i32", "w_ptr": ptr,
+               "w_desc": desc(1, bk, bn) if op == "dgrad" else desc(1, bn, bk),
+               "out_ptr": ptr, "out_desc": desc(1, 1, bm, bn), "offs_ptr": "*i32"}
+        ints = ["M", "OUT", "RED", "G", "stride_am", "stride_wg", "stride_w1", "stride_om", "NUM_PROGS"]
+        consts = dict(DGRAD=op == "dgrad", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
+                      BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=True, PRECISION="tf32", GATHER=gather)
+    elif op == "wgrad":
+        fn = _wgrad_kernel
+        sig = {"dy_ptr": ptr, "dy_desc": desc(1, 1, bk, bm), "x_ptr": ptr, "x_desc": desc(1, 1, bk, bn),
+               "dw_ptr": ptr, "dw_desc": desc(1, bm, bn), "offs_ptr": "*i32"}
+        ints = ["M", "N", "K", "G", "stride_dym", "stride_xm", "stride_dwg", "stride_dwn", "NUM_PROGS"]
+        consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_G=_block_g(num_groups),
+                      USE_TMA=tma, PRECISION="tf32")
+    else:
+        raise ValueError(f"unknown op {op!r}; valid: fwd, fwd_gather, dgrad, wgrad")
+    sig.update({name: "i32" for name in ints})
+    sig.update({name: "constexpr" for name in consts})
+    aligned = [n for n, t in sig.items() if t.startswith("*")] + [n for n in ints if n not in ("M", "G", "NUM_PROGS")]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})

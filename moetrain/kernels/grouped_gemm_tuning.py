@@ -1,0 +1,129 @@
+"""Tile configurations and autotuning of the grouped GEMM kernels (grouped_gemm.py).
+
+The first call per (op, dtype, N, K, M/G bucket) times every candidate config with
+triton.testing.do_bench (median) and keeps the fastest; the CPU interpreter always uses one
+small config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """One tile configuration.
+
+    forward / dgrad: BLOCK_M rows x BLOCK_N output columns per tile, BLOCK_K reduction step,
+    GROUP_M row tiles per L2 band. wgrad: BLOCK_M (over N) x BLOCK_N (over K) tiles of dw[g],
+    BLOCK_K group rows per reduction step. use_tma: TMA descriptors (else masked pointer loads).
+    programs_per_sm: persistent programs per SM; 2 lets one program's epilogue overlap the
+    other's main loop (the config must then fit two blocks' shared memory and registers).
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    num_warps: int
+    use_tma: bool = True
+    group_m: int = 8
+    programs_per_sm: int = 1
+
+    def __str__(self) -> str:
+        kind = "tma" if self.use_tma else "ptr"
+        two = "/x2" if self.programs_per_sm == 2 else ""
+        return f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}"
+
+
+# H200 candidates (bf16). The fp32 accumulator of a 128x256 tile needs 8 warps to stay in registers.
+# Shared memory of a 128x256x64 stage is 48 KiB; with the 64 KiB TMA-store buffer only 3 stages fit
+# in the 227 KiB of an H100/H200 block.
+ROWGROUP_CONFIGS = (
+    GemmConfig(128, 256, 64, 3, 8),
+    GemmConfig(128, 128, 64, 4, 4),
+    GemmConfig(128, 128, 64, 4, 8),
+    GemmConfig(64, 256, 64, 4, 4),
+    GemmConfig(64, 128, 64, 4, 4),
+    GemmConfig(128, 256, 64, 3, 8, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 4, use_tma=False),
+    GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
+    GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
+)
+WGRAD_CONFIGS = (
+    GemmConfig(128, 256, 64, 3, 8),
+    GemmConfig(128, 128, 64, 4, 4),
+    GemmConfig(128, 128, 64, 4, 8),
+    GemmConfig(128, 256, 64, 3, 8, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 4, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 8, use_tma=False),
+    GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
+    GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
+)
+# The interpreter runs every program in Python: small tiles keep the CPU tests fast.
+INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False)
+INTERPRETER_PROGRAMS = 3
+
+_BEST: dict = {}  # autotune cache: key -> GemmConfig
+_SHIM_DONE = False
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 before import)."""
+    return bool(triton.knobs.runtime.interpret)
+
+
+def configs_for(op: str) -> tuple:
+    """Autotune candidates of an op ("fwd", "fwd_gather", "dgrad", "wgrad")."""
+    return WGRAD_CONFIGS if op == "wgrad" else ROWGROUP_CONFIGS
+
+
+def interpreter_numpy_shim() -> None:
+    # Triton 3.6's interpreter holds scalars as 1-element numpy arrays and calls int() on them for
+    # range(); numpy >= 2.4 refuses that. Read the element instead (interpreter only).
+    global _SHIM_DONE
+    if _SHIM_DONE:
+        return
+    _SHIM_DONE = True
+    import numpy as np
+    try:
+        int(np.zeros(1))
+        return
+    except TypeError:
+        pass
+    from triton.runtime import interpreter as itp
+    original = itp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    itp._patch_lang_tensor = patched
+
+
+def pick_config(key: tuple, candidates: tuple, config, run):
+    """Explicit config, cached winner, or time every candidate once (median of do_bench)."""
+    if config is not None:
+        return config
+    if interpreting():
+        return INTERPRETER_CONFIG
+    if key in _BEST:
+        return _BEST[key]
+    if torch.cuda.is_current_stream_capturing():
+        return candidates[0]  # cannot time inside a graph capture; warm up before capturing
+    best, best_ms, error = None, math.inf, None
+    for cfg in candidates:
+        try:
+            ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=20, return_mode="median")
+        except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
+            error = exc
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise RuntimeError(f"grouped GEMM: no config ran for {key}") from error
+    _BEST[key] = best
+    return best
