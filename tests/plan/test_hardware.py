@@ -55,3 +55,14 @@ def test_errors_are_one_line_and_helpful(tmp_path):
         load_hardware(str(f))
     with pytest.raises(UserError, match="no peak for fp8"):
         load_hardware("a100").peak("fp8")
+
+
+def test_trainer_mfu_peaks_agree_with_the_planner_profiles():
+    """The trainer's device-name peak table and the planner's profiles must not drift apart."""
+    from moetrain.plan.hardware import list_builtin, load_hardware
+    from moetrain.train.throughput import peak_tflops
+
+    for name in list_builtin():
+        hw = load_hardware(name)
+        # the profile's description is what torch.cuda.get_device_name() would contain
+        assert peak_tflops(hw.description, "bf16") == pytest.approx(hw.peak("bf16"), rel=2e-3), name

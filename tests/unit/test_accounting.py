@@ -229,14 +229,16 @@ def test_hand_count_active_moe_with_mla_and_mtp():
     moe_active = 2 * expert + 120 + 32  # 392
     dense = 3 * 10 * 8  # 240
     emb = head = 80
-    main_total = emb + head + 8 + (242 + dense + 16) + (242 + moe_total + 16)
-    main_active = emb + head + 8 + (242 + dense + 16) + (242 + moe_active + 16)
-    mtp_total = 3 * 8 + 2 * 8 * 8 + 242 + moe_total + 16
-    mtp_active = 3 * 8 + 128 + 242 + moe_active + 16
+    assert attn == 242
+    main_total = emb + head + 8 + (attn + dense + 16) + (attn + moe_total + 16)
+    main_active = emb + head + 8 + (attn + dense + 16) + (attn + moe_active + 16)
+    mtp_total = 3 * 8 + 2 * 8 * 8 + attn + moe_total + 16
+    mtp_active = 3 * 8 + 128 + attn + moe_active + 16
     c = acc.count_params(cfg)
     assert (c.total_params, c.active_params) == (main_total, main_active) == (1556, 1316)
     assert (c.total_params_with_mtp, c.active_params_with_mtp) == (main_total + mtp_total, main_active + mtp_active)
     assert c.breakdown["routed_experts"] == acc.Count(480, 240)
+    assert c.breakdown["attention"] == acc.Count(2 * attn, 2 * attn)  # the MTP block's attention is in "mtp"
     assert c.breakdown["mtp"] == acc.Count(mtp_total, mtp_active)
     assert c.mtp_included is False
 

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from moetrain.config.schema import Config
 from moetrain.models.moe.layer import MoELayer
