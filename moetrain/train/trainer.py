@@ -118,10 +118,11 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
         show_progress = sys.stderr.isatty()
 
     seed_everything(t.seed)
+    resume_from = ckpt.resolve_resume(cfg.checkpoint.resume, out_dir)
     with torch.device(device):
         model = build_model(cfg)
     model.to(dtype)
-    if cfg.model.from_hf:  # initialise from a Hugging Face checkpoint (architecture already from it)
+    if cfg.model.from_hf and resume_from is None:  # initial weights from HF (a resume overwrites them)
         from moetrain.models.hf import load_hf_weights
 
         load_hf_weights(model, cfg.model.from_hf, progress=show_progress)
@@ -134,7 +135,6 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     train_data = build_data(cfg, vocab, "train")
 
     start_step, skipped_in_row = 0, 0
-    resume_from = ckpt.resolve_resume(cfg.checkpoint.resume, out_dir)
     if resume_from is not None:
         state = ckpt.load_checkpoint(resume_from, device)
         model.load_state_dict(state["model"])
