@@ -65,6 +65,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 BENCHMARKS = {
     "moe": ("moetrain.bench.moe_layer", "MoE layer forward+backward against torchtitan-style references"),
     "train": ("moetrain.bench.train_step", "training step against Hugging Face transformers"),
+    "gemm": ("moetrain.kernels.sweep_grouped_gemm", "grouped GEMM kernels against torch._grouped_mm"),
 }
 
 

@@ -1,15 +1,21 @@
 """MoE layer forward + backward, route to combine: moetrain's ops against the peers.
 
-    python -m moetrain.bench.moe_layer [--shapes deepseek-v3,qwen3-30b-a3b] [--json FILE]
+    python -m moetrain.bench.moe_layer [--shapes deepseek-v3,qwen3-30b-a3b] [--backends torch,triton,auto]
+                                       [--json FILE]
 
 Every contender runs in this process on the same inputs, weights and routing, with
 repetitions interleaved (contender A, B, C, A, B, C, ...), timed with CUDA events; medians.
 Contenders:
-  ours (<backend>)       fp32 router + top-k, moetrain.ops.moe_experts with that backend
+  ours (<backend>)       fp32 router + top-k, moetrain.ops.moe_experts with that backend:
+                         torch (torch._grouped_mm), triton (the fused path: FC1 gathers token rows,
+                         our Triton grouped GEMMs), auto (per-shape choice measured on first use
+                         and cached on disk, see moetrain.ops.autoselect), reference (loop)
   reference eager        torchtitan-style: fp32 router + top-k, argsort permutation,
                          torch._grouped_mm FC1/FC2, SwiGLU, index_add_ combine
   reference compiled     the same function under torch.compile
   per-expert loop        the reference with one mm per expert (host-side counts)
+Before anything is timed every contender runs once (the correctness check) and then --warmup
+times: Triton autotuning and auto's measurement happen there, never inside the timed reps.
 Routing is forced through the router logits so that all contenders route identically:
 balanced (round-robin) or skewed (per-expert shares drawn from a Dirichlet).
 
@@ -187,6 +193,8 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     for backend in backends:
         contenders[f"ours ({backend})"] = ours(backend)
     contenders["per-expert loop"] = lambda *a: reference_layer(*a, per_expert_loop=True)
+    # The first call of each contender (here) autotunes the Triton kernels and makes auto measure
+    # and cache its choice for this shape; time_contenders then warms up again before timing.
     errors = check_correct(contenders, make_args)
     timed = time_contenders(contenders, make_args, warmup, reps)
     flops = layer_flops(s)
@@ -199,11 +207,23 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     return rows
 
 
+def parse_backends(text: str, device: torch.device) -> list[str]:
+    """Comma list of moetrain.ops backends -> names; unknown names and a missing triton are UserErrors."""
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    for name in names:
+        try:
+            ops.resolve_backend(name, device)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    return names
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="moetrain bench moe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
     parser.add_argument("--routing", default="balanced,skewed")
-    parser.add_argument("--backends", default="torch", help="moetrain.ops backends to include, comma-separated")
+    parser.add_argument("--backends", default="torch",
+                        help="moetrain.ops backends to include, comma-separated: torch, triton, auto, reference")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
@@ -211,11 +231,15 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise UserError("moetrain bench moe needs a CUDA GPU (none is visible)")
+    backends = parse_backends(args.backends, torch.device("cuda"))
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
     rows = []
     for shape_name in args.shapes.split(","):
         for routing in args.routing.split(","):
             print(f"... {shape_name} {routing}", flush=True)
-            rows += run_shape(SHAPES[shape_name], routing, args.backends.split(","), args.warmup, args.reps,
+            rows += run_shape(SHAPES[shape_name], routing, backends, args.warmup, args.reps,
                               not args.no_compile)
             torch.cuda.empty_cache()
     print(f"\nMoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "

@@ -21,6 +21,7 @@ six GEMMs of a layer (ms). --json writes every config's numbers (default: $OUT/ 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -28,6 +29,8 @@ import sys
 import time
 
 import torch
+
+from moetrain.errors import UserError
 
 # name: (routed rows M, experts G, hidden H, expert intermediate I)
 SHAPES = {  # the many-small-experts shapes first: they decide the 1.1x claim
@@ -167,7 +170,7 @@ def run_case(label, m, g, n, k, ops, gg, t0, results):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="moetrain bench gemm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
     parser.add_argument("--ops", default=",".join(OPS), help="comma list of fwd, dgrad, wgrad, fwd_gather")
     parser.add_argument("--json", default=None, help="write every config's numbers here")
@@ -175,13 +178,13 @@ def main(argv=None) -> int:
                         help="seconds; no new GEMM shape starts after this (the table covers what ran)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("the sweep needs a CUDA GPU", file=sys.stderr)
-        return 2
+        raise UserError("moetrain bench gemm needs a CUDA GPU (none is visible)")
+    if importlib.util.find_spec("triton") is None:
+        raise UserError("moetrain bench gemm needs the triton package (pip install triton)")
     from moetrain.kernels import grouped_gemm as gg
 
     if gg.interpreting():
-        print("unset TRITON_INTERPRET: the sweep times the compiled kernels", file=sys.stderr)
-        return 2
+        raise UserError("moetrain bench gemm times the compiled kernels: unset TRITON_INTERPRET")
     shapes = [s for s in args.shapes.split(",") if s]
     ops = [o for o in args.ops.split(",") if o]
     for s in shapes:

@@ -15,7 +15,8 @@ Backends:
     "triton": our persistent Triton kernels (moetrain.kernels.grouped_gemm: forward, dgrad, wgrad),
               sync-free. Needs the triton package and a CUDA device, or TRITON_INTERPRET=1 (set
               before triton is imported) to run them on CPU tensors in Triton's interpreter.
-    "auto"  : "torch" on CUDA, "loop" elsewhere.
+    "auto"  : on CUDA, torch or triton per shape, from measurements cached on disk
+              (moetrain.ops.autoselect); "loop" elsewhere.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import torch
 
 from moetrain.errors import UserError
+from moetrain.ops import autoselect
 
 BACKENDS = ("auto", "torch", "triton", "loop")
 # The MoE config says "reference" for the loop backend.
@@ -33,7 +35,10 @@ _ALIASES = {"reference": "loop"}
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """Map a requested backend to the one that runs on ``device``; unknown names are errors."""
+    """Map a requested backend to the one that runs on ``device``; unknown names are errors.
+
+    Without a shape, "auto" means torch on CUDA; ``grouped_gemm`` and ``moe_experts`` resolve
+    "auto" per shape themselves (``autoselect``)."""
     backend = _ALIASES.get(backend, backend)
     if backend == "auto":
         return "torch" if device.type == "cuda" else "loop"
@@ -51,12 +56,23 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
         raise ValueError(f"grouped_gemm: x {tuple(x.shape)} and w {tuple(w.shape)} do not match ([M,K], [G,N,K])")
     if offs.shape != (w.shape[0],):
         raise ValueError(f"grouped_gemm: offs {tuple(offs.shape)} must be [G] = [{w.shape[0]}]")
-    which = resolve_backend(backend, x.device)
+    if _ALIASES.get(backend, backend) == "auto" and autoselect.measures(x.device):
+        which = autoselect.choose("grouped_gemm", x, w.shape[1], w.shape[2], x.shape[0], w.shape[0],
+                                  lambda name: _train_step(x, w, offs, name))
+    else:
+        which = resolve_backend(backend, x.device)
     if which == "torch":
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs.to(torch.int32))
     if which == "triton":
         return _TritonGroupedGemm.apply(x, w, offs)
     return grouped_gemm_loop(x, w, offs)
+
+
+def _train_step(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: str) -> None:
+    """One forward + backward on detached copies of the caller's tensors (auto's measurement)."""
+    with autoselect.isolated():
+        xl, wl = x.detach().requires_grad_(), w.detach().requires_grad_()
+        grouped_gemm(xl, wl, offs, backend).backward(torch.ones(x.shape[0], w.shape[1], dtype=x.dtype, device=x.device))
 
 
 def _check_triton(device: torch.device) -> None:

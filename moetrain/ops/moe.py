@@ -2,6 +2,10 @@
 
 Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K routed rows.
 
+Backends: "triton" is the fused path (FC1 reads token rows through an index inside the GEMM, so no
+permuted copy of x exists; see moe_fused.py); "torch" and "loop" permute x first; "auto" measures
+torch against triton per shape on CUDA (autoselect.py) and is "loop" elsewhere.
+
 Sync-free: token counts and offsets stay on the device; no host reads depend on routing
 (the "loop" grouped GEMM backend is the exception: it is the reference).
 """
@@ -11,7 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moetrain.ops.grouped_gemm import grouped_gemm
+from moetrain.ops import autoselect
+from moetrain.ops.grouped_gemm import _ALIASES, grouped_gemm, resolve_backend
 
 # GPT-OSS's clamped SwiGLU constants.
 CLAMPED_ALPHA = 1.702
@@ -45,6 +50,13 @@ def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int):
     expert output, which the combine multiplies by zero. That costs compute only when tokens
     are actually dropped, and keeps the combine free of masks and host syncs.
     """
+    offs, row_map = sort_rows(topk_idx, num_experts)
+    x_perm = x.index_select(0, row_map // topk_idx.shape[1])
+    return x_perm, offs, row_map
+
+
+def sort_rows(topk_idx: torch.Tensor, num_experts: int):
+    """The routing half of ``permute``: (offs [E] int32, row_map [M] int64), no copy of x."""
     flat = topk_idx.reshape(-1)
     key = torch.where(flat < 0, torch.full_like(flat, num_experts - 1), flat)
     row_map = torch.argsort(key, stable=True)
@@ -52,8 +64,7 @@ def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int):
     counts = torch.zeros(num_experts, dtype=torch.int64, device=key.device)
     counts.scatter_add_(0, key, torch.ones_like(key))
     offs = torch.cumsum(counts, dim=0).to(torch.int32)
-    x_perm = x.index_select(0, row_map // topk_idx.shape[1])
-    return x_perm, offs, row_map
+    return offs, row_map
 
 
 def unpermute(y_perm: torch.Tensor, row_map: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor):
@@ -89,14 +100,34 @@ def moe_experts(
     x [T, H]; topk_idx [T, K] int64 (-1 = dropped); topk_weight [T, K] fp32;
     w1 [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up); w2 [E, H, I]; b1 [E, 2I]; b2 [E, H].
     FFN_e(x) = w2[e] @ act(w1[e] @ x + b1[e]) + b2[e]. Returns [T, H] in x.dtype.
+
+    backend "triton" runs the fused path: FC1 gathers the token rows inside the GEMM (no permuted
+    copy of x; see ``moe_fused``). "auto" on CUDA measures torch against triton for this shape
+    once (``autoselect``, cached on disk); "loop"/"reference" is the plain per-expert reference.
     """
     E = w1.shape[0]
     if topk_idx.shape != topk_weight.shape or topk_idx.shape[0] != x.shape[0]:
         raise ValueError(
             f"moe_experts: topk_idx {tuple(topk_idx.shape)} / topk_weight {tuple(topk_weight.shape)} "
             f"must both be [T, K] with T = {x.shape[0]}")
-    x_perm, offs, row_map = permute(x, topk_idx, E)
-    h = grouped_gemm(x_perm, w1, offs, backend)
+    T, K = topk_idx.shape
+    if _ALIASES.get(backend, backend) == "auto" and autoselect.measures(x.device):
+        def run(name: str) -> None:  # auto's measurement: forward + backward on detached leaves
+            with autoselect.isolated():
+                leaves = [t.detach().requires_grad_() if t is not None else None
+                          for t in (x, topk_weight, w1, w2, b1, b2)]
+                y = moe_experts(leaves[0], topk_idx, leaves[1], leaves[2], leaves[3], b1=leaves[4], b2=leaves[5],
+                                activation=activation, backend=name)
+                y.backward(torch.ones_like(y))
+        backend = autoselect.choose("moe_experts", x, w1.shape[1], w1.shape[2], T * K, E, run)
+    backend = resolve_backend(backend, x.device)
+    offs, row_map = sort_rows(topk_idx, E)
+    if backend == "triton":
+        from moetrain.ops.moe_fused import fc1_gathered
+
+        h = fc1_gathered(x, w1, offs, row_map, K)
+    else:
+        h = grouped_gemm(x.index_select(0, row_map // K), w1, offs, backend)
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
     if b1 is not None:

@@ -1,0 +1,184 @@
+"""backend="auto": pick torch or triton per shape from measurements cached on disk.
+
+The first time a (op kind, dtype, N, K, M/G bucket, device name) is seen on CUDA, every available
+backend runs the op (forward + backward) on the caller's own tensors and is timed with
+triton.testing.do_bench (median); the fastest is recorded in a JSON file and reused by later
+calls and later processes. Elsewhere auto is the "loop" reference.
+
+    op kind   "grouped_gemm" (one grouped GEMM with its dgrad and wgrad) or "moe_experts"
+              (the whole expert path: FC1, SwiGLU, FC2, combine, and their backward)
+    N, K      the GEMM's output and reduction sizes (for moe_experts: FC1's, 2I and H)
+    bucket    next power of two of M / G (rows per group); M = routed rows
+Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), written
+atomically (temp file + rename); a file that does not parse is ignored with one warning and
+rewritten on the next measurement.
+
+Nothing is timed inside CUDA graph capture (a cached winner is used, else torch): warm up
+(run the layer once) before capturing. ``time_backend`` is a module attribute so tests can
+inject a fake timer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+# The backends "auto" may choose, per op kind: only those whose GPU tests have passed on real
+# hardware. The Triton grouped GEMM (forward, dgrad, wgrad) passed on an H200 (bf16 at DeepSeek-V3
+# and Qwen3 shapes, autograd, CUDA-graph replay). The fused expert path (moe_fused.py) has only run
+# in Triton's CPU interpreter: it joins once tests/kernels/test_moe_fused_gpu.py passes on a GPU.
+# With one candidate, nothing is timed or cached.
+GPU_VALIDATED = {"grouped_gemm": ("torch", "triton"), "moe_experts": ("torch",)}
+
+CACHE_FILE = "grouped_gemm_backends.json"
+VERSION = 1
+
+_memory: dict | None = None  # key -> {"backend": str, "ms": {backend: ms}}; loaded lazily
+
+
+def cache_path() -> Path:
+    root = os.environ.get("MOETRAIN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "moetrain")
+    return Path(root) / CACHE_FILE
+
+
+def reset() -> None:
+    """Forget the in-memory copy (tests; or after another process updated the file)."""
+    global _memory
+    _memory = None
+
+
+def bucket(rows: int, groups: int) -> int:
+    """Rows per group rounded up to a power of two (1, 2, 4, ...): shapes in one bucket share a choice."""
+    per = max(1, rows // max(groups, 1))
+    return 1 << (per - 1).bit_length()
+
+
+def cache_key(kind: str, dtype: torch.dtype, n: int, k: int, rows: int, groups: int, device_name: str) -> str:
+    return f"{kind}|{str(dtype).removeprefix('torch.')}|N{n}|K{k}|b{bucket(rows, groups)}|{device_name}"
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def time_backend(backend: str, run) -> float:
+    """Median milliseconds of ``run()`` (a callable that runs the op once with ``backend``)."""
+    import triton
+
+    return triton.testing.do_bench(run, warmup=5, rep=25, return_mode="median")
+
+
+def isolated():
+    """Context for a measurement's own forward + backward inside a caller's forward: grad on, and
+    identity saved-tensor hooks on top of the stack so that an enclosing activation checkpoint's
+    hooks (which would recompute on unpack) do not see the measurement's tensors."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.enable_grad())
+    stack.enter_context(torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t))
+    return stack
+
+
+def _read_file(path: Path, quiet: bool = False) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("entries"), dict):
+            raise ValueError("unexpected layout")
+        return {k: v for k, v in data["entries"].items() if isinstance(v, dict) and isinstance(v.get("backend"), str)}
+    except (OSError, ValueError) as err:
+        if quiet:
+            return {}
+        warnings.warn(f"moetrain: ignoring unreadable backend cache {path} ({err}); it will be rewritten",
+                      RuntimeWarning, stacklevel=3)
+        return {}
+
+
+def _write_file(path: Path, entries: dict) -> None:
+    """Atomic: readers see the old file or the new one, never a partial write."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".backends-", suffix=".json", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as err:  # a read-only home must not stop training: the choice stays in memory
+        warnings.warn(f"moetrain: could not write backend cache {path} ({err})", RuntimeWarning, stacklevel=3)
+
+
+def _entries() -> dict:
+    global _memory
+    if _memory is None:
+        _memory = _read_file(cache_path())
+    return _memory
+
+
+def lookup(key: str) -> str | None:
+    entry = _entries().get(key)
+    return entry["backend"] if entry else None
+
+
+def pick(key: str, run_backend, *, capturing: bool = False) -> str:
+    """The cached winner for ``key``, or measure every candidate with ``run_backend(name)`` and record it.
+
+    Candidates: GPU_VALIDATED for the key's op kind (triton only when importable). A backend that raises is skipped;
+    when none runs, "loop" (always correct) is recorded. While capturing a CUDA graph nothing is timed.
+    """
+    kind = key.split("|", 1)[0]
+    candidates = [b for b in GPU_VALIDATED.get(kind, ("torch",)) if b != "triton" or triton_available()]
+    if len(candidates) == 1:
+        return candidates[0]
+    cached = lookup(key)
+    if cached is not None:
+        return cached
+    if capturing:
+        return "torch"
+    times = {}
+    for name in candidates:
+        try:
+            times[name] = float(time_backend(name, lambda name=name: run_backend(name)))
+        except Exception as err:  # e.g. torch._grouped_mm on a GPU or dtype it does not support
+            warnings.warn(f"moetrain: backend {name} failed for {key}: {type(err).__name__}: {err}"[:300],
+                          RuntimeWarning, stacklevel=2)
+            times[name] = math.inf
+    finite = {n: t for n, t in times.items() if math.isfinite(t)}
+    winner = min(finite, key=finite.get) if finite else "loop"
+    entry = {"backend": winner, "ms": {n: (t if math.isfinite(t) else None) for n, t in times.items()}}
+    # Merge with what other processes may have written since we loaded, then write back.
+    path = cache_path()
+    entries = _read_file(path, quiet=True)
+    entries.update(_entries())
+    entries[key] = entry
+    _entries()[key] = entry
+    _write_file(path, entries)
+    return winner
+
+
+def measures(device: torch.device) -> bool:
+    """Whether "auto" measures on this device (CUDA); elsewhere it is the loop reference."""
+    return device.type == "cuda"
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device)
+
+
+def capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def choose(kind: str, x: torch.Tensor, n: int, k: int, rows: int, groups: int, run_backend) -> str:
+    """Resolve backend="auto" for one op call on ``x``'s device (see the module docstring)."""
+    if not measures(x.device):
+        return "loop"
+    key = cache_key(kind, x.dtype, n, k, rows, groups, device_name(x.device))
+    return pick(key, run_backend, capturing=capturing())

@@ -1,0 +1,179 @@
+"""Fused expert path (ops.moe_experts, backend triton) against the float64 reference path.
+
+Without a GPU the Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1, set before triton
+is imported) in float32; the reference runs in float64. Every buffer the kernels allocate is
+poisoned with NaN first (so unwritten rows show). Outputs and the gradients of x, topk_weight,
+w1, w2 (and biases) are compared.
+
+Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K rows.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set", allow_module_level=True)
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton", reason="the triton package is not installed")
+
+from moetrain import ops  # noqa: E402
+from moetrain.kernels import grouped_gemm as gg  # noqa: E402
+from moetrain.ops import autoselect, moe_fused  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+BOUND = 2e-5  # fp32 (IEEE dots) against fp64, a few GEMMs deep
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_and_poison(monkeypatch):
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    original = gg._output
+
+    def poisoned(out, shape, like):
+        got = original(out, shape, like)
+        return got.fill_(float("nan")) if out is None else got
+
+    monkeypatch.setattr(gg, "_output", poisoned)
+    yield
+    torch.set_float32_matmul_precision(old)
+
+
+def make(T, H, I, E, K, *, seed, bias=False, dropped=(), skew=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g, dtype=torch.float64)
+    w1 = torch.randn(E, 2 * I, H, generator=g, dtype=torch.float64) / H**0.5
+    w2 = torch.randn(E, H, I, generator=g, dtype=torch.float64) / I**0.5
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    if skew:  # most experts empty, one receiving most rows
+        idx[:, 0] = E - 2 if E > 1 else 0
+    for t, k in dropped:
+        idx[t, k] = -1
+    weight = torch.rand(T, K, generator=g, dtype=torch.float64)
+    b1 = torch.randn(E, 2 * I, generator=g, dtype=torch.float64) if bias else None
+    b2 = torch.randn(E, H, generator=g, dtype=torch.float64) if bias else None
+    return x, idx, weight, w1, w2, b1, b2
+
+
+def run(backend, dtype, x, idx, weight, w1, w2, b1, b2, probe, activation="swiglu"):
+    leaves = [t.detach().to(DEVICE, dtype if i != 1 else torch.float32 if dtype != torch.float64 else dtype,
+                            copy=True).requires_grad_()
+              if t is not None else None for i, t in enumerate((x, weight, w1, w2, b1, b2))]
+    y = ops.moe_experts(leaves[0], idx.to(DEVICE), leaves[1], leaves[2], leaves[3], b1=leaves[4], b2=leaves[5],
+                        activation=activation, backend=backend)
+    (y * probe.to(DEVICE, y.dtype)).sum().backward()
+    return [y.detach()] + [t.grad for t in leaves if t is not None]
+
+
+def rel_err(got, want):
+    assert not torch.isnan(got).any(), "NaN in the output: an unwritten (poisoned) element"
+    return ((got.double().cpu() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+CASES = {
+    # name: (T, H, I, E, K, extra)
+    "uneven_dropped": (13, 24, 10, 6, 2, dict(dropped=[(0, 1), (5, 0), (12, 1)])),
+    "skewed_empty_groups": (17, 24, 10, 8, 2, dict(skew=True)),
+    "k1": (11, 16, 12, 4, 1, {}),
+    "k8": (9, 16, 6, 10, 8, dict(dropped=[(3, 7)])),
+    "e1": (7, 16, 8, 1, 1, {}),
+    "t_odd_bias": (37, 20, 9, 5, 3, dict(bias=True, dropped=[(1, 2)])),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_matches_fp64_reference(name):
+    T, H, I, E, K, extra = CASES[name]
+    inputs = make(T, H, I, E, K, seed=T * 31 + E, **extra)
+    probe = torch.randn(T, H, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    want = run("reference", torch.float64, *inputs, probe)
+    got = run("triton", torch.float32, *inputs, probe)
+    assert len(got) == len(want)
+    for what, a, b in zip(["out", "dx", "dweight", "dw1", "dw2", "db1", "db2"], got, want):
+        assert rel_err(a, b) < BOUND, what
+    # Dropped assignments get exactly zero weight gradient.
+    for t, k in extra.get("dropped", ()):
+        assert got[2][t, k] == 0
+
+
+def test_fused_clamped_activation():
+    inputs = make(10, 16, 8, 4, 2, seed=7, bias=True)
+    inputs = (inputs[0] * 6,) + inputs[1:]  # past the clamp limit
+    probe = torch.randn(10, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    want = run("reference", torch.float64, *inputs, probe, activation="swiglu_clamped")
+    got = run("triton", torch.float32, *inputs, probe, activation="swiglu_clamped")
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < BOUND
+
+
+def _saved_shapes(backend, x, idx, weight, w1, w2):
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ops.moe_experts(x, idx, weight, w1, w2, backend=backend)
+    return shapes
+
+
+def test_fused_path_saves_x_not_the_permuted_copy():
+    T, H, I, E, K = 12, 24, 8, 4, 2  # 16-byte strides: torch._grouped_mm's CPU forward needs them
+    x, idx, weight, w1, w2, _, _ = make(T, H, I, E, K, seed=3)
+    leaves = [t.float().to(DEVICE).requires_grad_() for t in (x, weight, w1, w2)]
+    fused = _saved_shapes("triton", leaves[0], idx.to(DEVICE), *leaves[1:])
+    plain = _saved_shapes("torch", leaves[0], idx.to(DEVICE), *leaves[1:])
+    assert (T * K, H) in plain  # the reference path keeps x_perm for its weight gradient
+    assert (T * K, H) not in fused and (T, H) in fused
+
+
+def test_scatter_rows_to_tokens_is_the_inverse_gather_sum():
+    g = torch.Generator().manual_seed(4)
+    T, K, H = 7, 3, 5
+    row_map = torch.randperm(T * K, generator=g)
+    rows = torch.randn(T * K, H, generator=g, dtype=torch.float64)
+    want = torch.zeros(T, H, dtype=torch.float64)
+    for r in range(T * K):
+        want[int(row_map[r]) // K] += rows[r]
+    torch.testing.assert_close(moe_fused.scatter_rows_to_tokens(rows, row_map, T, K), want)
+
+
+def test_auto_picks_the_fused_path_from_measurements(monkeypatch, tmp_path):
+    # A fake "GPU" device on CPU: auto times torch and triton (the fake timer runs each once, which
+    # exercises the measurement's forward + backward), records triton, and computes with it.
+    monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
+    autoselect.reset()
+    monkeypatch.setattr(autoselect, "measures", lambda device: True)
+    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
+    monkeypatch.setattr(autoselect, "triton_available", lambda: True)
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"moe_experts": ("torch", "triton")})
+    timed = []
+
+    def fake_timer(backend, run_once):
+        timed.append(backend)
+        if backend == "triton":
+            run_once()
+        return {"torch": 3.0, "triton": 1.0}[backend]
+
+    monkeypatch.setattr(autoselect, "time_backend", fake_timer)
+    used = []
+    real = moe_fused.fc1_gathered
+    monkeypatch.setattr(moe_fused, "fc1_gathered", lambda *a: used.append(1) or real(*a))
+    inputs = make(9, 16, 8, 4, 2, seed=11)
+    probe = torch.randn(9, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = run("auto", torch.float32, *inputs, probe)
+    want = run("reference", torch.float64, *inputs, probe)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < BOUND
+    assert timed == ["torch", "triton"] and len(used) == 2  # the measurement, then the real call
+    entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
+    assert entries == {autoselect.cache_key("moe_experts", torch.float32, 16, 16, 18, 4, "FakeGPU"):
+                       {"backend": "triton", "ms": {"torch": 3.0, "triton": 1.0}}}
+    autoselect.reset()

@@ -1,0 +1,177 @@
+"""backend="auto": the per-shape decision and its disk cache, on CPU with an injected fake timer."""
+
+import json
+
+import pytest
+import torch
+
+from moetrain import ops
+from moetrain.ops import autoselect
+
+KEY = autoselect.cache_key("grouped_gemm", torch.bfloat16, 1536, 2048, 131072, 128, "NVIDIA H200")
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
+    autoselect.reset()
+    yield tmp_path
+    autoselect.reset()
+
+
+class FakeTimer:
+    """time_backend stand-in: fixed milliseconds per backend; records what was timed and runs it once."""
+
+    def __init__(self, ms):
+        self.ms, self.calls = ms, []
+
+    def __call__(self, backend, run):
+        self.calls.append(backend)
+        run()
+        return self.ms[backend]
+
+
+def install(monkeypatch, ms, triton=True):
+    timer = FakeTimer(ms)
+    monkeypatch.setattr(autoselect, "time_backend", timer)
+    monkeypatch.setattr(autoselect, "triton_available", lambda: triton)
+    return timer
+
+
+def test_bucket_boundaries():
+    assert [autoselect.bucket(r * 8, 8) for r in (1, 2, 3, 4, 5, 64, 65, 128, 129)] == [1, 2, 4, 4, 8, 64, 128, 128, 256]
+    assert autoselect.bucket(0, 8) == autoselect.bucket(5, 8) == 1  # fewer rows than groups
+    key = lambda rows: autoselect.cache_key("moe_experts", torch.bfloat16, 1536, 2048, rows, 128, "H200")  # noqa: E731
+    assert key(65 * 128) == key(128 * 128) != key(64 * 128)
+    assert key(128 * 128) != key(129 * 128)
+    assert key(1024) != autoselect.cache_key("moe_experts", torch.float16, 1536, 2048, 1024, 128, "H200")
+    assert key(1024) != autoselect.cache_key("moe_experts", torch.bfloat16, 1536, 2048, 1024, 128, "H100")
+    assert key(1024) != autoselect.cache_key("grouped_gemm", torch.bfloat16, 1536, 2048, 1024, 128, "H200")
+
+
+def test_miss_measures_records_and_hits(monkeypatch, cache_dir):
+    ran = []
+    timer = install(monkeypatch, {"torch": 2.0, "triton": 1.5})
+    assert autoselect.pick(KEY, ran.append) == "triton"
+    assert timer.calls == ["torch", "triton"] and ran == ["torch", "triton"]
+    data = json.loads((cache_dir / autoselect.CACHE_FILE).read_text())
+    assert data["entries"][KEY] == {"backend": "triton", "ms": {"torch": 2.0, "triton": 1.5}}
+    # Hit in memory, then (new process) from the file: nothing is timed again.
+    assert autoselect.pick(KEY, ran.append) == "triton"
+    autoselect.reset()
+    assert autoselect.pick(KEY, ran.append) == "triton"
+    assert timer.calls == ["torch", "triton"]
+    # Another shape is a miss and is added next to the first entry.
+    other = KEY.replace("|N1536|", "|N4096|")
+    timer.ms = {"torch": 1.0, "triton": 3.0}
+    assert autoselect.pick(other, ran.append) == "torch"
+    assert set(json.loads((cache_dir / autoselect.CACHE_FILE).read_text())["entries"]) == {KEY, other}
+
+
+def test_corrupt_cache_is_ignored_with_a_warning_and_rewritten(monkeypatch, cache_dir):
+    path = cache_dir / autoselect.CACHE_FILE
+    path.write_text('{"version": 1, "entries": {')
+    install(monkeypatch, {"torch": 1.0, "triton": 2.0})
+    with pytest.warns(RuntimeWarning, match="ignoring unreadable backend cache") as record:
+        assert autoselect.pick(KEY, lambda name: None) == "torch"
+    assert len(record) == 1
+    assert json.loads(path.read_text())["entries"][KEY]["backend"] == "torch"
+    assert not [p for p in cache_dir.iterdir() if p.name != autoselect.CACHE_FILE]  # no temp file left
+
+
+def test_triton_missing_only_torch_is_timed(monkeypatch):
+    timer = install(monkeypatch, {"torch": 5.0, "triton": 0.1}, triton=False)
+    assert autoselect.pick(KEY, lambda name: None) == "torch"
+    assert timer.calls == []  # torch is the only candidate left: nothing to compare
+
+
+def test_failing_backend_is_skipped_and_all_failing_falls_back_to_loop(monkeypatch):
+    install(monkeypatch, {"torch": 1.0, "triton": 0.5})
+
+    def run(name):
+        if name == "triton":
+            raise RuntimeError("out of shared memory")
+
+    with pytest.warns(RuntimeWarning, match="backend triton failed"):
+        assert autoselect.pick(KEY, run) == "torch"
+
+    def fail(name):
+        raise RuntimeError("no kernel")
+
+    with pytest.warns(RuntimeWarning):
+        assert autoselect.pick(KEY.replace("|K2048|", "|K7|"), fail) == "loop"
+
+
+def test_no_timing_during_graph_capture(monkeypatch, cache_dir):
+    timer = install(monkeypatch, {"torch": 2.0, "triton": 1.0})
+    assert autoselect.pick(KEY, lambda name: None, capturing=True) == "torch"
+    assert timer.calls == [] and not (cache_dir / autoselect.CACHE_FILE).exists()
+    autoselect.pick(KEY, lambda name: None)  # warm-up outside capture records triton
+    assert autoselect.pick(KEY, lambda name: None, capturing=True) == "triton"
+
+
+def test_cpu_auto_stays_loop_and_never_times(monkeypatch):
+    timer = install(monkeypatch, {"torch": 2.0, "triton": 1.0})
+    x = torch.randn(6, 4)
+    assert autoselect.choose("grouped_gemm", x, 3, 4, 6, 2, lambda name: None) == "loop"
+    w = torch.randn(2, 3, 4)
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+    torch.testing.assert_close(ops.grouped_gemm(x, w, offs, backend="auto"), ops.grouped_gemm(x, w, offs, backend="loop"))
+    assert timer.calls == []
+
+
+def test_choose_builds_the_key_and_runs_the_real_op(monkeypatch, cache_dir):
+    # Pretend this CPU is a measured device: the torch backend really runs (forward + backward) under
+    # the fake timer, and the auto choice then computes the same numbers as the reference.
+    monkeypatch.setattr(autoselect, "measures", lambda device: True)
+    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
+    timer = install(monkeypatch, {"torch": 1.0, "loop": 2.0}, triton=False)  # triton's run: test_moe_fused.py
+    # the reference joins as a second candidate so that the measuring path runs on CPU
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"grouped_gemm": ("torch", "loop")})
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(10, 8, generator=g), torch.randn(3, 8, 8, generator=g)
+    offs = torch.tensor([3, 7, 10], dtype=torch.int32)  # no empty group: torch's CPU backward needs that
+    got = ops.grouped_gemm(x, w, offs, backend="auto")
+    torch.testing.assert_close(got, ops.grouped_gemm(x, w, offs, backend="loop"))
+    assert timer.calls == ["torch", "loop"]
+    entries = json.loads((cache_dir / autoselect.CACHE_FILE).read_text())["entries"]
+    assert entries == {autoselect.cache_key("grouped_gemm", torch.float32, 8, 8, 10, 3, "FakeGPU"):
+                       {"backend": "torch", "ms": {"torch": 1.0, "loop": 2.0}}}
+
+
+def test_measurement_inside_an_activation_checkpoint(monkeypatch):
+    # The layer's selective recompute checkpoints moe_experts: auto's measurement then runs inside the
+    # checkpoint's forward and must not feed the checkpoint's saved-tensor hooks.
+    monkeypatch.setattr(autoselect, "measures", lambda device: True)
+    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
+    timer = install(monkeypatch, {"torch": 1.0, "loop": 2.0}, triton=False)
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"moe_experts": ("torch", "loop")})
+    T, H, I, E, K = 8, 8, 4, 4, 2  # balanced (no empty group) and 16-byte strides: torch's CPU path needs both
+    g = torch.Generator().manual_seed(3)
+    idx = (torch.arange(T).unsqueeze(1) * K + torch.arange(K)) % E
+    tensors = [torch.randn(T, H, generator=g), torch.rand(T, K, generator=g),
+               torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g)]
+    grads = {}
+    for backend in ("auto", "reference"):
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        fn = lambda x, w, w1, w2: ops.moe_experts(x, idx, w, w1, w2, backend=backend)  # noqa: E731
+        y = torch.utils.checkpoint.checkpoint(fn, *leaves, use_reentrant=False)
+        y.backward(torch.ones_like(y))
+        grads[backend] = [y.detach()] + [t.grad for t in leaves]
+    for a, b in zip(grads["auto"], grads["reference"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert timer.calls == ["torch", "loop"]  # measured once; the recompute found the cached choice
+
+
+def test_auto_only_chooses_gpu_validated_backends(monkeypatch):
+    """The fused expert path has not passed its GPU tests yet: auto must not time or pick it."""
+    monkeypatch.setattr(autoselect, "triton_available", lambda: True)
+
+    def timer(name, run):
+        raise AssertionError("a single candidate must not be timed")
+
+    monkeypatch.setattr(autoselect, "time_backend", timer)
+    key = autoselect.cache_key("moe_experts", torch.bfloat16, 1536, 2048, 131072, 128, "NVIDIA H200")
+    assert autoselect.GPU_VALIDATED["moe_experts"] == ("torch",)
+    assert autoselect.pick(key, lambda name: None) == "torch"
+    assert not autoselect.cache_path().exists()  # nothing measured, nothing cached
