@@ -238,3 +238,10 @@ def test_training_state_is_freed_after_run(tmp_path, monkeypatch, extra):
     run(small(tmp_path, "train.steps=2", *extra), show_progress=False)
     gc.collect()
     assert refs and sum(r() is not None for r in refs) == 0
+
+
+def test_compiled_layers_train_exactly_like_eager_on_cpu(tmp_path):
+    """train.compile=true (torch.compile of each decoder layer) keeps the numbers (CPU, fp32)."""
+    eager = run(small(tmp_path / "e", "train.steps=3"), show_progress=False)
+    compiled = run(small(tmp_path / "c", "train.steps=3", "train.compile=true"), show_progress=False)
+    assert [r["loss"] for r in compiled.records] == pytest.approx([r["loss"] for r in eager.records], rel=1e-6)
