@@ -9,18 +9,13 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K r
 """
 
 import json
-import os
-import sys
 
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set", allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton", reason="the triton package is not installed")
+from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
+
+ON_GPU = use_gpu_or_interpreter()
 
 from moetrain import ops  # noqa: E402
 from moetrain.kernels import grouped_gemm as gg  # noqa: E402
