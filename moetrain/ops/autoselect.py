@@ -5,9 +5,9 @@ backend runs the op (forward + backward) on the caller's own tensors and is time
 triton.testing.do_bench (median); the fastest is recorded in a JSON file and reused by later
 calls and later processes. Elsewhere auto is the "loop" reference.
 
-    op kind   "grouped_gemm" (one grouped GEMM with its dgrad and wgrad) or "moe_experts"
-              (the whole expert path: FC1, SwiGLU, FC2, combine, and their backward)
-    N, K      the GEMM's output and reduction sizes (for moe_experts: FC1's, 2I and H)
+    op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each) or
+              "moe_experts" (the whole expert path: FC1, SwiGLU, FC2, combine, and their backward)
+    N, K      the layer's forward output and reduction sizes, w [G, N, K] (moe_experts: FC1's, 2I and H)
     bucket    next power of two of M / G (rows per group); M = routed rows
 Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), written
 atomically (temp file + rename); a file that does not parse is ignored with one warning and
@@ -35,7 +35,12 @@ import torch
 # and Qwen3 shapes, autograd, CUDA-graph replay). The fused expert path (moe_fused.py) has only run
 # in Triton's CPU interpreter: it joins once tests/kernels/test_moe_fused_gpu.py passes on a GPU.
 # With one candidate, nothing is timed or cached.
-GPU_VALIDATED = {"grouped_gemm": ("torch", "triton"), "moe_experts": ("torch",)}
+GPU_VALIDATED = {
+    "grouped_gemm_fwd": ("torch", "triton"),
+    "grouped_gemm_dgrad": ("torch", "triton"),
+    "grouped_gemm_wgrad": ("torch", "triton"),
+    "moe_experts": ("torch",),
+}
 
 CACHE_FILE = "grouped_gemm_backends.json"
 VERSION = 1

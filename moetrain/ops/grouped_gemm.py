@@ -15,8 +15,8 @@ Backends:
     "triton": our persistent Triton kernels (moetrain.kernels.grouped_gemm: forward, dgrad, wgrad),
               sync-free. Needs the triton package and a CUDA device, or TRITON_INTERPRET=1 (set
               before triton is imported) to run them on CPU tensors in Triton's interpreter.
-    "auto"  : on CUDA, torch or triton per shape, from measurements cached on disk
-              (moetrain.ops.autoselect); "loop" elsewhere.
+    "auto"  : on CUDA, torch or triton for each of forward, dgrad and wgrad separately, per
+              shape, from measurements cached on disk (moetrain.ops.autoselect); "loop" elsewhere.
 """
 
 from __future__ import annotations
@@ -57,10 +57,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
     if offs.shape != (w.shape[0],):
         raise ValueError(f"grouped_gemm: offs {tuple(offs.shape)} must be [G] = [{w.shape[0]}]")
     if _ALIASES.get(backend, backend) == "auto" and autoselect.measures(x.device):
-        which = autoselect.choose("grouped_gemm", x, w.shape[1], w.shape[2], x.shape[0], w.shape[0],
-                                  lambda name: _train_step(x, w, offs, name))
-    else:
-        which = resolve_backend(backend, x.device)
+        return _AutoGroupedGemm.apply(x, w, offs)
+    which = resolve_backend(backend, x.device)
     if which == "torch":
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs.to(torch.int32))
     if which == "triton":
@@ -68,11 +66,68 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
     return grouped_gemm_loop(x, w, offs)
 
 
-def _train_step(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: str) -> None:
-    """One forward + backward on detached copies of the caller's tensors (auto's measurement)."""
-    with autoselect.isolated():
-        xl, wl = x.detach().requires_grad_(), w.detach().requires_grad_()
-        grouped_gemm(xl, wl, offs, backend).backward(torch.ones(x.shape[0], w.shape[1], dtype=x.dtype, device=x.device))
+# ---- backend="auto": each of the three GEMMs picks its own backend --------------------------
+# The forward, the data gradient and the weight gradient have different shapes and different
+# winners (on the H200 at Qwen3 shapes: torch for the FC1 forward, Triton for the other five),
+# so each op is measured and cached on its own (autoselect kinds grouped_gemm_fwd/_dgrad/_wgrad).
+#   fwd   y  [M, N] = x_g  @ w[g]^T      (a = x,  b = w)
+#   dgrad dx [M, K] = dy_g @ w[g]        (a = dy, b = w)
+#   wgrad dw [G,N,K] = dy_g^T @ x_g      (a = dy, b = x)
+
+
+def _run_op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    if backend == "torch":  # the same calls torch's own autograd of _grouped_mm makes
+        if op == "fwd":
+            return torch._grouped_mm(a, b.transpose(-2, -1), offs=offs)
+        if op == "dgrad":
+            return torch._grouped_mm(a, b, offs=offs)
+        return torch._grouped_mm(b.t(), a, offs=offs).transpose(-2, -1)
+    if backend == "triton":
+        from moetrain.kernels import grouped_gemm as kernels  # imports triton: only when chosen
+
+        return getattr(kernels, f"grouped_gemm_{op}")(a, b, offs)
+    # "loop": autoselect's answer when no candidate ran
+    if op == "fwd":
+        return grouped_gemm_loop(a, b, offs)
+    if op == "dgrad":
+        return grouped_gemm_loop(a, b.transpose(1, 2), offs)
+    return _wgrad_loop(a, b, offs)
+
+
+def _wgrad_loop(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    dw = dy.new_zeros(offs.shape[0], dy.shape[1], x.shape[1])
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        dw[g] = dy[start:end].t() @ x[start:end]
+        start = end
+    return dw
+
+
+def _auto_op(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_shape) -> torch.Tensor:
+    """Run one GEMM with the backend measured fastest for it at this layer shape (N, K, rows/group)."""
+    groups, n, k = w_shape
+    name = autoselect.choose(f"grouped_gemm_{op}", a, n, k, a.shape[0], groups,
+                             lambda backend: _run_op(op, backend, a, b, offs))
+    return _run_op(op, name, a, b, offs)
+
+
+class _AutoGroupedGemm(torch.autograd.Function):
+    """grouped_gemm with backend="auto" on CUDA: forward, dgrad and wgrad each take their own backend."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs):
+        offs = offs.to(torch.int32)
+        ctx.save_for_backward(x, w, offs)
+        return _auto_op("fwd", x, w, offs, w.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, w, offs = ctx.saved_tensors
+        dy = dy.to(x.dtype)
+        dx = _auto_op("dgrad", dy, w, offs, w.shape) if ctx.needs_input_grad[0] else None
+        dw = _auto_op("wgrad", dy, x, offs, w.shape) if ctx.needs_input_grad[1] else None
+        return dx, dw, None
 
 
 def _check_triton(device: torch.device) -> None:

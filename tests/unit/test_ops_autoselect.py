@@ -8,7 +8,7 @@ import torch
 from moetrain import ops
 from moetrain.ops import autoselect
 
-KEY = autoselect.cache_key("grouped_gemm", torch.bfloat16, 1536, 2048, 131072, 128, "NVIDIA H200")
+KEY = autoselect.cache_key("grouped_gemm_fwd", torch.bfloat16, 1536, 2048, 131072, 128, "NVIDIA H200")
 
 
 @pytest.fixture(autouse=True)
@@ -127,7 +127,7 @@ def test_choose_builds_the_key_and_runs_the_real_op(monkeypatch, cache_dir):
     monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
     timer = install(monkeypatch, {"torch": 1.0, "loop": 2.0}, triton=False)  # triton's run: test_moe_fused.py
     # the reference joins as a second candidate so that the measuring path runs on CPU
-    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"grouped_gemm": ("torch", "loop")})
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"grouped_gemm_fwd": ("torch", "loop")})
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(10, 8, generator=g), torch.randn(3, 8, 8, generator=g)
     offs = torch.tensor([3, 7, 10], dtype=torch.int32)  # no empty group: torch's CPU backward needs that
@@ -135,7 +135,7 @@ def test_choose_builds_the_key_and_runs_the_real_op(monkeypatch, cache_dir):
     torch.testing.assert_close(got, ops.grouped_gemm(x, w, offs, backend="loop"))
     assert timer.calls == ["torch", "loop"]
     entries = json.loads((cache_dir / autoselect.CACHE_FILE).read_text())["entries"]
-    assert entries == {autoselect.cache_key("grouped_gemm", torch.float32, 8, 8, 10, 3, "FakeGPU"):
+    assert entries == {autoselect.cache_key("grouped_gemm_fwd", torch.float32, 8, 8, 10, 3, "FakeGPU"):
                        {"backend": "torch", "ms": {"torch": 1.0, "loop": 2.0}}}
 
 
@@ -175,3 +175,46 @@ def test_auto_only_chooses_gpu_validated_backends(monkeypatch):
     assert autoselect.GPU_VALIDATED["moe_experts"] == ("torch",)
     assert autoselect.pick(key, lambda name: None) == "torch"
     assert not autoselect.cache_path().exists()  # nothing measured, nothing cached
+
+
+def test_forward_dgrad_and_wgrad_each_take_their_own_backend(monkeypatch, cache_dir):
+    """auto on a (fake) GPU: each of the three GEMMs is measured on its own and may pick another backend;
+    the results equal the reference whatever the mix."""
+    monkeypatch.setattr(autoselect, "measures", lambda device: True)
+    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
+    kinds = ("grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad")
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {kind: ("torch", "loop") for kind in kinds})
+    winners = {"grouped_gemm_fwd": "loop", "grouped_gemm_dgrad": "torch", "grouped_gemm_wgrad": "loop"}
+    timed = []
+
+    def timer(backend, run):
+        kind = current_kind[0]
+        timed.append((kind, backend))
+        run()
+        return 1.0 if backend == winners[kind] else 2.0
+
+    current_kind = [None]
+    real_choose = autoselect.choose
+
+    def choose(kind, *args):
+        current_kind[0] = kind
+        return real_choose(kind, *args)
+
+    monkeypatch.setattr(autoselect, "time_backend", timer)
+    monkeypatch.setattr(autoselect, "choose", choose)
+    monkeypatch.setattr(autoselect, "triton_available", lambda: False)
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(12, 16, generator=g), torch.randn(3, 8, 16, generator=g)
+    offs = torch.tensor([4, 4, 12], dtype=torch.int32)  # an empty group; 16-byte strides for torch on CPU
+    probe = torch.randn(12, 8, generator=g)
+    results = {}
+    for backend in ("auto", "loop"):
+        xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = ops.grouped_gemm(xl, wl, offs, backend=backend)
+        (y * probe).sum().backward()
+        results[backend] = (y.detach(), xl.grad, wl.grad)
+    for a, b in zip(results["auto"], results["loop"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert [k for k, _ in timed] == [k for k in kinds for _ in range(2)]  # each op measured once, both backends
+    entries = json.loads((cache_dir / autoselect.CACHE_FILE).read_text())["entries"]
+    assert {key.split("|")[0]: e["backend"] for key, e in entries.items()} == winners
