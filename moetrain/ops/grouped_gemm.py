@@ -57,12 +57,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
     if offs.shape != (w.shape[0],):
         raise ValueError(f"grouped_gemm: offs {tuple(offs.shape)} must be [G] = [{w.shape[0]}]")
     if _ALIASES.get(backend, backend) == "auto" and autoselect.measures(x.device):
-        return _AutoGroupedGemm.apply(x, w, offs)
+        return _PerOpGroupedGemm.apply(x, w, offs, "auto")
     which = resolve_backend(backend, x.device)
     if which == "torch":
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs.to(torch.int32))
     if which == "triton":
-        return _TritonGroupedGemm.apply(x, w, offs)
+        return _PerOpGroupedGemm.apply(x, w, offs, "triton")
     return grouped_gemm_loop(x, w, offs)
 
 
@@ -111,23 +111,29 @@ def _auto_op(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_sh
     return _run_op(op, name, a, b, offs)
 
 
-class _AutoGroupedGemm(torch.autograd.Function):
-    """grouped_gemm with backend="auto" on CUDA: forward, dgrad and wgrad each take their own backend."""
+def _op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_shape) -> torch.Tensor:
+    return _auto_op(op, a, b, offs, w_shape) if backend == "auto" else _run_op(op, backend, a, b, offs)
+
+
+class _PerOpGroupedGemm(torch.autograd.Function):
+    """y = x_g @ w_g^T where forward, dgrad (dy_g @ w_g) and wgrad (dy_g^T @ x_g) each run ``backend``:
+    "triton" (our kernels), or "auto" (each op its own measured winner). Nothing reads offs on the host."""
 
     @staticmethod
-    def forward(ctx, x, w, offs):
+    def forward(ctx, x, w, offs, backend):
         offs = offs.to(torch.int32)
         ctx.save_for_backward(x, w, offs)
-        return _auto_op("fwd", x, w, offs, w.shape)
+        ctx.backend = backend
+        return _op("fwd", backend, x, w, offs, w.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, w, offs = ctx.saved_tensors
         dy = dy.to(x.dtype)
-        dx = _auto_op("dgrad", dy, w, offs, w.shape) if ctx.needs_input_grad[0] else None
-        dw = _auto_op("wgrad", dy, x, offs, w.shape) if ctx.needs_input_grad[1] else None
-        return dx, dw, None
+        dx = _op("dgrad", ctx.backend, dy, w, offs, w.shape) if ctx.needs_input_grad[0] else None
+        dw = _op("wgrad", ctx.backend, dy, x, offs, w.shape) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None
 
 
 def _check_triton(device: torch.device) -> None:
@@ -143,29 +149,6 @@ def _check_triton(device: torch.device) -> None:
                     "set TRITON_INTERPRET=1 before importing triton to run its CPU interpreter, "
                     "or use backend auto, torch or reference")
 
-
-class _TritonGroupedGemm(torch.autograd.Function):
-    """y = x_g @ w_g^T with the Triton kernels; backward: dx by the dgrad kernel (dy_g @ w_g), dw by
-    the variable-K wgrad kernel (dy_g^T @ x_g). Nothing reads offs on the host."""
-
-    @staticmethod
-    def forward(ctx, x, w, offs):
-        from moetrain.kernels import grouped_gemm as kernels  # imports triton: only when chosen
-
-        offs = offs.to(torch.int32)
-        ctx.save_for_backward(x, w, offs)
-        return kernels.grouped_gemm_fwd(x, w, offs)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        from moetrain.kernels import grouped_gemm as kernels
-
-        x, w, offs = ctx.saved_tensors
-        dy = dy.to(x.dtype)
-        dx = kernels.grouped_gemm_dgrad(dy, w, offs) if ctx.needs_input_grad[0] else None
-        dw = kernels.grouped_gemm_wgrad(dy, x, offs) if ctx.needs_input_grad[1] else None
-        return dx, dw, None
 
 
 def grouped_gemm_loop(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
