@@ -57,8 +57,7 @@ def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int):
 
 def sort_rows(topk_idx: torch.Tensor, num_experts: int):
     """The routing half of ``permute``: (offs [E] int32, row_map [M] int64), no copy of x."""
-    flat = topk_idx.reshape(-1)
-    key = torch.where(flat < 0, torch.full_like(flat, num_experts - 1), flat)
+    key = _grouping_key(topk_idx.reshape(-1), num_experts)
     row_map = torch.argsort(key, stable=True)
     # scatter_add rather than bincount: bincount sizes its output from the data (a device sync).
     counts = torch.zeros(num_experts, dtype=torch.int64, device=key.device)
@@ -102,8 +101,9 @@ def moe_experts(
     FFN_e(x) = w2[e] @ act(w1[e] @ x + b1[e]) + b2[e]. Returns [T, H] in x.dtype.
 
     backend "triton" runs the fused path: FC1 gathers the token rows inside the GEMM (no permuted
-    copy of x; see ``moe_fused``). "auto" on CUDA measures torch against triton for this shape
-    once (``autoselect``, cached on disk); "loop"/"reference" is the plain per-expert reference.
+    copy of x; see ``moe_fused``). "auto" on CUDA measures the GPU-validated backends for this shape
+    once (``autoselect.GPU_VALIDATED``, cached on disk; today torch only, so nothing is timed);
+    "loop"/"reference" is the plain per-expert reference.
     """
     E = w1.shape[0]
     if topk_idx.shape != topk_weight.shape or topk_idx.shape[0] != x.shape[0]:
@@ -139,7 +139,11 @@ def moe_experts(
     return unpermute(y, row_map, topk_idx, topk_weight)
 
 
+def _grouping_key(flat_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """The group of each assignment: its expert, or the last expert for a dropped one (-1)."""
+    return torch.where(flat_idx < 0, torch.full_like(flat_idx, num_experts - 1), flat_idx)
+
+
 def _expert_of_row(topk_idx: torch.Tensor, row_map: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Expert id of each permuted row; dropped rows sit with the last expert (see ``permute``)."""
-    flat = topk_idx.reshape(-1).index_select(0, row_map)
-    return torch.where(flat < 0, torch.full_like(flat, num_experts - 1), flat)
+    return _grouping_key(topk_idx.reshape(-1).index_select(0, row_map), num_experts)
