@@ -186,15 +186,6 @@ class PrecisionAwareAdamW:
             elif "master" in entry:  # saved with master weights, resumed without: keep their precision
                 s.param.data.copy_(entry["master"])
 
-    def bytes_of_state(self) -> int:
-        total = 0
-        for s in self.slots:
-            total += s.exp_avg.nbytes + s.exp_avg_sq.nbytes
-            if s.master is not None:
-                total += s.master.nbytes
-            if s.main_grad is not None:
-                total += s.main_grad.nbytes
-        return total
 
 
 def _accumulate_into(main_grad: torch.Tensor):
