@@ -152,6 +152,26 @@ def _fwd_bwd(fn, args):
     fn(x, router_w, forcing, w1, w2, K).backward(grad_out)
 
 
+def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, calls: int = 2, top: int = 14) -> None:
+    """Each contender's CUDA kernels by total time, per forward+backward call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    args = make_args()
+    for name, fn in contenders.items():
+        if name == "per-expert loop":
+            continue
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                _fwd_bwd(fn, args)
+            torch.cuda.synchronize()
+        kernels = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
+                         key=lambda e: -e.device_time_total)
+        total = sum(e.device_time_total for e in kernels) / calls / 1e3
+        print(f"  [{s.name} {routing}] {name}: {total:.2f} ms of kernels per call", flush=True)
+        for e in kernels[:top]:
+            print(f"    {e.device_time_total / calls / 1e3:7.3f} ms  x{e.count // calls:<3d} {e.key[:90]}", flush=True)
+
+
 def check_correct(contenders: dict, make_args) -> dict:
     """Relative error of each contender's output and input gradient against the eager reference."""
     args = make_args()
@@ -169,7 +189,8 @@ def check_correct(contenders: dict, make_args) -> dict:
     return errors
 
 
-def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: int, compile_ref: bool) -> list[dict]:
+def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: int, compile_ref: bool,
+              profile: bool = False) -> list[dict]:
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     bf = torch.bfloat16
@@ -197,6 +218,8 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     # and cache its choice for this shape; time_contenders then warms up again before timing.
     errors = check_correct(contenders, make_args)
     timed = time_contenders(contenders, make_args, warmup, reps)
+    if profile:
+        print_kernel_profile(s, routing, contenders, make_args)
     flops = layer_flops(s)
     ref_ms = timed["reference eager"][0]
     rows = []
@@ -228,6 +251,8 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="after timing, print each contender's top CUDA kernels (torch.profiler)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise UserError("moetrain bench moe needs a CUDA GPU (none is visible)")
@@ -235,22 +260,22 @@ def main(argv=None) -> None:
     for name in args.shapes.split(","):
         if name not in SHAPES:
             raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
+    print(f"MoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+          "TFLOP/s counts the six expert GEMMs", flush=True)
+    print(f"{'shape':16s} {'routing':8s} {'contender':20s} {'ms':>8s} {'TFLOP/s':>8s} {'x eager':>8s} "
+          f"{'peak GiB':>9s} {'rel err':>8s}", flush=True)
     rows = []
     for shape_name in args.shapes.split(","):
         for routing in args.routing.split(","):
-            print(f"... {shape_name} {routing}", flush=True)
-            rows += run_shape(SHAPES[shape_name], routing, backends, args.warmup, args.reps,
-                              not args.no_compile)
+            new = run_shape(SHAPES[shape_name], routing, backends, args.warmup, args.reps,
+                            not args.no_compile, args.profile)
+            for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
+                print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:20s} {r['ms']:8.2f} {r['tflops']:8.1f} "
+                      f"{r['vs_eager']:8.2f} {r['peak_gib']:9.2f} {r['rel_err']:8.1e}", flush=True)
+            rows += new
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1))
             torch.cuda.empty_cache()
-    print(f"\nMoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
-          "TFLOP/s counts the six expert GEMMs")
-    print(f"{'shape':16s} {'routing':8s} {'contender':20s} {'ms':>8s} {'TFLOP/s':>8s} {'x eager':>8s} "
-          f"{'peak GiB':>9s} {'rel err':>8s}")
-    for r in rows:
-        print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:20s} {r['ms']:8.2f} {r['tflops']:8.1f} "
-              f"{r['vs_eager']:8.2f} {r['peak_gib']:9.2f} {r['rel_err']:8.1e}")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
