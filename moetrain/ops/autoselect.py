@@ -5,9 +5,9 @@ backend runs the op (forward + backward) on the caller's own tensors and is time
 triton.testing.do_bench (median); the fastest is recorded in a JSON file and reused by later
 calls and later processes. Elsewhere auto is the "loop" reference.
 
-    op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each) or
-              "moe_experts" (the whole expert path: FC1, SwiGLU, FC2, combine, and their backward)
-    N, K      the layer's forward output and reduction sizes, w [G, N, K] (moe_experts: FC1's, 2I and H)
+    op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each; the MoE
+              expert path's "auto" picks each of its GEMMs this way)
+    N, K      the layer's forward output and reduction sizes, w [G, N, K]
     bucket    next power of two of M / G (rows per group); M = routed rows
 Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), written
 atomically (temp file + rename); a file that does not parse is ignored with one warning and
@@ -32,14 +32,11 @@ import torch
 
 # The backends "auto" may choose, per op kind: only those whose GPU tests have passed on real
 # hardware. The Triton grouped GEMM (forward, dgrad, wgrad) passed on an H200 (bf16 at DeepSeek-V3
-# and Qwen3 shapes, autograd, CUDA-graph replay). The fused expert path (moe_fused.py) has only run
-# in Triton's CPU interpreter: it joins once tests/kernels/test_moe_fused_gpu.py passes on a GPU.
-# With one candidate, nothing is timed or cached.
+# and Qwen3 shapes, autograd, CUDA-graph replay). With one candidate, nothing is timed or cached.
 GPU_VALIDATED = {
     "grouped_gemm_fwd": ("torch", "triton"),
     "grouped_gemm_dgrad": ("torch", "triton"),
     "grouped_gemm_wgrad": ("torch", "triton"),
-    "moe_experts": ("torch",),
 }
 
 CACHE_FILE = "grouped_gemm_backends.json"
@@ -78,18 +75,6 @@ def time_backend(backend: str, run) -> float:
     import triton
 
     return triton.testing.do_bench(run, warmup=5, rep=25, return_mode="median")
-
-
-def isolated():
-    """Context for a measurement's own forward + backward inside a caller's forward: grad on, and
-    identity saved-tensor hooks on top of the stack so that an enclosing activation checkpoint's
-    hooks (which would recompute on unpack) do not see the measurement's tensors."""
-    import contextlib
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.enable_grad())
-    stack.enter_context(torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t))
-    return stack
 
 
 def _read_file(path: Path, quiet: bool = False) -> dict:

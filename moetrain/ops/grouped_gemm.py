@@ -111,7 +111,9 @@ def _auto_op(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_sh
     return _run_op(op, name, a, b, offs)
 
 
-def _op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_shape) -> torch.Tensor:
+def grouped_gemm_op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_shape) -> torch.Tensor:
+    """One of the three GEMMs (op: fwd, dgrad, wgrad; see above) on ``backend``: triton, torch, loop, or
+    auto (this op's measured winner at this layer shape, w_shape = [G, N, K])."""
     return _auto_op(op, a, b, offs, w_shape) if backend == "auto" else _run_op(op, backend, a, b, offs)
 
 
@@ -124,15 +126,15 @@ class _PerOpGroupedGemm(torch.autograd.Function):
         offs = offs.to(torch.int32)
         ctx.save_for_backward(x, w, offs)
         ctx.backend = backend
-        return _op("fwd", backend, x, w, offs, w.shape)
+        return grouped_gemm_op("fwd", backend, x, w, offs, w.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, w, offs = ctx.saved_tensors
         dy = dy.to(x.dtype)
-        dx = _op("dgrad", ctx.backend, dy, w, offs, w.shape) if ctx.needs_input_grad[0] else None
-        dw = _op("wgrad", ctx.backend, dy, x, offs, w.shape) if ctx.needs_input_grad[1] else None
+        dx = grouped_gemm_op("dgrad", ctx.backend, dy, w, offs, w.shape) if ctx.needs_input_grad[0] else None
+        dw = grouped_gemm_op("wgrad", ctx.backend, dy, x, offs, w.shape) if ctx.needs_input_grad[1] else None
         return dx, dw, None, None
 
 

@@ -18,9 +18,10 @@ parameters excluded: tests/plan/test_activations.py), for example:
   always take our explicit path (fp32 softmax over [S, S+1] plus a b-byte copy).
 * RoPE keeps only its cos/sin tables (a b-byte copy per call in bf16).
 * MoE: the router's fp32 input copy, fp32 scores [T, E], indices (the group-limited selection
-  keeps nothing: no gradient flows through it); the expert path keeps the permuted rows [M, H],
-  FC1 output [M, 2I], SwiGLU parts [M, I], FC2 input, and the combine's gathered rows [M, H]
-  and weights.
+  keeps nothing: no gradient flows through it); the expert path keeps FC1's input (the permuted
+  rows [M, H]; on the fused path, moe.backend auto/triton on CUDA, the token rows [T, H] and a
+  row index instead), FC1 output [M, 2I] (SwiGLU's only input), FC2 input [M, I], and the
+  combine's FC2 output rows [M, H], fp32 weights and dropped-assignment mask.
 * Routed rows M = tokens x top-k (x --moe-imbalance on the busiest rank). A capacity factor
   does not shrink them: our ops keep every assignment (dropped ones ride with the last expert
   and are weighted by zero), so capacity only adds its mask.
@@ -238,16 +239,24 @@ def router(cfg: Config, d: Dims) -> list[Term]:
     return out
 
 
+def fused_experts(cfg: Config, d: Dims) -> bool:
+    """Whether the routed experts take the fused path (ops.moe_experts: auto or triton on CUDA)."""
+    return d.device == "cuda" and cfg.moe.backend in ("auto", "triton")
+
+
 def routed_experts(cfg: Config, d: Dims) -> list[Term]:
     e, H = cfg.moe, cfg.model.hidden_size
-    M, b = routed_rows(cfg, d), d.b
-    out = [Term("permute idx", 8 * M), Term("expert input", b * M * H, wgrad=True)]
-    out += ffn_intermediates(M, e.moe_ffn_hidden_size / d.etp, e.activation, b)
+    M, b, I = routed_rows(cfg, d), d.b, e.moe_ffn_hidden_size / d.etp
+    out = [Term("permute idx", 8 * M)]  # the inverse permutation, shared by FC1's backward and the combine
+    if fused_experts(cfg, d):  # FC1 reads x [T, H] (see moe_mlp) through int32 row indices; offs [E] int32
+        out += [Term("gather idx", 4 * M + 4 * e.num_experts / d.ep)]
+    else:
+        out += [Term("expert input", b * M * H, wgrad=True)]
+    out += [Term("fc1 out", b * M * 2 * I), Term("fc2 input", b * M * I, wgrad=True)]
     if e.expert_linear_bias:
         out.append(Term("bias idx", 8 * M))
-    # combine: a gather of the rows back to token order and a batched [1, K] x [K, H] product
-    # that keeps the gathered rows and the weights (cast to the activation dtype)
-    out += [Term("combine idx+mask", 8 * M + M), Term("combine weights", b * M), Term("combine rows", b * M * H)]
+    # combine: FC2's output rows, the fp32 top-k weights and the where-mask of dropped assignments
+    out += [Term("combine mask+weights", M + 4 * M), Term("combine rows", b * M * H)]
     return out
 
 
@@ -255,10 +264,11 @@ def moe_mlp(cfg: Config, d: Dims, selective: bool) -> list[Term]:
     e, H, b = cfg.moe, cfg.model.hidden_size, d.b
     shared = cfg.shared_ffn_size
     out = router(cfg, d)
-    # The MoE input x (b*T*H): kept by the shared experts' FC1, by the selective checkpoint, or
-    # (fp32) by the router, which then uses it without a copy.
-    if shared > 0 or selective or b == 4:
-        out.append(Term("moe input", b * d.Th * H, wgrad=shared > 0 or b == 4))
+    # The MoE input x (b*T*H): kept by the shared experts' FC1, by the selective checkpoint, by the
+    # fused expert path's FC1, or (fp32) by the router, which then uses it without a copy.
+    fused = fused_experts(cfg, d) and not selective
+    if shared > 0 or selective or b == 4 or fused:
+        out.append(Term("moe input", b * d.Th * H, wgrad=shared > 0 or b == 4 or fused))
     if selective:
         # checkpoint inputs: the final top-k weights, and with capacity the new (dropped) indices
         out.append(Term("top-k weights", 4 * d.Th * e.topk + (8 * d.Th * e.topk if e.capacity_factor else 0)))
@@ -359,17 +369,20 @@ def block_backward_extra(cfg: Config, d: Dims, moe: bool, window: int | None, gr
     mlp_saved = 0.0
     if moe:
         M, I = routed_rows(cfg, d), e.moe_ffn_hidden_size / d.etp
-        parts = 1 if e.activation == "swiglu" else 4
+        fused = fused_experts(cfg, d)
         sh = cfg.shared_ffn_size / d.tp
         if sh > 0:
             so_far += 3 * sh * H
             moments.append(b * T * (2 * sh + H) + g(2 * sh * H, so_far))
-        moments.append(2 * b * M * H + g(0.0, so_far))  # grads of the gathered rows and of FC2's output
+        # combine backward: the gradient of FC2's output rows (the torch version also gathers the rows)
+        moments.append((1 if fused else 2) * b * M * H + g(0.0, so_far))
         so_far += d_expert_params(cfg, d) / 3
         moments.append(b * M * H + b * M * I - b * M * H + g(d_expert_params(cfg, d) / 3, so_far))
         so_far += 2 * d_expert_params(cfg, d) / 3
-        freed = b * M * H + b * M * I * (1 + parts) + b * M * 2 * I
-        moments.append(b * M * 2 * I + b * M * H - freed + g(2 * d_expert_params(cfg, d) / 3, so_far))
+        freed = b * M * H + b * M * I + b * M * 2 * I  # combine rows, FC2 input, FC1 output
+        # FC1 backward: dh, dx_perm, and on the fused path x_perm gathered again for the weight gradient
+        moments.append(b * M * 2 * I + (2 if fused else 1) * b * M * H - freed
+                       + g(2 * d_expert_params(cfg, d) / 3, so_far))
         so_far += e.num_experts * H
         mlp_saved = sum(t.bytes for t in saved if t.name.startswith(("router", "group", "top-k", "capacity",
                         "moe", "permute", "expert", "fc", "act", "bias", "combine", "shared")))

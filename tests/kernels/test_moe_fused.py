@@ -107,68 +107,66 @@ def test_fused_clamped_activation():
         assert rel_err(a, b) < BOUND
 
 
-def _saved_shapes(backend, x, idx, weight, w1, w2):
-    shapes = []
+def _saved(backend, x, idx, weight, w1, w2):
+    saved = []
 
     def pack(t):
-        shapes.append(tuple(t.shape))
+        saved.append(t.detach())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         ops.moe_experts(x, idx, weight, w1, w2, backend=backend)
-    return shapes
+    return saved
 
 
 def test_fused_path_saves_x_not_the_permuted_copy():
     T, H, I, E, K = 12, 24, 8, 4, 2  # 16-byte strides: torch._grouped_mm's CPU forward needs them
     x, idx, weight, w1, w2, _, _ = make(T, H, I, E, K, seed=3)
     leaves = [t.float().to(DEVICE).requires_grad_() for t in (x, weight, w1, w2)]
-    fused = _saved_shapes("triton", leaves[0], idx.to(DEVICE), *leaves[1:])
-    plain = _saved_shapes("torch", leaves[0], idx.to(DEVICE), *leaves[1:])
-    assert (T * K, H) in plain  # the reference path keeps x_perm for its weight gradient
-    assert (T * K, H) not in fused and (T, H) in fused
+    _, _, row_map = ops.permute(leaves[0].detach(), idx.to(DEVICE), E)
+    x_perm = leaves[0].detach()[row_map // K]
+
+    def holds_x_perm(saved):
+        return any(t.shape == x_perm.shape and torch.equal(t, x_perm) for t in saved)
+
+    assert holds_x_perm(_saved("torch", leaves[0], idx.to(DEVICE), *leaves[1:]))  # for its weight gradient
+    fused = _saved("triton", leaves[0], idx.to(DEVICE), *leaves[1:])
+    assert not holds_x_perm(fused) and any(t is leaves[0] or torch.equal(t, leaves[0].detach()) for t in fused)
 
 
-def test_scatter_rows_to_tokens_is_the_inverse_gather_sum():
-    g = torch.Generator().manual_seed(4)
-    T, K, H = 7, 3, 5
-    row_map = torch.randperm(T * K, generator=g)
-    rows = torch.randn(T * K, H, generator=g, dtype=torch.float64)
-    want = torch.zeros(T, H, dtype=torch.float64)
-    for r in range(T * K):
-        want[int(row_map[r]) // K] += rows[r]
-    torch.testing.assert_close(moe_fused.scatter_rows_to_tokens(rows, row_map, T, K), want)
-
-
-def test_auto_picks_the_fused_path_from_measurements(monkeypatch, tmp_path):
-    # A fake "GPU" device on CPU: auto times torch and triton (the fake timer runs each once, which
-    # exercises the measurement's forward + backward), records triton, and computes with it.
+def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path):
+    # A fake "GPU" device on CPU: auto takes the fused path (FC1 gathers token rows), and each of its
+    # other five GEMMs is measured on its own (triton against the loop reference here: torch's CPU
+    # grouped GEMM cannot run these shapes), recorded, and computed with its winner.
     monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
     autoselect.reset()
     monkeypatch.setattr(autoselect, "measures", lambda device: True)
     monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
     monkeypatch.setattr(autoselect, "triton_available", lambda: True)
-    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"moe_experts": ("torch", "triton")})
+    kinds = ("grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad")
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {kind: ("triton", "loop") for kind in kinds})
     timed = []
 
-    def fake_timer(backend, run_once):
+    def fake_timer(backend, run_once):  # odd-numbered measurements go to triton, even ones to loop
+        run_once()
         timed.append(backend)
-        if backend == "triton":
-            run_once()
-        return {"torch": 3.0, "triton": 1.0}[backend]
+        triton_wins = (len(timed) - 1) // 2 % 2 == 0
+        return 1.0 if (backend == "triton") == triton_wins else 2.0
 
     monkeypatch.setattr(autoselect, "time_backend", fake_timer)
     used = []
-    real = moe_fused.fc1_gathered
-    monkeypatch.setattr(moe_fused, "fc1_gathered", lambda *a: used.append(1) or real(*a))
+    real = moe_fused.GatherFC1.apply
+    monkeypatch.setattr(moe_fused.GatherFC1, "apply", lambda *a: used.append(a[-1]) or real(*a))
     inputs = make(9, 16, 8, 4, 2, seed=11)
     probe = torch.randn(9, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     got = run("auto", torch.float32, *inputs, probe)
     want = run("reference", torch.float64, *inputs, probe)
     for a, b in zip(got, want):
         assert rel_err(a, b) < BOUND
-    assert timed == ["torch", "triton"] and len(used) == 2  # the measurement, then the real call
+    assert used == ["auto"]
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
-    assert entries == {autoselect.cache_key("moe_experts", torch.float32, 16, 16, 18, 4, "FakeGPU"):
-                       {"backend": "triton", "ms": {"torch": 3.0, "triton": 1.0}}}
+    # FC2 forward; FC2 dgrad and wgrad; FC1 dgrad and wgrad (FC1's forward is the gathered kernel)
+    assert sorted(k.split("|")[0] for k in entries) == sorted(
+        ["grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_gemm_dgrad", "grouped_gemm_wgrad"])
+    assert len(timed) == 10 and {e["backend"] for e in entries.values()} == {"triton", "loop"}
     autoselect.reset()

@@ -73,23 +73,24 @@ def test_bf16_matches_fp64_reference(backend, T, H, I, E, K):
         assert rel(a, b) < 2e-2, what
 
 
-def test_auto_measures_once_and_caches_on_disk(tmp_path, monkeypatch):
-    # the fused path is what this file validates: let auto consider it (GPU_VALIDATED excludes it until then)
-    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"moe_experts": ("torch", "triton")})
+def test_auto_measures_each_gemm_once_and_caches_on_disk(tmp_path, monkeypatch):
+    # auto = the fused path (FC1 gathers token rows) with each of the other five GEMMs on its measured winner
     x, router, w1, w2 = make(2048, 256, 128, 16, 4, seed=1)
+    w1, w2 = w1.requires_grad_(), w2.requires_grad_()
     idx, weight = route(x, router, torch.zeros(2048, 16, device="cuda"), 4)
-    ops.moe_experts(x, idx, weight, w1, w2, backend="auto")
+    ops.moe_experts(x, idx, weight, w1, w2, backend="auto").sum().backward()
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
-    key = autoselect.cache_key("moe_experts", torch.bfloat16, 256, 256, 8192, 16, torch.cuda.get_device_name())
-    assert entries[key]["backend"] in ("torch", "triton")
-    assert set(entries[key]["ms"]) == {"torch", "triton"}
+    assert sorted(k.split("|")[0] for k in entries) == sorted(
+        ["grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_gemm_dgrad", "grouped_gemm_wgrad"])
+    for entry in entries.values():
+        assert entry["backend"] in ("torch", "triton") and set(entry["ms"]) == {"torch", "triton"}
 
     def no_timing(*a):
         raise AssertionError("timed again despite the cache")
 
     monkeypatch.setattr(autoselect, "time_backend", no_timing)
     autoselect.reset()  # a new process: reads the file
-    ops.moe_experts(x, idx, weight, w1, w2, backend="auto")
+    ops.moe_experts(x, idx, weight, w1, w2, backend="auto").sum().backward()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -144,12 +144,16 @@ def test_gqa_dense_block_by_hand():
 
 def test_moe_routed_rows_scale_with_topk():
     cfg2, cfg4 = tiny(**{"moe.topk": 2}), tiny(**{"moe.topk": 4})
-    d = A.Dims(B=2, S=16, b=2)
-    rows = lambda c: A.total(A.routed_experts(c, d))  # noqa: E731
     M2, M4 = 32 * 2, 32 * 4
-    # permute idx, x rows, fc1 out, silu out, fc2 input, combine (inverse idx + mask, weight, gathered rows)
-    per_row = 8 + 2 * 32 + 2 * 2 * 24 + 2 * 24 + 2 * 24 + 9 + 2 + 2 * 32
-    assert rows(cfg2) == M2 * per_row and rows(cfg4) == M4 * per_row
+    # torch path: inverse idx, x rows, fc1 out, fc2 input, combine (mask, fp32 weight, FC2 output rows)
+    cpu = A.Dims(B=2, S=16, b=2, device="cpu")
+    per_row = 8 + 2 * 32 + 2 * 2 * 24 + 2 * 24 + 1 + 4 + 2 * 32
+    assert [A.total(A.routed_experts(c, cpu)) for c in (cfg2, cfg4)] == [M2 * per_row, M4 * per_row]
+    # fused path (CUDA, backend auto): int32 row index instead of the x rows, plus offs [E] int32
+    gpu = A.Dims(B=2, S=16, b=2, device="cuda")
+    per_row = 8 + 4 + 2 * 2 * 24 + 2 * 24 + 1 + 4 + 2 * 32
+    offs = 4 * cfg2.moe.num_experts
+    assert [A.total(A.routed_experts(c, gpu)) for c in (cfg2, cfg4)] == [M2 * per_row + offs, M4 * per_row + offs]
 
 
 def test_tensor_and_sequence_parallel_split():

@@ -41,11 +41,11 @@ def install(monkeypatch, ms, triton=True):
 def test_bucket_boundaries():
     assert [autoselect.bucket(r * 8, 8) for r in (1, 2, 3, 4, 5, 64, 65, 128, 129)] == [1, 2, 4, 4, 8, 64, 128, 128, 256]
     assert autoselect.bucket(0, 8) == autoselect.bucket(5, 8) == 1  # fewer rows than groups
-    key = lambda rows: autoselect.cache_key("moe_experts", torch.bfloat16, 1536, 2048, rows, 128, "H200")  # noqa: E731
+    key = lambda rows: autoselect.cache_key("grouped_gemm_fwd", torch.bfloat16, 1536, 2048, rows, 128, "H200")  # noqa: E731
     assert key(65 * 128) == key(128 * 128) != key(64 * 128)
     assert key(128 * 128) != key(129 * 128)
-    assert key(1024) != autoselect.cache_key("moe_experts", torch.float16, 1536, 2048, 1024, 128, "H200")
-    assert key(1024) != autoselect.cache_key("moe_experts", torch.bfloat16, 1536, 2048, 1024, 128, "H100")
+    assert key(1024) != autoselect.cache_key("grouped_gemm_fwd", torch.float16, 1536, 2048, 1024, 128, "H200")
+    assert key(1024) != autoselect.cache_key("grouped_gemm_fwd", torch.bfloat16, 1536, 2048, 1024, 128, "H100")
     assert key(1024) != autoselect.cache_key("grouped_gemm", torch.bfloat16, 1536, 2048, 1024, 128, "H200")
 
 
@@ -140,39 +140,38 @@ def test_choose_builds_the_key_and_runs_the_real_op(monkeypatch, cache_dir):
 
 
 def test_measurement_inside_an_activation_checkpoint(monkeypatch):
-    # The layer's selective recompute checkpoints moe_experts: auto's measurement then runs inside the
-    # checkpoint's forward and must not feed the checkpoint's saved-tensor hooks.
+    # The layer's selective recompute checkpoints the expert path: auto's measurements then run inside
+    # the checkpoint's forward (and backward) and must not disturb it; the recompute finds the cache.
     monkeypatch.setattr(autoselect, "measures", lambda device: True)
     monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
     timer = install(monkeypatch, {"torch": 1.0, "loop": 2.0}, triton=False)
-    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"moe_experts": ("torch", "loop")})
-    T, H, I, E, K = 8, 8, 4, 4, 2  # balanced (no empty group) and 16-byte strides: torch's CPU path needs both
+    kinds = ("grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad")
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {kind: ("torch", "loop") for kind in kinds})
     g = torch.Generator().manual_seed(3)
-    idx = (torch.arange(T).unsqueeze(1) * K + torch.arange(K)) % E
-    tensors = [torch.randn(T, H, generator=g), torch.rand(T, K, generator=g),
-               torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g)]
+    tensors = [torch.randn(12, 8, generator=g), torch.randn(3, 8, 8, generator=g)]
+    offs = torch.tensor([4, 8, 12], dtype=torch.int32)  # no empty group: torch's CPU backward needs that
     grads = {}
-    for backend in ("auto", "reference"):
+    for backend in ("auto", "loop"):
         leaves = [t.clone().requires_grad_() for t in tensors]
-        fn = lambda x, w, w1, w2: ops.moe_experts(x, idx, w, w1, w2, backend=backend)  # noqa: E731
+        fn = lambda x, w: ops.grouped_gemm(x, w, offs, backend=backend).tanh()  # noqa: E731
         y = torch.utils.checkpoint.checkpoint(fn, *leaves, use_reentrant=False)
         y.backward(torch.ones_like(y))
         grads[backend] = [y.detach()] + [t.grad for t in leaves]
-    for a, b in zip(grads["auto"], grads["reference"]):
+    for a, b in zip(grads["auto"], grads["loop"]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert timer.calls == ["torch", "loop"]  # measured once; the recompute found the cached choice
+    assert timer.calls == ["torch", "loop"] * 3  # fwd, dgrad, wgrad once each; the recompute used the cache
 
 
 def test_auto_only_chooses_gpu_validated_backends(monkeypatch):
-    """The fused expert path has not passed its GPU tests yet: auto must not time or pick it."""
+    """A single GPU-validated candidate is used without timing or caching anything."""
     monkeypatch.setattr(autoselect, "triton_available", lambda: True)
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"grouped_gemm_fwd": ("torch",)})
 
     def timer(name, run):
         raise AssertionError("a single candidate must not be timed")
 
     monkeypatch.setattr(autoselect, "time_backend", timer)
-    key = autoselect.cache_key("moe_experts", torch.bfloat16, 1536, 2048, 131072, 128, "NVIDIA H200")
-    assert autoselect.GPU_VALIDATED["moe_experts"] == ("torch",)
+    key = autoselect.cache_key("grouped_gemm_fwd", torch.bfloat16, 1536, 2048, 131072, 128, "NVIDIA H200")
     assert autoselect.pick(key, lambda name: None) == "torch"
     assert not autoselect.cache_path().exists()  # nothing measured, nothing cached
 

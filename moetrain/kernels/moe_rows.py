@@ -1,0 +1,227 @@
+"""Row kernels of the MoE expert path (Triton). Their references, plain PyTorch, are the "torch"
+implementations in moetrain.ops.moe_rows (triton-free, so the torch backend needs no triton).
+
+Legend: T tokens, K top-k, M = T*K routed rows (sorted by expert), H hidden, I expert intermediate.
+``inverse [M]`` int64 maps flat assignment a = t*K + k to the permuted row that holds it.
+
+    combine      out [T, H]   = sum_k weight[t, k] * y[inverse[t*K + k]]          (weight [T, K] fp32
+                                or None for a plain sum: the data gradient of the token gather)
+    combine_bwd  dy  [M, H]   : dy[inverse[a]] = weight[a] * dout[a // K]
+                 dweight [T, K] fp32: <dout[t], y[inverse[t*K + k]]>
+    swiglu_fwd   a  [M, I]    = act(h[:, :I], h[:, I:])                           h [M, 2I]
+    swiglu_bwd   dh [M, 2I]   from h and da [M, I]
+
+Every kernel accumulates in fp32 and writes the dtype of its 16/32-bit input. Each token (or
+row) is owned by one program, so the top-k reduction needs no atomics and is deterministic; grids
+depend on shapes only (no host reads of routing: sync-free and CUDA-graph capturable).
+Activations: "swiglu" = silu(g) * u; "swiglu_clamped" (GPT-OSS) = g' * sigmoid(1.702 g') * (u' + 1)
+with g' = min(g, 7), u' = clamp(u, -7, 7).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from moetrain.kernels.grouped_gemm import _check_device, _on_device
+
+ACTIVATIONS = {"swiglu": 0, "swiglu_clamped": 1}
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _combine_kernel(y_ptr, inverse_ptr, weight_ptr, out_ptr, H, TOPK: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = cols < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for k in tl.static_range(TOPK):
+        row = tl.load(inverse_ptr + t * TOPK + k).to(tl.int64)
+        v = tl.load(y_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            v = v * tl.load(weight_ptr + t * TOPK + k)
+        acc += v
+    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _combine_bwd_kernel(dout_ptr, y_ptr, inverse_ptr, weight_ptr, dy_ptr, dweight_ptr, H,
+                        TOPK: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_H: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    for k in tl.static_range(TOPK):
+        row = tl.load(inverse_ptr + t * TOPK + k).to(tl.int64)
+        if HAS_WEIGHT:
+            scale = tl.load(weight_ptr + t * TOPK + k)
+        else:
+            scale = 1.0
+        dot = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for h0 in range(0, H, BLOCK_H):  # dout[t] is re-read per k from L1/L2, not HBM
+            cols = h0 + tl.arange(0, BLOCK_H)
+            mask = cols < H
+            g = tl.load(dout_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dy_ptr + row * H + cols, (g * scale).to(dy_ptr.dtype.element_ty), mask=mask)
+            if HAS_WEIGHT:
+                dot += g * tl.load(y_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            tl.store(dweight_ptr + t * TOPK + k, tl.sum(dot, axis=0))
+
+
+# The clamped activation's constants (1.702, 7.0) are moetrain.ops.moe's CLAMPED_ALPHA / CLAMPED_LIMIT.
+@triton.jit
+def _activation(g, u, ACT: tl.constexpr):
+    if ACT == 0:
+        out = g * tl.sigmoid(g) * u
+    else:
+        gc = tl.minimum(g, 7.0)
+        uc = tl.minimum(tl.maximum(u, -7.0), 7.0)
+        out = gc * tl.sigmoid(1.702 * gc) * (uc + 1.0)
+    return out
+
+
+@triton.jit
+def _swiglu_tile(h_ptr, M, I, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    """Offsets into [M, I] and the gate/up values (fp32) of this program's [BLOCK_R, BLOCK_I] tile."""
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    mask = (rows[:, None] < M) & (cols[None, :] < I)
+    gate_at = rows[:, None] * 2 * I + cols[None, :]
+    g = tl.load(h_ptr + gate_at, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(h_ptr + gate_at + I, mask=mask, other=0.0).to(tl.float32)
+    return rows[:, None] * I + cols[None, :], gate_at, mask, g, u
+
+
+@triton.jit
+def _swiglu_fwd_kernel(h_ptr, a_ptr, M, I, ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    at, _, mask, g, u = _swiglu_tile(h_ptr, M, I, BLOCK_R, BLOCK_I)
+    tl.store(a_ptr + at, _activation(g, u, ACT).to(a_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(h_ptr, da_ptr, dh_ptr, M, I, ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    at, gate_at, mask, g, u = _swiglu_tile(h_ptr, M, I, BLOCK_R, BLOCK_I)
+    da = tl.load(da_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 0:
+        s = tl.sigmoid(g)
+        dg = da * u * s * (1.0 + g * (1.0 - s))
+        du = da * g * s
+    else:
+        gc = tl.minimum(g, 7.0)
+        uc = tl.minimum(tl.maximum(u, -7.0), 7.0)
+        s = tl.sigmoid(1.702 * gc)
+        dg = tl.where(g > 7.0, 0.0, da * (uc + 1.0) * s * (1.0 + 1.702 * gc * (1.0 - s)))
+        du = tl.where((u < -7.0) | (u > 7.0), 0.0, da * gc * s)
+    tl.store(dh_ptr + gate_at, dg.to(dh_ptr.dtype.element_ty), mask=mask)
+    tl.store(dh_ptr + gate_at + I, du.to(dh_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+_BLOCK = 1024
+
+
+def _block(n: int) -> int:
+    return min(_BLOCK, triton.next_power_of_2(max(n, 16)))
+
+
+def _check_combine(inverse: torch.Tensor, weight: torch.Tensor | None, tokens: int, like: torch.Tensor) -> int:
+    if inverse.dim() != 1 or tokens < 1 or inverse.shape[0] % tokens:
+        raise ValueError(f"combine: inverse {tuple(inverse.shape)} must be [M] with M a multiple of T={tokens}")
+    topk = inverse.shape[0] // tokens
+    if weight is not None and (weight.shape != (tokens, topk) or weight.dtype != torch.float32):
+        raise ValueError(f"combine: weight {tuple(weight.shape)} {weight.dtype} must be [T, K] = "
+                         f"[{tokens}, {topk}] float32")
+    _check_device(like, inverse, *([] if weight is None else [weight]))
+    return topk
+
+
+def combine(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None, topk: int) -> torch.Tensor:
+    """out [T, H] = sum_k weight[t, k] * y[inverse[t*K + k]] (weight None: 1); y [M, H] -> y's dtype."""
+    if y.dim() != 2 or topk < 1 or y.shape[0] % topk:
+        raise ValueError(f"combine: y {tuple(y.shape)} must be [M, H] with M a multiple of topk={topk}")
+    tokens = y.shape[0] // topk
+    if tokens == 0 or y.shape[1] == 0:
+        return y.new_zeros(tokens, y.shape[1])
+    _check_combine(inverse, weight, tokens, y)
+    y, inverse = y.contiguous(), inverse.contiguous()
+    H = y.shape[1]
+    out = torch.empty(tokens, H, dtype=y.dtype, device=y.device)
+    block = _block(H)
+    with _on_device(y.device):
+        _combine_kernel[(tokens, triton.cdiv(H, block))](
+            y, inverse, weight if weight is not None else y, out, H, TOPK=topk,
+            HAS_WEIGHT=weight is not None, BLOCK_H=block, num_warps=4)
+    return out
+
+
+def combine_bwd(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tensor, weight: torch.Tensor | None):
+    """Gradients of ``combine`` from dout [T, H]: (dy [M, H] in dout's dtype, dweight [T, K] fp32,
+    or None when weight is None; y is read only with a weight)."""
+    tokens, H = dout.shape
+    if tokens == 0 or H == 0:
+        dweight = None if weight is None else torch.zeros_like(weight)
+        return dout.new_zeros(inverse.shape[0], H), dweight
+    topk = _check_combine(inverse, weight, tokens, dout)
+    if weight is not None and (y is None or y.shape != (inverse.shape[0], H)):
+        raise ValueError(f"combine_bwd: y must be [M, H] = [{inverse.shape[0]}, {H}] when weight is given")
+    dout, inverse = dout.contiguous(), inverse.contiguous()
+    y = dout if y is None else y.contiguous()  # an unused pointer without a weight
+    dy = dout.new_empty(inverse.shape[0], H)
+    dweight = None if weight is None else torch.empty(tokens, topk, dtype=torch.float32, device=dout.device)
+    with _on_device(dout.device):
+        _combine_bwd_kernel[(tokens,)](
+            dout, y, inverse, weight if weight is not None else dout, dy, dweight if weight is not None else dout, H,
+            TOPK=topk, HAS_WEIGHT=weight is not None, BLOCK_H=_block(H), num_warps=4)
+    return dy, dweight
+
+
+def _swiglu_tile_shape(inter: int) -> tuple[int, int]:
+    """(rows, columns) of a SwiGLU program's tile: ~4096 elements, so small I still fills programs."""
+    block = _block(inter)
+    return max(1, 4096 // block), block
+
+
+def _check_swiglu(h: torch.Tensor, activation: str) -> int:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown expert activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
+    if h.dim() != 2 or h.shape[1] % 2:
+        raise ValueError(f"swiglu: h {tuple(h.shape)} must be [M, 2I]")
+    return h.shape[1] // 2
+
+
+def swiglu_fwd(h: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
+    """a [M, I] = act(h[:, :I], h[:, I:]) for h [M, 2I]; dtype of h."""
+    inter = _check_swiglu(h, activation)
+    _check_device(h)
+    h = h.contiguous()
+    a = torch.empty(h.shape[0], inter, dtype=h.dtype, device=h.device)
+    if a.numel() == 0:
+        return a
+    rows, block = _swiglu_tile_shape(inter)
+    with _on_device(h.device):
+        _swiglu_fwd_kernel[(triton.cdiv(h.shape[0], rows), triton.cdiv(inter, block))](
+            h, a, h.shape[0], inter, ACT=ACTIVATIONS[activation], BLOCK_R=rows, BLOCK_I=block, num_warps=4)
+    return a
+
+
+def swiglu_bwd(h: torch.Tensor, da: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
+    """dh [M, 2I] (dtype of h) from h [M, 2I] and da [M, I]."""
+    inter = _check_swiglu(h, activation)
+    if da.shape != (h.shape[0], inter):
+        raise ValueError(f"swiglu_bwd: da {tuple(da.shape)} must be [M, I] = [{h.shape[0]}, {inter}]")
+    _check_device(h, da)
+    h, da = h.contiguous(), da.contiguous()
+    dh = torch.empty_like(h)
+    if dh.numel() == 0:
+        return dh
+    rows, block = _swiglu_tile_shape(inter)
+    with _on_device(h.device):
+        _swiglu_bwd_kernel[(triton.cdiv(h.shape[0], rows), triton.cdiv(inter, block))](
+            h, da, dh, h.shape[0], inter, ACT=ACTIVATIONS[activation], BLOCK_R=rows, BLOCK_I=block, num_warps=4)
+    return dh

@@ -1,0 +1,100 @@
+"""Row kernels of the expert path (moetrain.kernels.moe_rows) against their plain-PyTorch references
+(moetrain.ops.moe_rows, the "torch" implementation) and against explicit per-token loops in float64.
+
+Without a GPU the kernels run in Triton's CPU interpreter in float32; on a GPU also in bf16.
+Legend: T tokens, K top-k, M = T*K rows, H hidden, I expert intermediate.
+"""
+
+import pytest
+import torch
+
+from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
+
+ON_GPU = use_gpu_or_interpreter()
+
+from moetrain.kernels import moe_rows as kernels  # noqa: E402
+from moetrain.ops import moe_rows  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = [torch.float32] + ([torch.bfloat16] if ON_GPU else [])
+
+
+def routed(T, K, H, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    row_map = torch.randperm(T * K, generator=g)
+    y = torch.randn(T * K, H, generator=g, dtype=dtype)
+    weight = torch.rand(T, K, generator=g, dtype=dtype)
+    dout = torch.randn(T, H, generator=g, dtype=dtype)
+    return row_map, moe_rows.inverse_permutation(row_map), y, weight, dout
+
+
+def loop_combine(y, row_map, weight, T, K):
+    out = torch.zeros(T, y.shape[1], dtype=torch.float64)
+    for r, a in enumerate(row_map.tolist()):
+        out[a // K] += (1.0 if weight is None else weight[a // K, a % K].item()) * y[r].double()
+    return out
+
+
+def close(got, want, dtype):
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert not torch.isnan(got).any()
+    got, want = got.double().cpu(), want.double().cpu()
+    assert ((got - want).norm() / want.norm().clamp_min(1e-30)).item() < tol
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,K,H", [(5, 1, 7), (13, 2, 24), (9, 8, 1030), (1, 3, 16)])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_combine_forward_and_backward(dtype, T, K, H, weighted):
+    row_map, inverse, y, weight, dout = routed(T, K, H, seed=T * 7 + K + H)
+    w = weight if weighted else None
+    want = loop_combine(y, row_map, w, T, K)
+    for impl in ("torch", "triton"):
+        y_leaf = y.to(DEVICE, dtype).requires_grad_()
+        w_leaf = w.to(DEVICE, torch.float32).requires_grad_() if weighted else None
+        out = moe_rows.combine(y_leaf, inverse.to(DEVICE), w_leaf, K, impl)
+        close(out, want, dtype)
+        out.backward(dout.to(DEVICE, dtype))
+        # d out / d y[r] = weight of row r's assignment times dout of its token
+        a = row_map
+        scale = weight.reshape(-1)[a].unsqueeze(1) if weighted else torch.ones(T * K, 1, dtype=torch.float64)
+        close(y_leaf.grad, scale * dout[a // K], dtype)
+        if weighted:
+            want_dw = torch.einsum("tkh,th->tk", y[inverse].view(T, K, H), dout)
+            close(w_leaf.grad, want_dw, dtype)
+
+
+def test_combine_triton_writes_every_row_and_rejects_bad_shapes():
+    T, K, H = 6, 2, 10
+    row_map, inverse, y, weight, dout = routed(T, K, H, seed=1, dtype=torch.float32)
+    dy, dweight = kernels.combine_bwd(dout.to(DEVICE), y.to(DEVICE), inverse.to(DEVICE), weight.to(DEVICE))
+    assert dy.shape == (T * K, H) and dweight.shape == (T, K) and not torch.isnan(dy).any()
+    with pytest.raises(ValueError, match="weight"):
+        kernels.combine(y.to(DEVICE), inverse.to(DEVICE), weight.double().to(DEVICE), K)
+    with pytest.raises(ValueError, match="multiple of topk"):
+        kernels.combine(y[:-1].to(DEVICE), inverse[:-1].to(DEVICE), None, K)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
+@pytest.mark.parametrize("M,I", [(7, 5), (33, 768), (3, 1100)])
+def test_swiglu_forward_and_backward(dtype, activation, M, I):
+    g = torch.Generator().manual_seed(M + I)
+    h = torch.randn(M, 2 * I, generator=g, dtype=torch.float64) * 5  # past the clamp limits too
+    da = torch.randn(M, I, generator=g, dtype=torch.float64)
+    ref = h.clone().requires_grad_()
+    want = moe_rows.swiglu_torch(ref, activation)
+    want.backward(da)
+    leaf = h.to(DEVICE, dtype).requires_grad_()
+    got = moe_rows.swiglu(leaf, activation, "triton")
+    close(got, want.detach(), dtype)
+    got.backward(da.to(DEVICE, dtype))
+    close(leaf.grad, ref.grad, dtype)
+
+
+def test_unknown_activation_and_impl_are_errors():
+    h = torch.randn(4, 6, device=DEVICE)
+    with pytest.raises(ValueError, match="activation"):
+        moe_rows.swiglu(h, "gelu", "triton")
+    with pytest.raises(ValueError, match="implementation"):
+        moe_rows.swiglu(h, "swiglu", "cuda")
