@@ -172,6 +172,16 @@ def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, ca
             print(f"    {e.device_time_total / calls / 1e3:7.3f} ms  x{e.count // calls:<3d} {e.key[:90]}", flush=True)
 
 
+def print_auto_choices() -> None:
+    """What backend="auto" chose for each GEMM it measured (the on-disk cache), with its timings."""
+    from moetrain.ops import autoselect
+
+    print(f"\nauto's choices ({autoselect.cache_path()}):", flush=True)
+    for key, entry in sorted(autoselect.entries().items()):
+        ms = ", ".join(f"{name} {t:.3f}" if t is not None else f"{name} failed" for name, t in entry["ms"].items())
+        print(f"  {key:60s} -> {entry['backend']:7s} ({ms} ms)", flush=True)
+
+
 def check_correct(contenders: dict, make_args) -> dict:
     """Relative error of each contender's output and input gradient against the eager reference."""
     args = make_args()
@@ -276,6 +286,8 @@ def main(argv=None) -> None:
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))
             torch.cuda.empty_cache()
+    if "auto" in backends:
+        print_auto_choices()
 
 
 if __name__ == "__main__":

@@ -112,6 +112,11 @@ def _entries() -> dict:
     return _memory
 
 
+def entries() -> dict:
+    """Every recorded choice: key -> {"backend": name, "ms": {backend: median ms or None}}."""
+    return dict(_entries())
+
+
 def lookup(key: str) -> str | None:
     entry = _entries().get(key)
     return entry["backend"] if entry else None
