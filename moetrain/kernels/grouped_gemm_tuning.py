@@ -1,7 +1,7 @@
 """Tile configurations and autotuning of the grouped GEMM kernels (grouped_gemm.py).
 
 The first call per (op, dtype, N, K, M/G bucket) times every candidate config with
-triton.testing.do_bench (median) and keeps the fastest; the CPU interpreter always uses one
+median_ms (CUDA events, moetrain.kernels.timing) and keeps the fastest; the CPU interpreter always uses one
 small config.
 """
 
@@ -12,6 +12,9 @@ import math
 
 import torch
 import triton
+
+from moetrain.kernels.timing import median_ms
+
 
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
@@ -105,7 +108,7 @@ def interpreter_numpy_shim() -> None:
 
 
 def pick_config(key: tuple, candidates: tuple, config, run):
-    """Explicit config, cached winner, or time every candidate once (median of do_bench)."""
+    """Explicit config, cached winner, or time every candidate once (median of CUDA-event timings)."""
     if config is not None:
         return config
     if interpreting():
@@ -117,7 +120,7 @@ def pick_config(key: tuple, candidates: tuple, config, run):
     best, best_ms, error = None, math.inf, None
     for cfg in candidates:
         try:
-            ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=20, return_mode="median")
+            ms = median_ms(lambda: run(cfg))
         except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
             error = exc
             continue

@@ -2,7 +2,7 @@
 
 The first time a (op kind, dtype, N, K, M/G bucket, device name) is seen on CUDA, every available
 backend runs the op (forward + backward) on the caller's own tensors and is timed with
-triton.testing.do_bench (median); the fastest is recorded in a JSON file and reused by later
+CUDA events (median); the fastest is recorded in a JSON file and reused by later
 calls and later processes. Elsewhere auto is the "loop" reference.
 
     op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each; the MoE
@@ -72,9 +72,9 @@ def triton_available() -> bool:
 
 def time_backend(backend: str, run) -> float:
     """Median milliseconds of ``run()`` (a callable that runs the op once with ``backend``)."""
-    import triton
+    from moetrain.kernels.timing import median_ms
 
-    return triton.testing.do_bench(run, warmup=5, rep=25, return_mode="median")
+    return median_ms(run)
 
 
 def _read_file(path: Path, quiet: bool = False) -> dict:

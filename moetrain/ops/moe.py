@@ -6,9 +6,10 @@ Backends:
   "triton" : the fused path. FC1 reads token rows through an index inside the GEMM (no permuted
              copy of x; moe_fused.py), SwiGLU and the combine are one Triton kernel per direction
              (moe_rows.py), every GEMM is our Triton grouped GEMM.
-  "auto"   : on CUDA, the fused path with each of the other five GEMMs (FC1 data and weight
-             gradients, FC2 forward, data and weight gradients) on the backend measured fastest for
-             it (grouped_gemm's per-op "auto"); elsewhere "loop".
+  "auto"   : on CUDA with 16-bit activations, the fused path with each of the other five GEMMs
+             (FC1 data and weight gradients, FC2 forward, data and weight gradients) on the backend
+             measured fastest for it (grouped_gemm's per-op "auto"); on CUDA in fp32, "torch" (our
+             kernels are tuned for 16-bit tiles; fp32 autotuning took minutes per shape); elsewhere "loop".
   "torch"  : torch._grouped_mm GEMMs and plain-PyTorch row ops (no triton needed).
   "loop"   : the per-expert reference ("reference" in the config).
 
@@ -24,6 +25,9 @@ from moetrain.ops import autoselect, moe_rows
 from moetrain.ops.grouped_gemm import _ALIASES, grouped_gemm, resolve_backend
 from moetrain.ops.moe_rows import CLAMPED_ALPHA, CLAMPED_LIMIT, inverse_permutation  # noqa: F401 (public)
 from moetrain.ops.moe_rows import swiglu_torch as swiglu  # noqa: F401 (public: the plain-PyTorch SwiGLU)
+
+# Activation dtypes for which backend "auto" takes the fused path on CUDA (see the module docstring).
+AUTO_FUSED_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int):
@@ -91,7 +95,7 @@ def moe_experts(
     gemm = _ALIASES.get(backend, backend)
     if gemm != "auto" or not autoselect.measures(x.device):
         gemm = resolve_backend(gemm, x.device)
-    elif not autoselect.triton_available():  # auto chooses among what is installed
+    elif x.dtype not in AUTO_FUSED_DTYPES or not autoselect.triton_available():  # see the module docstring
         gemm = "torch"
     fused = gemm in ("triton", "auto")
     rows = "triton" if fused else "torch"

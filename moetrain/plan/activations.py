@@ -240,8 +240,10 @@ def router(cfg: Config, d: Dims) -> list[Term]:
 
 
 def fused_experts(cfg: Config, d: Dims) -> bool:
-    """Whether the routed experts take the fused path (ops.moe_experts: auto or triton on CUDA)."""
-    return d.device == "cuda" and cfg.moe.backend in ("auto", "triton")
+    """Whether the routed experts take the fused path (ops.moe_experts: triton on CUDA, or auto on
+    CUDA with 16-bit activations)."""
+    backend = cfg.moe.backend
+    return d.device == "cuda" and (backend == "triton" or (backend == "auto" and d.b == 2))
 
 
 def routed_experts(cfg: Config, d: Dims) -> list[Term]:

@@ -19,7 +19,7 @@ ON_GPU = use_gpu_or_interpreter()
 
 from moetrain import ops  # noqa: E402
 from moetrain.kernels import grouped_gemm as gg  # noqa: E402
-from moetrain.ops import autoselect, moe_fused  # noqa: E402
+from moetrain.ops import autoselect, moe, moe_fused  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 BOUND = 2e-5  # fp32 (IEEE dots) against fp64, a few GEMMs deep
@@ -143,6 +143,7 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
     monkeypatch.setattr(autoselect, "measures", lambda device: True)
     monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
     monkeypatch.setattr(autoselect, "triton_available", lambda: True)
+    monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))  # the interpreter computes fp32 only
     kinds = ("grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad")
     monkeypatch.setattr(autoselect, "GPU_VALIDATED", {kind: ("triton", "loop") for kind in kinds})
     timed = []

@@ -76,8 +76,8 @@ def test_bf16_matches_fp64_reference(backend, T, H, I, E, K):
 def test_auto_measures_each_gemm_once_and_caches_on_disk(tmp_path, monkeypatch):
     # auto = the fused path (FC1 gathers token rows) with each of the other five GEMMs on its measured winner
     x, router, w1, w2 = make(2048, 256, 128, 16, 4, seed=1)
-    w1, w2 = w1.requires_grad_(), w2.requires_grad_()
-    idx, weight = route(x, router, torch.zeros(2048, 16, device="cuda"), 4)
+    x, w1, w2 = x.requires_grad_(), w1.requires_grad_(), w2.requires_grad_()  # all five GEMMs run
+    idx, weight = route(x.detach(), router, torch.zeros(2048, 16, device="cuda"), 4)
     ops.moe_experts(x, idx, weight, w1, w2, backend="auto").sum().backward()
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
     assert sorted(k.split("|")[0] for k in entries) == sorted(
