@@ -123,13 +123,12 @@ def test_json_keys():
 
 
 # Peak torch.cuda.max_memory_allocated of `moetrain train` on one H200 (plan validate, torch 2.11,
-# fresh process per config; see moetrain/plan/VALIDATION.md) next to the projection. Measured with the
-# fused expert path (session 2), except tiny-wide and qwen3-fp32 (session 1: torch path; the fp32
-# config runs the torch path again, and tiny-wide's session-2 figure included the 256 MB L2-flush
-# buffer of triton's do_bench, which run-time tuning no longer uses).
+# fresh process per config; see moetrain/plan/VALIDATION.md) next to the projection: session 2, the
+# fused expert path for bf16 (tiny-wide and qwen3-fp32 after run-time tuning stopped using
+# do_bench's 256 MB L2-flush buffer and fp32 went back to the torch path).
 H200_MEASURED = {
-    "tiny-wide": 0.351, "qwen3-4l": 71.71, "qwen3-4l-selective": 69.58, "qwen3-4l-full": 66.48,
-    "qwen3-bf16-state": 36.89, "qwen3-accum-bf16-moments": 50.40, "qwen3-fp32": 28.943,
+    "tiny-wide": 0.335, "qwen3-4l": 71.71, "qwen3-4l-selective": 69.58, "qwen3-4l-full": 66.48,
+    "qwen3-bf16-state": 36.89, "qwen3-accum-bf16-moments": 50.40, "qwen3-fp32": 28.94,
     "deepseek-v3-2l": 89.84, "deepseek-v3-2l-ids": 85.72, "llama3-8b-4l": 50.99, "mixtral-8x7b-2l": 57.37,
     "gpt-oss-20b-4l": 86.88,
 }

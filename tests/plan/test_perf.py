@@ -108,13 +108,14 @@ def test_measure_blocks_on_cpu_times_each_kind():
     assert set(out) == {"dense", "moe"} and all(f > 0 and b > 0 for f, b in out.values())
 
 
-# Median step time of `moetrain train` on one H200 (plan validate, torch 2.11, after the
-# gather+bmm combine landed; moetrain/plan/VALIDATION.md). Machines differ by up to ~12%.
+# Median step time of `moetrain train` on one H200 (plan validate, torch 2.11, session 2: the fused
+# expert path for bf16; moetrain/plan/VALIDATION.md). Machines differ by up to ~12% (hosts by 1.9x:
+# tiny-wide is host-bound).
 H200_STEP_S = {
-    "tiny-wide": 0.0372, "qwen3-4l": 0.1646, "qwen3-4l-selective": 0.1735, "qwen3-4l-full": 0.1824,
-    "qwen3-bf16-state": 0.1293, "qwen3-accum-bf16-moments": 0.2536, "qwen3-fp32": 0.1756,
-    "deepseek-v3-2l": 0.2818, "deepseek-v3-2l-ids": 0.3052, "llama3-8b-4l": 0.1897, "mixtral-8x7b-2l": 0.1171,
-    "gpt-oss-20b-4l": 0.1814,
+    "tiny-wide": 0.0758, "qwen3-4l": 0.1659, "qwen3-4l-selective": 0.1846, "qwen3-4l-full": 0.1780,
+    "qwen3-bf16-state": 0.1298, "qwen3-accum-bf16-moments": 0.2400, "qwen3-fp32": 0.1749,
+    "deepseek-v3-2l": 0.2928, "deepseek-v3-2l-ids": 0.3044, "llama3-8b-4l": 0.1882, "mixtral-8x7b-2l": 0.1179,
+    "gpt-oss-20b-4l": 0.1713,
 }
 
 
