@@ -30,19 +30,35 @@ from moetrain.ops.moe_rows import swiglu_torch as swiglu  # noqa: F401 (public: 
 AUTO_FUSED_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int):
+def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, align: int = 1):
     """Group the routed copies of each token by expert.
 
     x [T, H]; topk_idx [T, K] int64 with -1 marking a dropped assignment.
-    Returns (x_perm [M, H] rows sorted by expert, offs [E] int32 cumulative group ends,
-             row_map [M] int64: x_perm row r is the copy for flat assignment row_map[r] = t*K + k).
+    Returns (x_perm [M', H] rows sorted by expert, offs [E] int32 cumulative group ends,
+             row_map [M'] int64: x_perm row r is the copy for flat assignment row_map[r] = t*K + k).
     Dropped assignments are grouped with the last expert: every row then holds a finite
     expert output, which the combine multiplies by zero. That costs compute only when tokens
     are actually dropped, and keeps the combine free of masks and host syncs.
+    align > 1 pads every group to a multiple of ``align`` rows (block-scaled FP8 GEMMs need it):
+    padding rows are zero with row_map -1, and M' = M + E * (align - 1), the most padding can take
+    (a size known without reading the counts; rows past offs[-1] belong to no group).
     """
     offs, row_map = sort_rows(topk_idx, num_experts)
-    x_perm = x.index_select(0, row_map // topk_idx.shape[1])
-    return x_perm, offs, row_map
+    K = topk_idx.shape[1]
+    if align == 1:
+        return x.index_select(0, row_map // K), offs, row_map
+    if align < 1:
+        raise ValueError(f"permute: align={align} must be >= 1")
+    counts = torch.diff(offs, prepend=offs.new_zeros(1)).long()
+    padded = (counts + align - 1) // align * align
+    padded_offs = torch.cumsum(padded, 0)
+    M = row_map.numel()
+    expert = _grouping_key(topk_idx.reshape(-1), num_experts).index_select(0, row_map)
+    position = torch.arange(M, device=x.device) - (offs.long() - counts)[expert] + (padded_offs - padded)[expert]
+    rows = M + num_experts * (align - 1)
+    x_perm = x.new_zeros(rows, x.shape[1]).index_copy_(0, position, x.index_select(0, row_map // K))
+    padded_map = torch.full((rows,), -1, dtype=row_map.dtype, device=x.device).index_copy_(0, position, row_map)
+    return x_perm, padded_offs.to(torch.int32), padded_map
 
 
 def sort_rows(topk_idx: torch.Tensor, num_experts: int):
@@ -59,11 +75,18 @@ def sort_rows(topk_idx: torch.Tensor, num_experts: int):
 def unpermute(y_perm: torch.Tensor, row_map: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor):
     """Combine: out[t] = sum_k topk_weight[t, k] * y[t*K + k], dropped assignments (-1) excluded.
 
-    y_perm [M, H] in permuted order; row_map [M] from ``permute``; topk_idx/topk_weight [T, K].
-    Returns [T, H] in the dtype of y_perm (plain PyTorch, no atomics; see ``moe_rows.combine``).
+    y_perm [M', H] in permuted order; row_map [M'] from ``permute`` (-1: a padding row, ignored);
+    topk_idx/topk_weight [T, K]. Returns [T, H] in the dtype of y_perm (plain PyTorch, no atomics;
+    see ``moe_rows.combine``).
     """
-    return moe_rows.combine(y_perm, inverse_permutation(row_map), _live_weight(topk_idx, topk_weight),
-                            topk_idx.shape[1])
+    K = topk_idx.shape[1]
+    inverse = inverse_permutation(row_map, topk_idx.numel())
+    weight = _live_weight(topk_idx, topk_weight)
+    if y_perm.shape[0] == inverse.shape[0]:
+        return moe_rows.combine(y_perm, inverse, weight, K)
+    # padded rows: gather the M real ones first (the combine reads rows through inverse)
+    return moe_rows.combine(y_perm.index_select(0, inverse), torch.arange(inverse.numel(), device=inverse.device),
+                            weight, K)
 
 
 def moe_experts(

@@ -22,11 +22,16 @@ CLAMPED_LIMIT = 7.0
 ROW_IMPLS = ("torch", "triton")
 
 
-def inverse_permutation(row_map: torch.Tensor) -> torch.Tensor:
-    """inverse[a] = the permuted row that holds flat assignment a (row_map[inverse[a]] = a)."""
-    inverse = torch.empty_like(row_map)
-    inverse[row_map] = torch.arange(row_map.numel(), device=row_map.device)
-    return inverse
+def inverse_permutation(row_map: torch.Tensor, assignments: int | None = None) -> torch.Tensor:
+    """inverse [A] int64: inverse[a] = the permuted row that holds flat assignment a (row_map[inverse[a]] = a).
+
+    row_map [M'] may hold -1 for padding rows (``permute`` with align > 1); then pass the number of
+    assignments A = T*K. Padding rows land in a spare slot past A (sync-free: no boolean indexing)."""
+    n = row_map.numel() if assignments is None else assignments
+    target = row_map if assignments is None else torch.where(row_map < 0, torch.full_like(row_map, n), row_map)
+    inverse = torch.empty(n + (assignments is not None), dtype=row_map.dtype, device=row_map.device)
+    inverse[target] = torch.arange(row_map.numel(), device=row_map.device)
+    return inverse[:n]
 
 
 def swiglu_torch(h: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:

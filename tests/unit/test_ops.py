@@ -101,3 +101,35 @@ def test_backend_names():
     assert ops.resolve_backend("reference", torch.device("cpu")) == "loop"
     with pytest.raises(ValueError, match="valid"):
         ops.resolve_backend("cutlass", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("align", [1, 4, 16])
+def test_permute_aligned_groups_and_unpermute(align):
+    g = torch.Generator().manual_seed(align)
+    T, K, E, H = 23, 3, 5, 6
+    x = torch.randn(T, H, generator=g, dtype=torch.float64)
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    idx[:, 0] = torch.where(torch.arange(T) % 4 == 0, 1, idx[:, 0])  # uneven groups
+    idx[idx == 3] = -1  # expert 3 empty, its assignments dropped
+    weight = torch.rand(T, K, generator=g, dtype=torch.float64)
+    x_perm, offs, row_map = ops.permute(x, idx, E, align=align)
+    assert x_perm.shape[0] == T * K + E * (align - 1) == row_map.shape[0]
+    starts = [0] + offs[:-1].tolist()
+    assert all(s % align == 0 for s in starts) and offs[-1] <= x_perm.shape[0]
+    flat = torch.where(idx < 0, E - 1, idx).reshape(-1)  # dropped ride with the last expert
+    for e, (s, end) in enumerate(zip(starts, offs.tolist())):
+        rows = row_map[s:end]
+        real = rows[rows >= 0]
+        assert sorted(real.tolist()) == sorted(torch.nonzero(flat == e).flatten().tolist())
+        assert end - s == -(-real.numel() // align) * align  # padded up to the next multiple only
+        torch.testing.assert_close(x_perm[s:end][rows >= 0], x[real // K])
+    assert torch.all(x_perm[row_map < 0] == 0)
+    # grouped GEMM over the padded layout, then the combine back to tokens
+    w = torch.randn(E, 4, H, generator=g, dtype=torch.float64)
+    y = ops.grouped_gemm(x_perm, w, offs, backend="loop")
+    want = torch.zeros(T, 4, dtype=torch.float64)
+    for t in range(T):
+        for k in range(K):
+            if idx[t, k] >= 0:
+                want[t] += weight[t, k] * (w[idx[t, k]] @ x[t])
+    torch.testing.assert_close(ops.unpermute(y, row_map, idx, weight), want)

@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moetrain.ops.route import expert_counts, group_limited_mask, route, scores_of  # noqa: F401 (re-exported)
+
 
 @dataclass
 class RouterOutput:
@@ -51,31 +53,6 @@ class RouterOutput:
     aux_loss: torch.Tensor  # fp32 scalar, unweighted; 0 when moe.aux_loss_coeff == 0
     z_loss: torch.Tensor  # fp32 scalar, unweighted; 0 when moe.z_loss_coeff == 0
     logits: torch.Tensor  # [T, E] router logits, fp32 (fp64 for fp64 inputs)
-
-
-def expert_counts(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """[E] fp32 number of assignments per expert; entries < 0 are not counted.
-    scatter_add rather than bincount: CUDA bincount reads its max on the host."""
-    flat = topk_idx.reshape(-1)
-    valid = flat >= 0
-    counts = torch.zeros(num_experts, device=flat.device, dtype=torch.float32)
-    return counts.scatter_add_(0, flat.clamp(min=0), valid.to(torch.float32))
-
-
-def group_limited_mask(sel: torch.Tensor, num_groups: int, topk_groups: int, group_score: str) -> torch.Tensor:
-    """[T, E] bool: True for experts inside the topk_groups best groups of each token.
-    Groups are ranked on the selection scores sel [T, E] by max or top-2 sum."""
-    T, E = sel.shape
-    grouped = sel.view(T, num_groups, E // num_groups)
-    if group_score == "max":
-        gscore = grouped.amax(dim=-1)
-    elif group_score == "top2_sum":
-        gscore = grouped.topk(2, dim=-1).values.sum(dim=-1)
-    else:
-        raise ValueError(f"unknown moe.group_score {group_score!r}; valid: max, top2_sum")
-    best = gscore.topk(topk_groups, dim=-1).indices  # [T, topk_groups]
-    gmask = torch.zeros(T, num_groups, dtype=torch.bool, device=sel.device).scatter_(1, best, True)
-    return gmask.unsqueeze(-1).expand(T, num_groups, E // num_groups).reshape(T, E)
 
 
 def drop_over_capacity(topk_idx: torch.Tensor, topk_weight: torch.Tensor, capacity: int,
@@ -134,6 +111,9 @@ class Router(nn.Module):
         self.aux_loss_type = e.aux_loss_type
         self.compute_aux = e.aux_loss_coeff > 0
         self.compute_z = e.z_loss_coeff > 0
+        # moe.backend triton routes with the fused kernel (ops.route); auto keeps the PyTorch router
+        # until that kernel has passed its GPU tests
+        self.route_impl = "triton" if e.backend == "triton" else "torch"
         self.weight = nn.Parameter(torch.empty(e.num_experts, cfg.model.hidden_size))
         self.bias = nn.Parameter(torch.empty(e.num_experts)) if e.router_bias else None
         if e.expert_bias:
@@ -149,13 +129,6 @@ class Router(nn.Module):
             self.expert_bias = saved.to(device=self.expert_bias.device, dtype=torch.float32)
         return self
 
-    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.score_function == "softmax":
-            return torch.softmax(logits, dim=-1)
-        if self.score_function == "sigmoid":
-            return torch.sigmoid(logits)
-        raise ValueError(f"unknown moe.score_function {self.score_function!r}; valid: softmax, sigmoid")
-
     def forward(self, x: torch.Tensor, seq_len: int | None = None) -> RouterOutput:
         """x [T, H] -> RouterOutput. seq_len: tokens per sequence (for aux_loss_type=sequence)."""
         T, E, K = x.shape[0], self.num_experts, self.topk
@@ -163,33 +136,30 @@ class Router(nn.Module):
         dt = torch.promote_types(x.dtype, torch.float32)
         bias = self.bias.to(dt) if self.bias is not None else None
         logits = F.linear(x.to(dt), self.weight.to(dt), bias)  # [T, E]
-        scores = self._scores(logits)
 
+        scores = None
         if self.force_balance == "even":
             t = torch.arange(T, device=x.device).unsqueeze(1)
             topk_idx = (t * K + torch.arange(K, device=x.device)) % E
             topk_weight = torch.full((T, K), 1.0 / K, device=x.device, dtype=dt)
+            counts = expert_counts(topk_idx, E)
         else:
-            route_scores = scores
-            if self.force_balance == "uniform":
-                route_scores = self._scores(torch.randn(T, E, device=x.device, dtype=dt))
+            route_logits = logits
+            if self.force_balance == "uniform":  # random routing; the losses still see the real logits
+                route_logits = torch.randn(T, E, device=x.device, dtype=dt)
             elif self.force_balance != "none":
                 raise ValueError(f"unknown moe.force_balance {self.force_balance!r}; valid: none, even, uniform")
-            sel = route_scores if self.expert_bias is None else route_scores + self.expert_bias
-            if self.num_groups is not None:
-                keep = group_limited_mask(sel, self.num_groups, self.topk_groups, self.group_score)
-                sel = sel.masked_fill(~keep, float("-inf"))
-            topk_idx = sel.topk(K, dim=-1).indices
-            topk_weight = route_scores.gather(1, topk_idx)
-            if self.normalize_topk:
-                denom = topk_weight.sum(-1, keepdim=True)
-                topk_weight = topk_weight / (denom + 1e-20 if self.score_function == "sigmoid" else denom)
-            topk_weight = topk_weight * self.scaling_factor
+            r = route(route_logits, K, score=self.score_function, num_groups=self.num_groups,
+                      topk_groups=self.topk_groups, group_score=self.group_score, expert_bias=self.expert_bias,
+                      scaling_factor=self.scaling_factor, normalize=self.normalize_topk, impl=self.route_impl)
+            topk_idx, topk_weight, counts = r.topk_idx, r.topk_weight, r.counts
+            if self.force_balance == "none":
+                scores = r.scores
 
-        counts = expert_counts(topk_idx, E)
         zero = logits.new_zeros(())
         aux = zero
         if self.compute_aux:
+            scores = scores if scores is not None else scores_of(logits, self.score_function)
             probs = scores if self.score_function == "softmax" else scores / scores.sum(-1, keepdim=True)
             per_seq = seq_len if self.aux_loss_type == "sequence" else None
             aux = load_balancing_loss(probs, topk_idx, E, per_seq)

@@ -1,0 +1,147 @@
+"""Top-k routing: scores, (group-limited) top-k selection, normalized weights and per-expert counts.
+
+Legend: T tokens, E experts, K top-k, G expert groups.
+
+    route(logits [T, E], topk) -> Routing(topk_idx [T, K] int64, topk_weight [T, K], counts [E] fp32,
+                                          scores [T, E] or None)
+
+1. scores = softmax(logits) or sigmoid(logits), in fp32 (fp64 logits stay fp64).
+2. selection = scores + expert_bias (aux-loss-free balancing: the bias picks experts, never weighs
+   them). With num_groups, the G groups of E/G consecutive experts are ranked by the max or the
+   top-2 sum of their selection scores, and only the best topk_groups groups stay selectable.
+3. topk_idx = the K best selectable experts, best first; topk_weight = their unbiased scores,
+   with normalize divided by their sum (sigmoid: + 1e-20), times scaling_factor. Differentiable
+   in logits.
+4. counts[e] = number of assignments to e.
+
+impl "torch": plain PyTorch ops (the reference). impl "triton": one kernel for steps 1-4 (one
+program per token; the counts by integer-valued fp32 atomics, exact below 2^24); its backward
+recomputes the weights' small graph in PyTorch. Both are sync-free. Ties in the selection go to
+the lower expert id in the kernel; torch.topk does not specify, so tests use distinct scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SCORES = ("softmax", "sigmoid")
+GROUP_SCORES = ("max", "top2_sum")
+
+
+@dataclass
+class Routing:
+    topk_idx: torch.Tensor  # [T, K] int64
+    topk_weight: torch.Tensor  # [T, K], dtype of the scores (fp32, or fp64 for fp64 logits)
+    counts: torch.Tensor  # [E] fp32, assignments per expert
+    scores: torch.Tensor | None  # [T, E] softmax / sigmoid of the logits (torch impl; triton: None)
+
+
+def scores_of(logits: torch.Tensor, score: str) -> torch.Tensor:
+    """[T, E] softmax or sigmoid of the logits, in fp32 at least."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if score == "softmax":
+        return torch.softmax(logits, dim=-1)
+    if score == "sigmoid":
+        return torch.sigmoid(logits)
+    raise ValueError(f"unknown score function {score!r}; valid: {', '.join(SCORES)}")
+
+
+def group_limited_mask(sel: torch.Tensor, num_groups: int, topk_groups: int, group_score: str) -> torch.Tensor:
+    """[T, E] bool: True for experts inside the topk_groups best groups of each token.
+    Groups are ranked on the selection scores sel [T, E] by max or top-2 sum."""
+    T, E = sel.shape
+    grouped = sel.view(T, num_groups, E // num_groups)
+    if group_score == "max":
+        gscore = grouped.amax(dim=-1)
+    elif group_score == "top2_sum":
+        gscore = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    else:
+        raise ValueError(f"unknown group score {group_score!r}; valid: {', '.join(GROUP_SCORES)}")
+    best = gscore.topk(topk_groups, dim=-1).indices  # [T, topk_groups]
+    gmask = torch.zeros(T, num_groups, dtype=torch.bool, device=sel.device).scatter_(1, best, True)
+    return gmask.unsqueeze(-1).expand(T, num_groups, E // num_groups).reshape(T, E)
+
+
+def expert_counts(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[E] fp32 number of assignments per expert; entries < 0 are not counted.
+    scatter_add rather than bincount: CUDA bincount reads its max on the host."""
+    flat = topk_idx.reshape(-1)
+    valid = flat >= 0
+    counts = torch.zeros(num_experts, device=flat.device, dtype=torch.float32)
+    return counts.scatter_add_(0, flat.clamp(min=0), valid.to(torch.float32))
+
+
+def topk_weights(scores: torch.Tensor, topk_idx: torch.Tensor, score: str, normalize: bool,
+                 scaling_factor: float) -> torch.Tensor:
+    """[T, K] weights of the chosen experts from the (unbiased) scores (step 3)."""
+    weight = scores.gather(1, topk_idx)
+    if normalize:
+        denom = weight.sum(-1, keepdim=True)
+        weight = weight / (denom + 1e-20 if score == "sigmoid" else denom)
+    return weight * scaling_factor
+
+
+def route(logits: torch.Tensor, topk: int, *, score: str = "softmax", num_groups: int | None = None,
+          topk_groups: int | None = None, group_score: str = "max", expert_bias: torch.Tensor | None = None,
+          scaling_factor: float = 1.0, normalize: bool = True, impl: str = "torch") -> Routing:
+    """Route every token to its top-k experts (see the module docstring). logits [T, E] (any float
+    dtype; computed in fp32 at least); expert_bias [E] fp32 or None; impl "torch" or "triton"."""
+    T, E = logits.shape
+    _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl)
+    if impl == "triton":
+        idx, weight, counts = _TritonRoute.apply(logits, topk, score, num_groups, topk_groups, group_score,
+                                                 expert_bias, scaling_factor, normalize)
+        return Routing(idx, weight, counts, None)
+    scores = scores_of(logits, score)
+    sel = scores if expert_bias is None else scores + expert_bias
+    if num_groups is not None:
+        sel = sel.masked_fill(~group_limited_mask(sel, num_groups, topk_groups, group_score), float("-inf"))
+    topk_idx = sel.topk(topk, dim=-1).indices
+    weight = topk_weights(scores, topk_idx, score, normalize, scaling_factor)
+    return Routing(topk_idx, weight, expert_counts(topk_idx, E), scores)
+
+
+class _TritonRoute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, topk, score, num_groups, topk_groups, group_score, expert_bias, scaling_factor,
+                normalize):
+        from moetrain.kernels import route as kernels  # imports triton: only on this implementation
+
+        idx, weight, counts = kernels.route(logits, topk, score, num_groups, topk_groups, group_score,
+                                            expert_bias, scaling_factor, normalize)
+        ctx.save_for_backward(logits, idx)
+        ctx.args = (score, normalize, scaling_factor)
+        ctx.mark_non_differentiable(idx, counts)
+        return idx, weight, counts
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, _didx, dweight, _dcounts):
+        logits, idx = ctx.saved_tensors
+        score, normalize, scaling_factor = ctx.args
+        with torch.enable_grad():  # the weights' graph is small ([T, E] scores): recompute it
+            leaf = logits.detach().requires_grad_()
+            weight = topk_weights(scores_of(leaf, score), idx, score, normalize, scaling_factor)
+            (dlogits,) = torch.autograd.grad(weight, leaf, dweight)
+        return dlogits, None, None, None, None, None, None, None, None
+
+
+def _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl) -> None:
+    if score not in SCORES:
+        raise ValueError(f"unknown score function {score!r}; valid: {', '.join(SCORES)}")
+    if impl not in ("torch", "triton"):
+        raise ValueError(f"unknown routing implementation {impl!r}; valid: torch, triton")
+    if not 1 <= topk <= E:
+        raise ValueError(f"route: topk={topk} must be in 1..E={E}")
+    if num_groups is not None:
+        if E % num_groups or topk_groups is None or not 1 <= topk_groups <= num_groups:
+            raise ValueError(f"route: num_groups={num_groups} must divide E={E} and topk_groups={topk_groups} "
+                             f"be in 1..num_groups")
+        if group_score not in GROUP_SCORES:
+            raise ValueError(f"unknown group score {group_score!r}; valid: {', '.join(GROUP_SCORES)}")
+        if topk > topk_groups * (E // num_groups):
+            raise ValueError(f"route: topk={topk} exceeds the experts of {topk_groups} groups of {E // num_groups}")
+    if expert_bias is not None and expert_bias.shape != (E,):
+        raise ValueError(f"route: expert_bias {tuple(expert_bias.shape)} must be [E] = [{E}]")
