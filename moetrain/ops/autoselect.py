@@ -6,7 +6,8 @@ CUDA events (median); the fastest is recorded in a JSON file and reused by later
 calls and later processes. Elsewhere auto is the "loop" reference.
 
     op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each; the MoE
-              expert path's "auto" picks each of its GEMMs this way)
+              expert path's "auto" picks each of its GEMMs this way), "moe_fc1_fwd" (the fused path's
+              FC1 forward: "gather" or "copy", see GPU_VALIDATED)
     N, K      the layer's forward output and reduction sizes, w [G, N, K]
     bucket    next power of two of M / G (rows per group); M = routed rows
 Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), written
@@ -37,7 +38,13 @@ GPU_VALIDATED = {
     "grouped_gemm_fwd": ("torch", "triton"),
     "grouped_gemm_dgrad": ("torch", "triton"),
     "grouped_gemm_wgrad": ("torch", "triton"),
+    # FC1's forward on the fused path: our kernel reading token rows through the index ("gather"), or a
+    # permuted copy of x fed to the auto-chosen forward GEMM and dropped right after ("copy"). The first
+    # candidate is also what runs while a CUDA graph is captured before anything was measured.
+    "moe_fc1_fwd": ("gather", "copy"),
 }
+# What runs when every candidate of a kind failed to run (kinds not listed: the loop reference).
+FALLBACK = {"moe_fc1_fwd": "gather"}
 
 CACHE_FILE = "grouped_gemm_backends.json"
 VERSION = 1
@@ -126,7 +133,8 @@ def pick(key: str, run_backend, *, capturing: bool = False) -> str:
     """The cached winner for ``key``, or measure every candidate with ``run_backend(name)`` and record it.
 
     Candidates: GPU_VALIDATED for the key's op kind (triton only when importable). A backend that raises is skipped;
-    when none runs, "loop" (always correct) is recorded. While capturing a CUDA graph nothing is timed.
+    when none runs, FALLBACK (default "loop", always correct) is recorded. While capturing a CUDA graph nothing is
+    timed: the kind's first candidate runs.
     """
     kind = key.split("|", 1)[0]
     candidates = [b for b in GPU_VALIDATED.get(kind, ("torch",)) if b != "triton" or triton_available()]
@@ -136,7 +144,7 @@ def pick(key: str, run_backend, *, capturing: bool = False) -> str:
     if cached is not None:
         return cached
     if capturing:
-        return "torch"
+        return candidates[0]
     times = {}
     for name in candidates:
         try:
@@ -146,7 +154,7 @@ def pick(key: str, run_backend, *, capturing: bool = False) -> str:
                           RuntimeWarning, stacklevel=2)
             times[name] = math.inf
     finite = {n: t for n, t in times.items() if math.isfinite(t)}
-    winner = min(finite, key=finite.get) if finite else "loop"
+    winner = min(finite, key=finite.get) if finite else FALLBACK.get(kind, "loop")
     entry = {"backend": winner, "ms": {n: (t if math.isfinite(t) else None) for n, t in times.items()}}
     # Merge with what other processes may have written since we loaded, then write back.
     path = cache_path()

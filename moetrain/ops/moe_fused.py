@@ -6,7 +6,10 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K r
 
 Forward: our Triton grouped GEMM reads the A rows of x [T, H] through token_of_row = row_map // K,
 so the permuted copy x_perm [M, H] is never materialized, and autograd saves x (the layer input,
-alive anyway) and the routing instead of x_perm.
+alive anyway) and the routing instead of x_perm. With gemm "auto", this "gather" forward is measured
+once per shape against "copy": x_perm built by a gather, fed to the auto-chosen forward GEMM and
+freed at once (TMA loads of A and torch's GEMM may beat pointer-gathered loads by more than the
+copy costs). Either way autograd keeps the same tensors.
 Backward (``gemm`` picks the GEMM backend: "triton", or "auto" = each op's measured winner):
     dx_perm [M, H] = dgrad(dh, w1)                          (grouped GEMM)
     dx[t]          = sum_k dx_perm[inverse[t*K + k]]        (Triton combine without weights: each
@@ -21,8 +24,17 @@ from __future__ import annotations
 
 import torch
 
+from moetrain.ops import autoselect
 from moetrain.ops.grouped_gemm import grouped_gemm_op
 from moetrain.ops.moe_rows import combine
+
+
+def _fc1_forward(variant: str, x, w1, offs, token_of_row):
+    from moetrain.kernels import grouped_gemm as kernels  # imports triton: only on this path
+
+    if variant == "gather":
+        return kernels.grouped_gemm_fwd(x, w1, offs, gather_rows=token_of_row)
+    return grouped_gemm_op("fwd", "auto", x.index_select(0, token_of_row), w1, offs, w1.shape)
 
 
 class GatherFC1(torch.autograd.Function):
@@ -30,13 +42,16 @@ class GatherFC1(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, offs, row_map, inverse, topk, gemm):
-        from moetrain.kernels import grouped_gemm as kernels  # imports triton: only on this path
-
         offs = offs.to(torch.int32)
         token_of_row = (row_map // topk).to(torch.int32)
         ctx.save_for_backward(x, w1, offs, inverse, token_of_row)
         ctx.topk, ctx.gemm = topk, gemm
-        return kernels.grouped_gemm_fwd(x, w1, offs, gather_rows=token_of_row)
+        variant = "gather"
+        if gemm == "auto":
+            G, N, K = w1.shape
+            variant = autoselect.choose("moe_fc1_fwd", x, N, K, token_of_row.shape[0], G,
+                                        lambda name: _fc1_forward(name, x, w1, offs, token_of_row))
+        return _fc1_forward(variant, x, w1, offs, token_of_row)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

@@ -135,9 +135,10 @@ def test_fused_path_saves_x_not_the_permuted_copy():
 
 
 def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path):
-    # A fake "GPU" device on CPU: auto takes the fused path (FC1 gathers token rows), and each of its
-    # other five GEMMs is measured on its own (triton against the loop reference here: torch's CPU
-    # grouped GEMM cannot run these shapes), recorded, and computed with its winner.
+    # A fake "GPU" device on CPU: auto takes the fused path; FC1's forward is measured as "gather" (our
+    # kernel reading token rows through the index) against "copy" (a permuted copy fed to the auto
+    # forward GEMM), and each other GEMM on its own (triton against the loop reference here: torch's
+    # CPU grouped GEMM cannot run these shapes); each computes with its recorded winner.
     monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
     autoselect.reset()
     monkeypatch.setattr(autoselect, "measures", lambda device: True)
@@ -145,13 +146,17 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
     monkeypatch.setattr(autoselect, "triton_available", lambda: True)
     monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))  # the interpreter computes fp32 only
     kinds = ("grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad")
-    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {kind: ("triton", "loop") for kind in kinds})
+    validated = {kind: ("triton", "loop") for kind in kinds}
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {**validated, "moe_fc1_fwd": ("gather", "copy")})
     timed = []
 
-    def fake_timer(backend, run_once):  # odd-numbered measurements go to triton, even ones to loop
-        run_once()
+    def fake_timer(backend, run_once):
+        run_once()  # "copy" measures its forward GEMM inside this call
         timed.append(backend)
-        triton_wins = (len(timed) - 1) // 2 % 2 == 0
+        if backend in ("gather", "copy"):
+            return 1.0 if backend == "gather" else 2.0
+        pairs = sum(b in ("triton", "loop") for b in timed)  # triton / loop measurements alternate winners
+        triton_wins = (pairs - 1) // 2 % 2 == 0
         return 1.0 if (backend == "triton") == triton_wins else 2.0
 
     monkeypatch.setattr(autoselect, "time_backend", fake_timer)
@@ -166,8 +171,27 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
         assert rel_err(a, b) < BOUND
     assert used == ["auto"]
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
-    # FC2 forward; FC2 dgrad and wgrad; FC1 dgrad and wgrad (FC1's forward is the gathered kernel)
+    # FC1 forward variant and its copy's GEMM; FC2 forward, dgrad, wgrad; FC1 dgrad and wgrad
     assert sorted(k.split("|")[0] for k in entries) == sorted(
-        ["grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_gemm_dgrad", "grouped_gemm_wgrad"])
-    assert len(timed) == 10 and {e["backend"] for e in entries.values()} == {"triton", "loop"}
+        ["moe_fc1_fwd", "grouped_gemm_fwd", "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad",
+         "grouped_gemm_dgrad", "grouped_gemm_wgrad"])
+    assert [e["backend"] for k, e in entries.items() if k.startswith("moe_fc1_fwd")] == ["gather"]
+    assert len(timed) == 14 and {e["backend"] for e in entries.values()} == {"gather", "triton", "loop"}
+    autoselect.reset()
+
+
+def test_auto_fc1_copy_variant_matches_the_reference(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
+    autoselect.reset()
+    monkeypatch.setattr(autoselect, "measures", lambda device: True)
+    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
+    monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
+                                                      "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("copy",)})
+    inputs = make(13, 24, 10, 6, 2, seed=4, dropped=[(0, 1), (5, 0)])
+    probe = torch.randn(13, 24, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    got = run("auto", torch.float32, *inputs, probe)
+    want = run("reference", torch.float64, *inputs, probe)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < BOUND
     autoselect.reset()

@@ -74,16 +74,19 @@ def test_bf16_matches_fp64_reference(backend, T, H, I, E, K):
 
 
 def test_auto_measures_each_gemm_once_and_caches_on_disk(tmp_path, monkeypatch):
-    # auto = the fused path (FC1 gathers token rows) with each of the other five GEMMs on its measured winner
+    # auto = the fused path, FC1's forward variant and each of the other five GEMMs on its measured winner
     x, router, w1, w2 = make(2048, 256, 128, 16, 4, seed=1)
     x, w1, w2 = x.requires_grad_(), w1.requires_grad_(), w2.requires_grad_()  # all five GEMMs run
     idx, weight = route(x.detach(), router, torch.zeros(2048, 16, device="cuda"), 4)
     ops.moe_experts(x, idx, weight, w1, w2, backend="auto").sum().backward()
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
+    # FC1 forward: gather vs copy (whose forward GEMM is measured too); FC2 fwd/dgrad/wgrad; FC1 dgrad/wgrad
     assert sorted(k.split("|")[0] for k in entries) == sorted(
-        ["grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_gemm_dgrad", "grouped_gemm_wgrad"])
-    for entry in entries.values():
-        assert entry["backend"] in ("torch", "triton") and set(entry["ms"]) == {"torch", "triton"}
+        ["moe_fc1_fwd", "grouped_gemm_fwd", "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad",
+         "grouped_gemm_dgrad", "grouped_gemm_wgrad"])
+    for key, entry in entries.items():
+        names = {"gather", "copy"} if key.startswith("moe_fc1_fwd") else {"torch", "triton"}
+        assert entry["backend"] in names and set(entry["ms"]) == names
 
     def no_timing(*a):
         raise AssertionError("timed again despite the cache")
