@@ -172,7 +172,7 @@ def combine_bwd(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tenso
         raise ValueError(f"combine_bwd: y must be [M, H] = [{inverse.shape[0]}, {H}] when weight is given")
     dout, inverse = dout.contiguous(), inverse.contiguous()
     y = dout if y is None else y.contiguous()  # an unused pointer without a weight
-    dy = dout.new_empty(inverse.shape[0], H)
+    dy = torch.empty(inverse.shape[0], H, dtype=dout.dtype, device=dout.device)
     dweight = None if weight is None else torch.empty(tokens, topk, dtype=torch.float32, device=dout.device)
     with _on_device(dout.device):
         _combine_bwd_kernel[(tokens,)](
@@ -217,7 +217,7 @@ def swiglu_bwd(h: torch.Tensor, da: torch.Tensor, activation: str = "swiglu") ->
         raise ValueError(f"swiglu_bwd: da {tuple(da.shape)} must be [M, I] = [{h.shape[0]}, {inter}]")
     _check_device(h, da)
     h, da = h.contiguous(), da.contiguous()
-    dh = torch.empty_like(h)
+    dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     if dh.numel() == 0:
         return dh
     rows, block = _swiglu_tile_shape(inter)

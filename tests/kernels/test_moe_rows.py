@@ -16,6 +16,21 @@ from moetrain.kernels import moe_rows as kernels  # noqa: E402
 from moetrain.ops import moe_rows  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _poison_outputs(monkeypatch):
+    """Every float buffer the kernels allocate starts as NaN, so an unwritten element shows."""
+    real_empty = torch.empty
+
+    def poisoned(*shape, **kw):
+        t = real_empty(*shape, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(kernels.torch, "empty", poisoned)
+    assert torch.isnan(kernels.torch.empty(2)).all()
+
+
 DTYPES = [torch.float32] + ([torch.bfloat16] if ON_GPU else [])
 
 
