@@ -142,10 +142,12 @@ def _check_combine(inverse: torch.Tensor, weight: torch.Tensor | None, tokens: i
 
 
 def combine(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None, topk: int) -> torch.Tensor:
-    """out [T, H] = sum_k weight[t, k] * y[inverse[t*K + k]] (weight None: 1); y [M, H] -> y's dtype."""
-    if y.dim() != 2 or topk < 1 or y.shape[0] % topk:
-        raise ValueError(f"combine: y {tuple(y.shape)} must be [M, H] with M a multiple of topk={topk}")
-    tokens = y.shape[0] // topk
+    """out [T, H] = sum_k weight[t, k] * y[inverse[t*K + k]] (weight None: 1); y [M', H] with M' >= M =
+    T*K rows (rows no assignment reads are ignored) -> y's dtype."""
+    if y.dim() != 2 or topk < 1 or inverse.dim() != 1 or inverse.shape[0] % topk or y.shape[0] < inverse.shape[0]:
+        raise ValueError(f"combine: y {tuple(y.shape)} must be [M', H] and inverse {tuple(inverse.shape)} [M], "
+                         f"M a multiple of topk={topk} and M' >= M")
+    tokens = inverse.shape[0] // topk
     if tokens == 0 or y.shape[1] == 0:
         return y.new_zeros(tokens, y.shape[1])
     _check_combine(inverse, weight, tokens, y)
@@ -160,19 +162,26 @@ def combine(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None,
     return out
 
 
-def combine_bwd(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tensor, weight: torch.Tensor | None):
-    """Gradients of ``combine`` from dout [T, H]: (dy [M, H] in dout's dtype, dweight [T, K] fp32,
-    or None when weight is None; y is read only with a weight)."""
+def combine_bwd(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tensor, weight: torch.Tensor | None,
+                rows: int | None = None):
+    """Gradients of ``combine`` from dout [T, H]: (dy [rows, H] in dout's dtype, rows default M, rows past
+    what the assignments read zero; dweight [T, K] fp32, or None when weight is None; y is read only with
+    a weight)."""
     tokens, H = dout.shape
+    M = inverse.shape[0]
+    rows = M if rows is None else rows
+    if rows < M:
+        raise ValueError(f"combine_bwd: rows={rows} must be >= M={M}")
+    alloc = torch.zeros if rows > M else torch.empty
     if tokens == 0 or H == 0:
         dweight = None if weight is None else torch.zeros_like(weight)
-        return dout.new_zeros(inverse.shape[0], H), dweight
+        return torch.zeros(rows, H, dtype=dout.dtype, device=dout.device), dweight
     topk = _check_combine(inverse, weight, tokens, dout)
-    if weight is not None and (y is None or y.shape != (inverse.shape[0], H)):
-        raise ValueError(f"combine_bwd: y must be [M, H] = [{inverse.shape[0]}, {H}] when weight is given")
+    if weight is not None and (y is None or y.shape[1] != H or y.shape[0] < M):
+        raise ValueError(f"combine_bwd: y must be [M', {H}] with M' >= {M} when weight is given")
     dout, inverse = dout.contiguous(), inverse.contiguous()
     y = dout if y is None else y.contiguous()  # an unused pointer without a weight
-    dy = torch.empty(inverse.shape[0], H, dtype=dout.dtype, device=dout.device)
+    dy = alloc(rows, H, dtype=dout.dtype, device=dout.device)
     dweight = None if weight is None else torch.empty(tokens, topk, dtype=torch.float32, device=dout.device)
     with _on_device(dout.device):
         _combine_bwd_kernel[(tokens,)](

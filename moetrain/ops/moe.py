@@ -79,14 +79,8 @@ def unpermute(y_perm: torch.Tensor, row_map: torch.Tensor, topk_idx: torch.Tenso
     topk_idx/topk_weight [T, K]. Returns [T, H] in the dtype of y_perm (plain PyTorch, no atomics;
     see ``moe_rows.combine``).
     """
-    K = topk_idx.shape[1]
-    inverse = inverse_permutation(row_map, topk_idx.numel())
-    weight = _live_weight(topk_idx, topk_weight)
-    if y_perm.shape[0] == inverse.shape[0]:
-        return moe_rows.combine(y_perm, inverse, weight, K)
-    # padded rows: gather the M real ones first (the combine reads rows through inverse)
-    return moe_rows.combine(y_perm.index_select(0, inverse), torch.arange(inverse.numel(), device=inverse.device),
-                            weight, K)
+    return moe_rows.combine(y_perm, inverse_permutation(row_map, topk_idx.numel()),
+                            _live_weight(topk_idx, topk_weight), topk_idx.shape[1])
 
 
 def moe_experts(

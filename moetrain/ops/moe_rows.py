@@ -71,18 +71,18 @@ def combine_torch(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor |
 
 
 def combine_bwd_torch(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tensor,
-                      weight: torch.Tensor | None):
-    """(dy [M, H] in dout's dtype, dweight [T, K] in weight's dtype or None) of ``combine_torch``;
-    y is needed only with a weight."""
+                      weight: torch.Tensor | None, rows: int):
+    """(dy [rows, H] in dout's dtype, dweight [T, K] in weight's dtype or None) of ``combine_torch``;
+    y is needed only with a weight; rows of y that no assignment reads (padding) get zero."""
     tokens, H = dout.shape
     topk = inverse.shape[0] // max(tokens, 1)
     g = dout.unsqueeze(1).expand(tokens, topk, H)
     dweight = None
     if weight is not None:
-        rows = y.index_select(0, inverse).view(tokens, topk, H)
-        dweight = torch.bmm(rows, dout.unsqueeze(-1)).squeeze(-1).to(weight.dtype)
+        picked = y.index_select(0, inverse).view(tokens, topk, H)
+        dweight = torch.bmm(picked, dout.unsqueeze(-1)).squeeze(-1).to(weight.dtype)
         g = g * weight.to(dout.dtype).unsqueeze(-1)
-    dy = dout.new_empty(tokens * topk, H)
+    dy = dout.new_zeros(rows, H) if rows > inverse.numel() else dout.new_empty(rows, H)
     dy[inverse] = g.reshape(tokens * topk, H)
     return dy, dweight
 
@@ -97,7 +97,7 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, inverse, weight, topk, impl):
         ctx.save_for_backward(y if weight is not None else None, inverse, weight)
-        ctx.impl = impl
+        ctx.impl, ctx.rows = impl, y.shape[0]
         if impl == "triton":
             return _kernels().combine(y, inverse, weight, topk)
         return combine_torch(y, inverse, weight, topk)
@@ -107,9 +107,9 @@ class _Combine(torch.autograd.Function):
     def backward(ctx, dout):
         y, inverse, weight = ctx.saved_tensors  # y is None without a weight: the gradient is a gather
         if ctx.impl == "triton":
-            dy, dweight = _kernels().combine_bwd(dout, y, inverse, weight)
+            dy, dweight = _kernels().combine_bwd(dout, y, inverse, weight, ctx.rows)
         else:
-            dy, dweight = combine_bwd_torch(dout, y, inverse, weight)
+            dy, dweight = combine_bwd_torch(dout, y, inverse, weight, ctx.rows)
         return dy, None, dweight if ctx.needs_input_grad[2] else None, None, None
 
 
@@ -117,7 +117,8 @@ def combine(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None,
             impl: str = "torch") -> torch.Tensor:
     """out [T, H] = sum_k weight[t, k] * y[inverse[t*K + k]], y's dtype (fp32 accumulation).
 
-    y [M, H] rows in permuted order; inverse [M] int64; weight [T, K] float32 (zero for a dropped
+    y [M', H] rows in permuted order (M' >= M = T*K: rows no assignment reads, e.g. padding, are
+    ignored and get zero gradient); inverse [M] int64; weight [T, K] float32 (zero for a dropped
     assignment) or None for a plain sum over the K rows of each token. Differentiable in y and weight."""
     return _Combine.apply(y, inverse, weight, topk, _impl(impl))
 
@@ -133,7 +134,7 @@ class _ExpandRows(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dx_perm):
         (inverse,) = ctx.saved_tensors
-        return combine_torch(dx_perm, inverse, None, ctx.topk), None, None, None
+        return combine_torch(dx_perm, inverse, None, ctx.topk), None, None, None  # x_perm has M rows
 
 
 def expand_rows(x: torch.Tensor, row_map: torch.Tensor, inverse: torch.Tensor, topk: int) -> torch.Tensor:

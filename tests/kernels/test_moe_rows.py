@@ -115,3 +115,22 @@ def test_unknown_activation_and_impl_are_errors():
         moe_rows.swiglu(h, "gelu", "triton")
     with pytest.raises(ValueError, match="implementation"):
         moe_rows.swiglu(h, "swiglu", "cuda")
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_combine_ignores_rows_no_assignment_reads(impl):
+    # permute(align > 1) leaves padding rows: the combine skips them and gives them zero gradient
+    T, K, H, pad = 6, 2, 12, 5
+    row_map, inverse, y, weight, dout = routed(T, K, H, seed=9, dtype=torch.float32)
+    spread = torch.randperm(T * K + pad, generator=torch.Generator().manual_seed(1))[: T * K]
+    y_pad = torch.randn(T * K + pad, H)
+    y_pad[spread] = y
+    y_leaf = y_pad.to(DEVICE).requires_grad_()
+    w_leaf = weight.to(DEVICE).requires_grad_()
+    out = moe_rows.combine(y_leaf, spread[inverse].to(DEVICE), w_leaf, K, impl)
+    close(out, loop_combine(y, row_map, weight, T, K), torch.float32)
+    out.backward(dout.to(DEVICE))
+    unused = torch.ones(T * K + pad, dtype=torch.bool)
+    unused[spread] = False
+    assert torch.all(y_leaf.grad[unused.to(DEVICE)] == 0)
+    close(y_leaf.grad[spread.to(DEVICE)], weight.reshape(-1)[row_map].unsqueeze(1) * dout[row_map // K], torch.float32)
