@@ -13,9 +13,11 @@ of FC1 (N = 2I, K = H) and FC2 (N = H, K = I), and each op:
 it first checks every config (NaN-poisoned output, relative error against torch._grouped_mm over
 the whole output, and against float64 on the first and last group), then times it with
 triton.testing.do_bench (median; the L2 is flushed between runs and the input sets rotate so
-that they exceed the L2). Random bf16 data, never zeros. Prints progress, then one table:
-shape, op, torch TFLOP/s, ours TFLOP/s (best config), ratio, best config; and per shape the
-six GEMMs of a layer (ms). --json writes every config's numbers (default: $OUT/ when set).
+that they exceed the L2). Random bf16 data, never zeros. Then backend="auto" (moetrain.ops): its
+own first-call measurement picks torch or ours for the op (in a fresh cache directory unless
+MOETRAIN_CACHE_DIR is set), and the pick is timed the same way. Prints progress, then one table:
+shape, op, torch TFLOP/s, ours TFLOP/s (best config) and ratio, auto TFLOP/s, ratio and pick, best
+config; and per shape the six GEMMs of a layer (ms). --json writes every number (default: $OUT/ when set).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -162,6 +165,18 @@ def run_case(label, m, g, n, k, ops, gg, t0, results):
         good = [c for c in row["configs"] if c.get("ok")]
         best = min(good, key=lambda c: c["ms"]) if good else None
         row["best"] = best
+        if op in OPS:  # backend="auto": its own measurement picks torch or ours; then timed like the others
+            from moetrain.ops import autoselect
+            from moetrain.ops.grouped_gemm import grouped_gemm_op
+
+            def auto(i, op=op):
+                return grouped_gemm_op(op, "auto", *op_inputs(op, inputs[i]), offs, (g, n, k))
+
+            auto(0)
+            key = autoselect.cache_key(f"grouped_gemm_{op}", a0.dtype, n, k, m, g, autoselect.device_name(a0.device))
+            row["auto_choice"] = autoselect.lookup(key)
+            row["auto_ms"] = bench(auto, sets)
+            row["auto_tflops"] = flops / row["auto_ms"] / 1e9
         results.append(row)
         ours = f"{best['tflops']:.0f} TF/s ({best['config']})" if best else "no valid config"
         log(f"{label} {op}: torch {row['torch_tflops']:.0f} TF/s, ours {ours}", t0)
@@ -194,6 +209,8 @@ def main(argv=None) -> int:
         if o not in OPS + EXTRA_OPS:
             parser.error(f"unknown op {o!r}; valid: {', '.join(OPS + EXTRA_OPS)}")
 
+    if not os.environ.get("MOETRAIN_CACHE_DIR"):  # auto measures afresh here, not from an old cache
+        os.environ["MOETRAIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="moetrain-bench-gemm-")
     t0 = time.time()
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
           f"triton {__import__('triton').__version__}, SMs {torch.cuda.get_device_properties(0).multi_processor_count}",
@@ -209,19 +226,23 @@ def main(argv=None) -> int:
             run_case(f"{s} {fc}", m, g, n, k, ops, gg, t0, results)
             torch.cuda.empty_cache()  # the case's inputs are gone: return their memory
 
-    print("\nshape          op          torch TF/s  ours TF/s   ratio  best config")
+    print("\nshape          op          torch TF/s  ours TF/s   ratio  auto TF/s   ratio  (auto's pick)  best config")
     for r in results:
         b = r["best"]
-        ours = f"{b['tflops']:9.0f}  {r['torch_ms'] / b['ms']:6.2f}  {b['config']}" if b else "      n/a     n/a  (no valid config)"
-        print(f"{r['shape']:14s} {r['op']:10s}  {r['torch_tflops']:10.0f}  {ours}")
+        ours = f"{b['tflops']:9.0f}  {r['torch_ms'] / b['ms']:6.2f}" if b else "      n/a     n/a"
+        auto = (f"{r['auto_tflops']:9.0f}  {r['torch_ms'] / r['auto_ms']:6.2f}  ({r['auto_choice']})"
+                if "auto_ms" in r else f"{'':9s}  {'':6s}  {'':8s}")
+        print(f"{r['shape']:14s} {r['op']:10s}  {r['torch_tflops']:10.0f}  {ours}  {auto:>24s}  "
+              f"{b['config'] if b else '(no valid config)'}")
     if set(OPS) <= set(ops):
-        print("\nlayer (six GEMMs, best config each)   torch ms   ours ms   ratio")
+        print("\nlayer (six GEMMs, best config each)   torch ms   ours ms   ratio   auto ms   ratio")
         for s in shapes:
             rows = [r for r in results if r["shape"].split()[0] == s and r["op"] in OPS]
             if len(rows) == 2 * len(OPS) and all(r["best"] for r in rows):
                 t_ms = sum(r["torch_ms"] for r in rows)
                 o_ms = sum(r["best"]["ms"] for r in rows)
-                print(f"{s:37s}  {t_ms:8.2f}  {o_ms:8.2f}  {t_ms / o_ms:6.2f}")
+                a_ms = sum(r["auto_ms"] for r in rows)
+                print(f"{s:37s}  {t_ms:8.2f}  {o_ms:8.2f}  {t_ms / o_ms:6.2f}  {a_ms:8.2f}  {t_ms / a_ms:6.2f}")
     path = args.json or (os.path.join(os.environ["OUT"], "sweep_grouped_gemm.json") if os.environ.get("OUT") else None)
     if path:
         with open(path, "w") as f:
