@@ -30,8 +30,8 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
   reduction runs over the group's rows (variable K), so the (tile, row chunk) loop is flattened
   by hand into one pipelined loop. TMA path: dy and x by ragged descriptors (rows past the
   group's end read as zeros), dw by a 3-D TMA store.
-- forward with gather_rows: A rows are read through an index array (x_perm never exists);
-  A uses pointer loads (Hopper TMA has no row gather), w and the output still use TMA.
+- forward / wgrad with gather_rows: the rows of x are read through an index array (x_perm never
+  exists) by pointer loads (Hopper TMA has no row gather); the other operands still use TMA.
 - USE_TMA=False: masked pointer loads and stores everywhere. Both paths run under
   TRITON_INTERPRET=1 (fp32 only: the 3.6 interpreter computes bf16 dots wrongly).
 - Autotuning (`grouped_gemm_tuning.pick_config`): the first call per (op, dtype, N, K, M/G bucket) times every
@@ -208,7 +208,8 @@ def _rowgroup_kernel(
 @triton.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
 def _wgrad_kernel(
     dy_ptr, dy_desc,  # dy [M, N]; dy_desc ragged 4-D, block [1, 1, BLOCK_K, BLOCK_M]
-    x_ptr, x_desc,  # x [M, K]; x_desc ragged 4-D, block [1, 1, BLOCK_K, BLOCK_N]
+    x_ptr, x_desc,  # x [M, K]; x_desc ragged 4-D, block [1, 1, BLOCK_K, BLOCK_N] (GATHER: x is [T, K])
+    gather_ptr,  # GATHER: [M] int32, source row in x of each grouped row
     dw_ptr, dw_desc,  # dw [G, N, K]; dw_desc 3-D, block [1, BLOCK_M, BLOCK_N]
     offs_ptr,  # [G] int32
     M, N, K, G,
@@ -217,7 +218,7 @@ def _wgrad_kernel(
     BLOCK_M: tl.constexpr,  # dw tile rows (over N)
     BLOCK_N: tl.constexpr,  # dw tile columns (over K)
     BLOCK_K: tl.constexpr,  # reduction step (over the group's rows)
-    BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr, GATHER: tl.constexpr,
 ):
     pid = tl.program_id(0)
     out_dtype = dw_ptr.dtype.element_ty
@@ -261,14 +262,21 @@ def _wgrad_kernel(
             row_end = tl.maximum(tl.minimum(row_end, M), row0)
             nk = tl.maximum((row_end - row0 + BLOCK_K - 1) // BLOCK_K, 1)
         r0 = row0 + ki * BLOCK_K
+        r_ok = (r0 + rk) < row_end
         if USE_TMA:
             # Ragged loads: rows at or past the group's end read as zeros.
             a = dy_desc.load([RAGGED, row_end, RAGGED - row_end + r0, n0]).reshape(BLOCK_K, BLOCK_M)
-            b = x_desc.load([RAGGED, row_end, RAGGED - row_end + r0, k0]).reshape(BLOCK_K, BLOCK_N)
         else:
-            r_ok = (r0 + rk) < row_end
             a = tl.load(dy_ptr + r0.to(tl.int64) * stride_dym + rk[:, None] * stride_dym + (n0 + rm)[None, :],
                         mask=r_ok[:, None] & ((n0 + rm) < N)[None, :], other=0.0)
+        if GATHER:
+            # x rows straight from the token rows (no permuted copy): pointer loads (no TMA row gather)
+            src = tl.load(gather_ptr + r0 + rk, mask=r_ok, other=0)
+            b = tl.load(x_ptr + src.to(tl.int64)[:, None] * stride_xm + (k0 + rn)[None, :],
+                        mask=r_ok[:, None] & ((k0 + rn) < K)[None, :], other=0.0)
+        elif USE_TMA:
+            b = x_desc.load([RAGGED, row_end, RAGGED - row_end + r0, k0]).reshape(BLOCK_K, BLOCK_N)
+        else:
             b = tl.load(x_ptr + r0.to(tl.int64) * stride_xm + rk[:, None] * stride_xm + (k0 + rn)[None, :],
                         mask=r_ok[:, None] & ((k0 + rn) < K)[None, :], other=0.0)
         acc = tl.dot(a.T, b, acc, input_precision=PRECISION)
@@ -452,15 +460,19 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
     return out
 
 
-def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, config: GemmConfig | None = None,
-                       out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
+def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, gather_rows: torch.Tensor | None = None,
+                       config: GemmConfig | None = None, out: torch.Tensor | None = None,
+                       num_programs: int | None = None) -> torch.Tensor:
     """Weight gradient (variable-K grouped GEMM): dw [G, N, K] = dy_g^T @ x_g per group.
 
     dy [M, N], x [M, K] (same dtype), offs [G] int32. Returns dw [G, N, K] in dy's dtype; groups
     with no rows get zeros; rows past offs[-1] do not contribute. On the TMA path, rows of other
     groups that share a row chunk are multiplied by exact zeros, so they must be finite.
+    gather_rows [M] int32/int64 (optional): row r of the grouped x operand is x[gather_rows[r]], with
+    x [T, K] the unpermuted token rows (the permuted copy is never materialized; x by pointer loads).
     """
-    if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != x.shape[0] or offs.dim() != 1:
+    rows_x = x.shape[0] if gather_rows is None else gather_rows.shape[0]
+    if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != rows_x or offs.dim() != 1:
         raise ValueError(f"grouped_gemm_wgrad: dy {tuple(dy.shape)}, x {tuple(x.shape)}, offs {tuple(offs.shape)} "
                          "must be [M,N], [M,K], [G]")
     _check_device(dy, x, offs)
@@ -468,6 +480,9 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
         raise ValueError(f"grouped GEMM: dtypes differ ({dy.dtype}, {x.dtype})")
     dy, x = dy.contiguous(), x.contiguous()
     offs = offs.to(torch.int32).contiguous()
+    if gather_rows is not None:
+        _check_device(dy, gather_rows)
+        gather_rows = gather_rows.to(torch.int32).contiguous()
     M, N = dy.shape
     K = x.shape[1]
     G = offs.shape[0]
@@ -484,21 +499,21 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
         if use_tma:
             from triton.tools.tensor_descriptor import TensorDescriptor
             dy_desc = _ragged_desc(dy, [bk, bm])
-            x_desc = _ragged_desc(x, [bk, bn])
+            x_desc = _ragged_desc(x, [bk, bn]) if gather_rows is None else x
             dw_desc = TensorDescriptor(out, [G, N, K], [N * K, K, 1], [1, bm, bn])
         else:
             dy_desc, x_desc, dw_desc = dy, x, out
         nprog = max(1, min(num_programs or _num_programs(dy.device) * cfg.programs_per_sm,
                            G * triton.cdiv(N, bm) * triton.cdiv(K, bn)))
         _wgrad_kernel[(nprog,)](
-            dy, dy_desc, x, x_desc, out, dw_desc, offs, M, N, K, G,
+            dy, dy_desc, x, x_desc, gather_rows if gather_rows is not None else offs, out, dw_desc, offs, M, N, K, G,
             dy.stride(0), x.stride(0), out.stride(0), out.stride(1), nprog,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_G=_block_g(G),
-            USE_TMA=use_tma, PRECISION=_precision(dy.dtype),
+            USE_TMA=use_tma, PRECISION=_precision(dy.dtype), GATHER=gather_rows is not None,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
-    key = ("wgrad", dy.dtype, dy.device, N, K, _bucket(M, G), tma_ok)
+    key = ("wgrad" if gather_rows is None else "wgrad_gather", dy.dtype, dy.device, N, K, _bucket(M, G), tma_ok)
     with _on_device(dy.device):
         run(pick_config(key, WGRAD_CONFIGS, config, run))
     return out

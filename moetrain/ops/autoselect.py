@@ -7,7 +7,7 @@ calls and later processes. Elsewhere auto is the "loop" reference.
 
     op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each; the MoE
               expert path's "auto" picks each of its GEMMs this way), "moe_fc1_fwd" (the fused path's
-              FC1 forward: "gather" or "copy", see GPU_VALIDATED)
+              FC1 forward: "gather" or "copy", see GPU_VALIDATED), "moe_fc1_wgrad" (its weight gradient)
     N, K      the layer's forward output and reduction sizes, w [G, N, K]
     bucket    next power of two of M / G (rows per group); M = routed rows
 Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), written
@@ -42,9 +42,12 @@ GPU_VALIDATED = {
     # permuted copy of x fed to the auto-chosen forward GEMM and dropped right after ("copy"). The first
     # candidate is also what runs while a CUDA graph is captured before anything was measured.
     "moe_fc1_fwd": ("gather", "copy"),
+    # FC1's weight gradient: x_perm gathered again for the auto-chosen wgrad ("copy"), or our wgrad kernel
+    # reading x through the index ("gather"; interpreter-tested only: it joins after its GPU tests pass).
+    "moe_fc1_wgrad": ("copy",),
 }
 # What runs when every candidate of a kind failed to run (kinds not listed: the loop reference).
-FALLBACK = {"moe_fc1_fwd": "gather"}
+FALLBACK = {"moe_fc1_fwd": "gather", "moe_fc1_wgrad": "copy"}
 
 CACHE_FILE = "grouped_gemm_backends.json"
 VERSION = 1

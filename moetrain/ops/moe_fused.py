@@ -14,8 +14,9 @@ Backward (``gemm`` picks the GEMM backend: "triton", or "auto" = each op's measu
     dx_perm [M, H] = dgrad(dh, w1)                          (grouped GEMM)
     dx[t]          = sum_k dx_perm[inverse[t*K + k]]        (Triton combine without weights: each
                                                             token owns its K rows; no atomics)
-    dw1            = wgrad(dh, x_perm)                      (x_perm gathered again, transiently: the
-                                                            wgrad kernel has no row gather yet)
+    dw1            = wgrad(dh, x_perm)                      "copy": x_perm gathered again, transiently;
+                                                            "gather": our wgrad kernel reads x through
+                                                            the index (auto measures both per shape)
 Dropped assignments (-1) sit with the last expert (see ``permute``); the combine gives their rows
 zero gradient, so they add nothing to dx or dw1.
 """
@@ -27,6 +28,14 @@ import torch
 from moetrain.ops import autoselect
 from moetrain.ops.grouped_gemm import grouped_gemm_op
 from moetrain.ops.moe_rows import combine
+
+
+def _fc1_wgrad(variant: str, gemm: str, dh, x, offs, token_of_row, w_shape):
+    if variant == "gather":
+        from moetrain.kernels import grouped_gemm as kernels
+
+        return kernels.grouped_gemm_wgrad(dh, x, offs, gather_rows=token_of_row)
+    return grouped_gemm_op("wgrad", gemm, dh, x.index_select(0, token_of_row), offs, w_shape)
 
 
 def _fc1_forward(variant: str, x, w1, offs, token_of_row):
@@ -63,8 +72,12 @@ class GatherFC1(torch.autograd.Function):
             dx_perm = grouped_gemm_op("dgrad", ctx.gemm, dh, w1, offs, w1.shape)
             dx = combine(dx_perm, inverse, None, ctx.topk, "triton")
         if ctx.needs_input_grad[1]:
-            x_perm = x.index_select(0, token_of_row)
-            dw1 = grouped_gemm_op("wgrad", ctx.gemm, dh, x_perm, offs, w1.shape)
+            variant = "copy"
+            if ctx.gemm == "auto":
+                G, N, K = w1.shape
+                variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G,
+                                            lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, w1.shape))
+            dw1 = _fc1_wgrad(variant, ctx.gemm, dh, x, offs, token_of_row, w1.shape)
         return dx, dw1, None, None, None, None, None
 
 

@@ -112,6 +112,21 @@ def test_forward_gather_rows_matches_permuted_copy(cfg):
     assert torch.equal(y[44:], torch.zeros(3, n, device=DEVICE))
 
 
+@pytest.mark.parametrize("cfg", gg.WGRAD_CONFIGS[:2], ids=str)
+def test_wgrad_gather_rows_matches_permuted_copy(cfg):
+    # The fused-expert FC1 weight gradient: x rows read through an index array, with an empty group
+    # and rows past the last group (they must not contribute).
+    offs, m, t, n, k = [9, 9, 30, 44], 47, 20, 40, 24
+    x_src, _, _, offs_t = make(offs, t, n, k, seed=22)
+    dy = torch.randn(m, n, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    rows = torch.randint(0, t, (m,), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    dw = gg.grouped_gemm_wgrad(dy, x_src, offs_t, gather_rows=rows, config=cfg, out=poisoned(len(offs), n, k),
+                               num_programs=2)
+    want = gg.grouped_gemm_wgrad_ref(dy.double(), x_src.double()[rows], offs_t)
+    assert rel_err(dw, want) < FP32_BOUND
+    assert torch.equal(dw[1], torch.zeros_like(dw[1]))  # the empty group
+
+
 def test_reference_matches_explicit_loop():
     x, w, dy, offs_t = make([4, 4, 9], 11, 6, 5, seed=1)
     x, w, dy = x.double(), w.double(), dy.double()

@@ -147,6 +147,23 @@ def test_bf16_forward_gather_rows():
     assert torch.equal(got[end:], torch.zeros_like(got[end:]))
 
 
+def test_bf16_wgrad_gather_rows():
+    gg = kernels()
+    t, topk, g, n, k = 16384, 8, 128, 1536, 2048  # Qwen3-30B-A3B FC1 weight gradient, x read from the tokens
+    m = t * topk
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    rows = torch.randint(0, t, (m,), device="cuda", dtype=torch.int32)
+    offs = skewed_offs(m, g, seed=7)
+    out = torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = gg.grouped_gemm_wgrad(dy, x, offs, gather_rows=rows, out=out)
+    assert not torch.isnan(got).any()
+    x_perm = x[rows.long()]
+    check_groups_fp64("wgrad", got, dy, x_perm, offs, list(range(0, g, 9)))
+    want = gg.grouped_gemm_wgrad(dy, x_perm, offs)
+    assert chunked_rel_err(got, want) < BF16_BOUND
+
+
 def test_autograd_bf16_matches_fp64():
     from moetrain import ops
 

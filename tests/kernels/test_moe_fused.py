@@ -180,18 +180,24 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
     autoselect.reset()
 
 
-def test_auto_fc1_copy_variant_matches_the_reference(monkeypatch, tmp_path):
+@pytest.mark.parametrize("fwd, wgrad", [("copy", "copy"), ("copy", "gather"), ("gather", "gather")])
+def test_auto_fc1_variants_match_the_reference(monkeypatch, tmp_path, fwd, wgrad):
     monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
     autoselect.reset()
     monkeypatch.setattr(autoselect, "measures", lambda device: True)
     monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
     monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))
     monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
-                                                      "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("copy",)})
+                                                      "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": (fwd,),
+                                                      "moe_fc1_wgrad": (wgrad,)})
+    calls = []
+    real = gg.grouped_gemm_wgrad
+    monkeypatch.setattr(gg, "grouped_gemm_wgrad", lambda *a, **kw: calls.append("gather_rows" in kw) or real(*a, **kw))
     inputs = make(13, 24, 10, 6, 2, seed=4, dropped=[(0, 1), (5, 0)])
     probe = torch.randn(13, 24, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     got = run("auto", torch.float32, *inputs, probe)
     want = run("reference", torch.float64, *inputs, probe)
     for a, b in zip(got, want):
         assert rel_err(a, b) < BOUND
+    assert calls == [False, wgrad == "gather"]  # FC2's weight gradient, then FC1's (gathered or not)
     autoselect.reset()
