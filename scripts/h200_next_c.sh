@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Next session, call C (~3 min): where the fused path's non-GEMM time goes (kernel profiles).
+set -uo pipefail
+out="${1:-${OUT:-/tmp/moetrain-out}}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+timeout 150 python3 -m moetrain bench moe --shapes qwen3-30b-a3b,deepseek-v3 --routing balanced,skewed --reps 4 --warmup 2 \
+  --backends auto --no-compile --profile 2>&1 | grep -Ev "Warning|warn" | cut -c1-150 | tee "$out/profile.log" | tail -90
