@@ -35,17 +35,28 @@ class GemmConfig:
     use_tma: bool = True
     group_m: int = 8
     programs_per_sm: int = 1
+    tail_split: bool = False  # forward / dgrad: remainders of <= half a tile go to a half-height launch
 
     def __str__(self) -> str:
         kind = "tma" if self.use_tma else "ptr"
         two = "/x2" if self.programs_per_sm == 2 else ""
-        return f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}"
+        split = "/split" if self.tail_split else ""
+        return f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}{split}"
 
 
-# H200 candidates (bf16). The fp32 accumulator of a 128x256 tile needs 8 warps to stay in registers.
+def tail_config(body: GemmConfig) -> GemmConfig:
+    """The half-height tiles of a tail-split body config (128x256x64/s3/w8 -> 64x256x64/s4/w4, a
+    shape that is itself a candidate)."""
+    return dataclasses.replace(body, block_m=body.block_m // 2, num_stages=body.num_stages + 1,
+                               num_warps=max(4, body.num_warps // 2), programs_per_sm=1, tail_split=False)
+
+
+# H200 candidates (bf16); the tail-split variants: see grouped_gemm.py and pick_config. The fp32 accumulator of a 128x256 tile needs 8 warps to stay in registers.
 # Shared memory of a 128x256x64 stage is 48 KiB; with the 64 KiB TMA-store buffer only 3 stages fit
 # in the 227 KiB of an H100/H200 block.
 ROWGROUP_CONFIGS = (
+    GemmConfig(128, 256, 64, 3, 8, tail_split=True),
+    GemmConfig(128, 128, 64, 4, 4, tail_split=True),
     GemmConfig(128, 256, 64, 3, 8),
     GemmConfig(128, 128, 64, 4, 4),
     GemmConfig(128, 128, 64, 4, 8),
@@ -66,8 +77,10 @@ WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
     GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
 )
-# The interpreter runs every program in Python: small tiles keep the CPU tests fast.
-INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False)
+# The interpreter runs every program in Python: small tiles keep the CPU tests fast (tail split on, so
+# that every op test also runs the body and tail launches).
+INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True)
+SPLIT_SLACK = 0.03
 INTERPRETER_PROGRAMS = 3
 
 _BEST: dict = {}  # autotune cache: key -> GemmConfig
@@ -117,16 +130,20 @@ def pick_config(key: tuple, candidates: tuple, config, run):
         return _BEST[key]
     if torch.cuda.is_current_stream_capturing():
         return candidates[0]  # cannot time inside a graph capture; warm up before capturing
-    best, best_ms, error = None, math.inf, None
+    times, error = {}, None
     for cfg in candidates:
         try:
-            ms = median_ms(lambda: run(cfg))
+            times[cfg] = median_ms(lambda: run(cfg))
         except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
             error = exc
-            continue
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    if best is None:
+    if not times:
         raise RuntimeError(f"grouped GEMM: no config ran for {key}") from error
+    best = min(times, key=times.get)
+    # The first call's routing decides for every later routing of this shape: a tail-split config
+    # within SPLIT_SLACK of the best is taken (balanced routing costs it one empty launch; uneven
+    # routing saves it up to half the partial-tile waste).
+    split = [c for c in times if c.tail_split and times[c] <= times[best] * (1 + SPLIT_SLACK)]
+    if split:
+        best = min(split, key=times.get)
     _BEST[key] = best
     return best

@@ -38,6 +38,8 @@ CONFIGS = [
     gg.GemmConfig(32, 32, 16, 1, 4, use_tma=False),
     gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True),
     gg.GemmConfig(16, 32, 16, 1, 4, use_tma=True, group_m=2),  # several row tiles per band
+    gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True, tail_split=True),  # remainders <= 16 rows: a 16-row launch
+    gg.GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True, group_m=2),
 ]
 
 
