@@ -141,13 +141,13 @@ def _rowgroup_kernel(
         seg_s = starts
         seg_e = starts + rows
     elif PART == 1:  # whole tiles, and a remainder of more than half a tile
-        full = rows // BLOCK_M * BLOCK_M
+        whole_rows = rows // BLOCK_M * BLOCK_M
         seg_s = starts
-        seg_e = starts + full + tl.where(rows - full > BLOCK_M // 2, rows - full, 0)
+        seg_e = starts + whole_rows + tl.where(rows - whole_rows > BLOCK_M // 2, rows - whole_rows, 0)
     else:  # the remainder the body left: at most half of its tile
-        full = rows // BIG_M * BIG_M
-        seg_s = starts + full
-        seg_e = tl.where(rows - full <= BIG_M // 2, ends, seg_s)
+        whole_rows = rows // BIG_M * BIG_M
+        seg_s = starts + whole_rows
+        seg_e = tl.where(rows - whole_rows <= BIG_M // 2, ends, seg_s)
     row_tiles = (tl.maximum(seg_e - seg_s, 0) + BLOCK_M - 1) // BLOCK_M
     n_tiles = (OUT + BLOCK_N - 1) // BLOCK_N
     tile_ends = tl.cumsum(row_tiles, 0) * n_tiles  # group g owns tiles [tile_ends[g-1], tile_ends[g])
@@ -162,8 +162,15 @@ def _rowgroup_kernel(
         before = tile_ends <= tile
         g = tl.sum(before.to(tl.int32), 0)
         tile0 = tl.max(tl.where(before, tile_ends, 0), 0)
-        row0 = tl.sum(tl.where(gi == g, seg_s, 0), 0)
-        row_end = tl.sum(tl.where(gi == g, seg_e, 0), 0)
+        row0 = tl.max(tl.where(before, ends, 0), 0)
+        row_end = tl.min(tl.where(before, M, ends), 0)
+        # This launch's segment of the group, as above but in scalars (no more vectors live in the loop)
+        if PART == 1:
+            whole = (row_end - row0) // BLOCK_M * BLOCK_M
+            left = row_end - row0 - whole
+            row_end = row0 + whole + tl.where(left > BLOCK_M // 2, left, 0)
+        elif PART == 2:
+            row0 = row0 + (row_end - row0) // BIG_M * BIG_M
         # Grouped ordering inside the group: bands of GROUP_M row tiles, column tiles outer.
         local = tile - tile0
         m_tiles_g = (row_end - row0 + BLOCK_M - 1) // BLOCK_M

@@ -8,10 +8,14 @@ import triton
 from moetrain.kernels.grouped_gemm import _block_g, _rowgroup_kernel, _wgrad_kernel
 from moetrain.kernels.grouped_gemm_tuning import GemmConfig
 
-def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: int = 90, num_groups: int = 256):
+
+def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: int = 90, num_groups: int = 256,
+                part: int = 0, big_m: int | None = None):
     """Compile one op's kernel for CUDA compute capability ``capability`` without a GPU.
 
-    op: "fwd", "fwd_gather", "dgrad" or "wgrad"; dtype: Triton type name ("bf16", "fp16", "fp32"). Returns the
+    op: "fwd", "fwd_gather", "dgrad", "wgrad" or "wgrad_gather"; dtype: Triton type name ("bf16", "fp16",
+    "fp32"); part / big_m: the forward / dgrad launch of a tail split (1 body, 2 tail with big_m the
+    body's BLOCK_M; 0 no split). Returns the
     triton CompiledKernel (``.metadata.shared`` bytes of shared memory, ``.asm["ptx"|"cubin"|
     "ttgir"]``). Integer sizes and strides are compiled as multiples of 16, as at the benchmark
     shapes. Needs the compiled (not interpreted) kernels: run without TRITON_INTERPRET.
@@ -33,16 +37,19 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
                "out_ptr": ptr, "out_desc": desc(1, 1, bm, bn), "offs_ptr": "*i32"}
         ints = ["M", "OUT", "RED", "G", "stride_am", "stride_wg", "stride_w1", "stride_om", "NUM_PROGS"]
         consts = dict(DGRAD=op == "dgrad", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
-                      BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=True, PRECISION="tf32", GATHER=gather)
-    elif op == "wgrad":
+                      BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=True, PRECISION="tf32", GATHER=gather,
+                      PART=part, BIG_M=big_m or bm)
+    elif op in ("wgrad", "wgrad_gather"):
         fn = _wgrad_kernel
-        sig = {"dy_ptr": ptr, "dy_desc": desc(1, 1, bk, bm), "x_ptr": ptr, "x_desc": desc(1, 1, bk, bn),
+        gather = op == "wgrad_gather"
+        sig = {"dy_ptr": ptr, "dy_desc": desc(1, 1, bk, bm), "x_ptr": ptr,
+               "x_desc": ptr if gather else desc(1, 1, bk, bn), "gather_ptr": "*i32",
                "dw_ptr": ptr, "dw_desc": desc(1, bm, bn), "offs_ptr": "*i32"}
         ints = ["M", "N", "K", "G", "stride_dym", "stride_xm", "stride_dwg", "stride_dwn", "NUM_PROGS"]
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_G=_block_g(num_groups),
-                      USE_TMA=tma, PRECISION="tf32")
+                      USE_TMA=tma, PRECISION="tf32", GATHER=gather)
     else:
-        raise ValueError(f"unknown op {op!r}; valid: fwd, fwd_gather, dgrad, wgrad")
+        raise ValueError(f"unknown op {op!r}; valid: fwd, fwd_gather, dgrad, wgrad, wgrad_gather")
     sig.update({name: "i32" for name in ints})
     sig.update({name: "constexpr" for name in consts})
     aligned = [n for n, t in sig.items() if t.startswith("*")] + [n for n in ints if n not in ("M", "G", "NUM_PROGS")]

@@ -93,8 +93,8 @@ def interpreting() -> bool:
 
 
 def configs_for(op: str) -> tuple:
-    """Autotune candidates of an op ("fwd", "fwd_gather", "dgrad", "wgrad")."""
-    return WGRAD_CONFIGS if op == "wgrad" else ROWGROUP_CONFIGS
+    """Autotune candidates of an op ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather")."""
+    return WGRAD_CONFIGS if op.startswith("wgrad") else ROWGROUP_CONFIGS
 
 
 def interpreter_numpy_shim() -> None:

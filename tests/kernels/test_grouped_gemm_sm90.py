@@ -25,24 +25,30 @@ from moetrain.kernels import grouped_gemm_aot as aot
 from moetrain.kernels import grouped_gemm as gg
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 rows = []
-for op in ("fwd", "fwd_gather", "dgrad", "wgrad"):
+launches = []
+for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather"):
     for cfg in gg.configs_for(op):
-        ck = aot.aot_compile(op, cfg)
-        ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
-        spill = None
-        if os.path.exists(ptxas):
-            with tempfile.TemporaryDirectory() as d:
-                src = os.path.join(d, "k.ptx")
-                open(src, "w").write(ptx)
-                info = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.cubin")],
-                                      capture_output=True, text=True).stderr
-            m = re.search(r"(\d+) bytes spill stores", info)
-            spill = int(m.group(1)) if m else None
-        rows.append(dict(op=op, config=str(cfg), tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
-                         per_sm=cfg.programs_per_sm,
-                         wgmma="wgmma.mma_async" in ptx, tma_load="cp.async.bulk.tensor" in ptx,
-                         cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx,
-                         pipelined="pendings = 1" in ttgir))
+        if cfg.tail_split and not op.startswith("wgrad"):  # the body launch, then the half-height tail
+            launches += [(op, cfg, 1, cfg.block_m), (op, gg.tail_config(cfg), 2, cfg.block_m)]
+        else:
+            launches.append((op, cfg, 0, None))
+for op, cfg, part, big_m in launches:
+    ck = aot.aot_compile(op, cfg, part=part, big_m=big_m)
+    ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
+    spill = None
+    if os.path.exists(ptxas):
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "k.ptx")
+            open(src, "w").write(ptx)
+            info = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                                  capture_output=True, text=True).stderr
+        m = re.search(r"(\d+) bytes spill stores", info)
+        spill = int(m.group(1)) if m else None
+    rows.append(dict(op=op, config=str(cfg), part=part, tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
+                     per_sm=cfg.programs_per_sm,
+                     wgmma="wgmma.mma_async" in ptx, tma_load="cp.async.bulk.tensor" in ptx,
+                     cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx,
+                     pipelined="pendings = 1" in ttgir))
 print(json.dumps(rows))
 """
 
