@@ -6,7 +6,8 @@
 Every contender runs in this process on the same inputs, weights and routing, with
 repetitions interleaved (contender A, B, C, A, B, C, ...), timed with CUDA events; medians.
 Contenders:
-  ours (<backend>)       fp32 router + top-k, moetrain.ops.moe_experts with that backend:
+  ours (<backend>)       fp32 router GEMM, moetrain.ops.route (the fused routing kernel for triton),
+                         moetrain.ops.moe_experts with that backend:
                          torch (torch._grouped_mm), triton (the fused path: FC1 gathers token rows,
                          our Triton grouped GEMMs), auto (per-shape choice measured on first use
                          and cached on disk, see moetrain.ops.autoselect), reference (loop)
@@ -79,9 +80,15 @@ def route(x: torch.Tensor, router_w: torch.Tensor, forcing: torch.Tensor, K: int
 
 
 def ours(backend: str):
+    """Our layer: the same fp32 router GEMM, then ops.route and ops.moe_experts, as the model's MoE layer
+    runs them: the fused routing kernel with the triton backend only (auto keeps PyTorch routing
+    until that kernel has passed its GPU tests; see moetrain.models.moe.router)."""
+    impl = "triton" if backend == "triton" else "torch"
+
     def layer(x, router_w, forcing, w1, w2, K):
-        idx, weight = route(x, router_w, forcing, K)
-        return ops.moe_experts(x, idx, weight, w1, w2, backend=backend)
+        logits = F.linear(x.float(), router_w.float()) + forcing
+        r = ops.route(logits, K, impl=impl)
+        return ops.moe_experts(x, r.topk_idx, r.topk_weight, w1, w2, backend=backend)
     return layer
 
 
