@@ -30,20 +30,23 @@ from moetrain.ops.grouped_gemm import grouped_gemm_op
 from moetrain.ops.moe_rows import combine
 
 
+def _fc1_forward(variant: str, gemm: str, x, w1, offs, token_of_row):
+    """h = x[token_of_row] @ w1_g^T: "gather" reads x through the index in our kernel; "copy" gathers
+    x_perm and runs the forward GEMM on ``gemm``; x_perm is freed on return."""
+    if variant == "gather":
+        from moetrain.kernels import grouped_gemm as kernels  # imports triton: only on this path
+
+        return kernels.grouped_gemm_fwd(x, w1, offs, gather_rows=token_of_row)
+    return grouped_gemm_op("fwd", gemm, x.index_select(0, token_of_row), w1, offs, w1.shape)
+
+
 def _fc1_wgrad(variant: str, gemm: str, dh, x, offs, token_of_row, w_shape):
+    """dw1 = dh_g^T @ x[token_of_row]_g, the same two variants as ``_fc1_forward``."""
     if variant == "gather":
         from moetrain.kernels import grouped_gemm as kernels
 
         return kernels.grouped_gemm_wgrad(dh, x, offs, gather_rows=token_of_row)
     return grouped_gemm_op("wgrad", gemm, dh, x.index_select(0, token_of_row), offs, w_shape)
-
-
-def _fc1_forward(variant: str, x, w1, offs, token_of_row):
-    from moetrain.kernels import grouped_gemm as kernels  # imports triton: only on this path
-
-    if variant == "gather":
-        return kernels.grouped_gemm_fwd(x, w1, offs, gather_rows=token_of_row)
-    return grouped_gemm_op("fwd", "auto", x.index_select(0, token_of_row), w1, offs, w1.shape)
 
 
 class GatherFC1(torch.autograd.Function):
@@ -59,8 +62,8 @@ class GatherFC1(torch.autograd.Function):
         if gemm == "auto":
             G, N, K = w1.shape
             variant = autoselect.choose("moe_fc1_fwd", x, N, K, token_of_row.shape[0], G,
-                                        lambda name: _fc1_forward(name, x, w1, offs, token_of_row))
-        return _fc1_forward(variant, x, w1, offs, token_of_row)
+                                        lambda name: _fc1_forward(name, "auto", x, w1, offs, token_of_row))
+        return _fc1_forward(variant, gemm, x, w1, offs, token_of_row)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
