@@ -6,7 +6,8 @@ Legend: T tokens, K top-k, M = T*K routed rows (sorted by expert), H hidden, I e
 
     combine      out [T, H]   = sum_k weight[t, k] * y[inverse[t*K + k]]          (weight [T, K] fp32
                                 or None for a plain sum: the data gradient of the token gather)
-    combine_bwd  dy  [M, H]   : dy[inverse[a]] = weight[a] * dout[a // K]
+    combine_bwd  dy  [M', H]  : dy[inverse[a]] = weight[a] * dout[a // K]          (M' >= M: rows no
+                                assignment reads, e.g. padding, are zero)
                  dweight [T, K] fp32: <dout[t], y[inverse[t*K + k]]>
     swiglu_fwd   a  [M, I]    = act(h[:, :I], h[:, I:])                           h [M, 2I]
     swiglu_bwd   dh [M, 2I]   from h and da [M, I]
@@ -71,7 +72,7 @@ def _combine_bwd_kernel(dout_ptr, y_ptr, inverse_ptr, weight_ptr, dy_ptr, dweigh
             tl.store(dweight_ptr + t * TOPK + k, tl.sum(dot, axis=0))
 
 
-# The clamped activation's constants (1.702, 7.0) are moetrain.ops.moe's CLAMPED_ALPHA / CLAMPED_LIMIT.
+# The clamped activation's constants (1.702, 7.0) are moetrain.ops.moe_rows' CLAMPED_ALPHA / CLAMPED_LIMIT.
 @triton.jit
 def _activation(g, u, ACT: tl.constexpr):
     if ACT == 0:
