@@ -232,7 +232,11 @@ def router(cfg: Config, d: Dims) -> list[Term]:
     # Group-limited selection only produces indices (no gradient flows through it): autograd
     # frees what its ops saved as soon as the forward moves on, so nothing stays.
     out.append(Term("top-k idx", 8 * T * K))
-    if e.normalize_topk:
+    if e.backend == "triton":
+        # the fused routing kernel's backward recomputes the weights from the logits (the z-loss keeps them too)
+        if e.z_loss_coeff <= 0:
+            out.append(Term("router logits", 4 * T * E))
+    elif e.normalize_topk:
         out.append(Term("top-k normalise", 4 * T * K + 4 * T))
     if e.capacity_factor is not None:
         out.append(Term("capacity mask", T * K))  # the kept-assignment mask of the weights' where
