@@ -10,6 +10,7 @@ from moetrain.plan import comm
 from moetrain.plan.costs import KERNEL_FLOOR_S, Roofline
 from moetrain.plan.hardware import load_hardware
 from moetrain.plan.perf import optimizer_time, project_perf
+from h200_measured import H200 as MEASURED  # this directory is on sys.path (pytest, no __init__.py)
 
 H200 = load_hardware("h200")
 
@@ -108,20 +109,9 @@ def test_measure_blocks_on_cpu_times_each_kind():
     assert set(out) == {"dense", "moe"} and all(f > 0 and b > 0 for f, b in out.values())
 
 
-# Median step time of `moetrain train` on one H200 (plan validate, torch 2.11, session 2: the fused
-# expert path for bf16; moetrain/plan/VALIDATION.md). Machines differ by up to ~12% (hosts by 1.9x:
-# tiny-wide is host-bound).
-H200_STEP_S = {
-    "tiny-wide": 0.0758, "qwen3-4l": 0.1659, "qwen3-4l-selective": 0.1846, "qwen3-4l-full": 0.1780,
-    "qwen3-bf16-state": 0.1298, "qwen3-accum-bf16-moments": 0.2400, "qwen3-fp32": 0.1749,
-    "deepseek-v3-2l": 0.2928, "deepseek-v3-2l-ids": 0.3044, "llama3-8b-4l": 0.1882, "mixtral-8x7b-2l": 0.1179,
-    "gpt-oss-20b-4l": 0.1713,
-}
-
-
-@pytest.mark.parametrize("name", list(H200_STEP_S))
+@pytest.mark.parametrize("name", list(MEASURED))
 def test_matches_h200_step_times(name):
     from moetrain.plan.validate import validation_config
 
     proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
-    assert proj == pytest.approx(H200_STEP_S[name], rel=0.12)
+    assert proj == pytest.approx(MEASURED[name][1], rel=0.12)

@@ -9,6 +9,7 @@ from moetrain.plan.hardware import load_hardware
 from moetrain.plan.memory import project_memory
 from moetrain.plan.validate import compare, run_validation, table, validation_config
 from moetrain.plan.validate_configs import CONFIG_NAMES, VALIDATION_CONFIGS
+from h200_measured import H200 as MEASURED  # this directory is on sys.path (pytest, no __init__.py)
 
 
 def test_at_least_eight_configs_covering_the_space():
@@ -60,7 +61,8 @@ def test_table_formats_numbers():
 
 
 def test_compare_without_measured_blocks():
-    row = compare("tiny-wide", {"peak_mem_gib": 0.335, "step_time_s": 0.076}, load_hardware("h200"))  # H200, session 2
+    mem, step = MEASURED["tiny-wide"]
+    row = compare("tiny-wide", {"peak_mem_gib": mem, "step_time_s": step}, load_hardware("h200"))
     assert row["proj_time_measured_s"] is None and row["time_err_measured_pct"] is None
     assert abs(row["mem_err_pct"]) < 5
 
