@@ -2,7 +2,7 @@
 
 import torch
 
-from moetrain.bench.moe_layer import Shape, forcing_logits, layer_flops, ours, reference_layer
+from moetrain.bench.moe_layer import Shape, forcing_logits, layer_flops, ours, reference_layer, six_gemms
 
 
 def test_forcing_gives_the_requested_routing():
@@ -27,3 +27,23 @@ def test_contenders_agree():
     got = ours("reference")(x, router_w, forcing, w1, w2, s.K)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # routing weights are fp32
     assert layer_flops(s) == 3 * 6 * s.T * s.K * s.H * s.I
+
+
+def test_six_gemms_are_the_layers_grouped_gemms():
+    s = Shape("t", T=12, H=16, I=8, E=3, K=2)  # 16-byte strides and no empty group: torch's CPU grouped GEMM
+    run = six_gemms(s, "balanced", "cpu", dtype=torch.float32)
+    x, a, dy, dh, w1, w2, offs = run.operands
+    outs = run()
+    assert [tuple(o.shape) for o in outs] == [(24, 16), (24, 16), (24, 8), (3, 16, 8), (24, 16), (3, 16, 16)]
+    s0, e0 = 0, int(offs[0])  # expert 0's rows
+    torch.testing.assert_close(outs[0][s0:e0], x[s0:e0] @ w1[0].T)
+    torch.testing.assert_close(outs[2][s0:e0], dy[s0:e0] @ w2[0])
+    torch.testing.assert_close(outs[3][0], dy[s0:e0].T @ a[s0:e0])
+    torch.testing.assert_close(outs[5][0], dh[s0:e0].T @ x[s0:e0])
+
+
+def test_skewed_routing_is_the_same_on_every_call():
+    s = Shape("t", T=64, H=8, I=4, E=8, K=2)
+    first = forcing_logits(s, "skewed", "cpu", seed=3)
+    torch.rand(5)  # the global generator moves on
+    assert torch.equal(forcing_logits(s, "skewed", "cpu", seed=3), first)
