@@ -273,8 +273,8 @@ def six_gemms(s: Shape, routing: str, device, dtype=torch.bfloat16):
     M = s.T * s.K
     offs = routed_offs(s, routing, device)
 
-    def rand(*shape):
-        return torch.randn(*shape, device=device, generator=gen).to(dtype)
+    def rand(*shape):  # drawn in dtype: an fp32 draw of DeepSeek-V3's w1 alone would be 30 GB
+        return torch.randn(*shape, device=device, generator=gen, dtype=dtype)
 
     x, a, dy, dh = rand(M, s.H), rand(M, s.I), rand(M, s.H), rand(M, 2 * s.I)
     w1, w2 = rand(s.E, 2 * s.I, s.H) / s.H**0.5, rand(s.E, s.H, s.I) / s.I**0.5
