@@ -9,8 +9,8 @@ Legend: T tokens, K top-k, M = T*K routed rows (sorted by expert), H hidden, I e
     combine_bwd  dy  [M', H]  : dy[inverse[a]] = weight[a] * dout[a // K]          (M' >= M: rows no
                                 assignment reads, e.g. padding, are zero)
                  dweight [T, K] fp32: <dout[t], y[inverse[t*K + k]]>
-    swiglu_fwd   a  [M, I]    = act(h[:, :I], h[:, I:])                           h [M, 2I]
-    swiglu_bwd   dh [M, 2I]   from h and da [M, I]
+    swiglu_fwd   a  [M, I]    = act(h[:, :I], h[:, I:]) (* probs[:, None])        h [M, 2I], probs [M] fp32
+    swiglu_bwd   dh [M, 2I]   and dprobs [M] fp32 from h, da [M, I] (and probs)
 
 Every kernel accumulates in fp32 and writes the dtype of its 16/32-bit input. Each token (or
 row) is owned by one program, so the top-k reduction needs no atomics and is deterministic; grids
@@ -97,15 +97,34 @@ def _swiglu_tile(h_ptr, M, I, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
 
 
 @triton.jit
-def _swiglu_fwd_kernel(h_ptr, a_ptr, M, I, ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    at, _, mask, g, u = _swiglu_tile(h_ptr, M, I, BLOCK_R, BLOCK_I)
-    tl.store(a_ptr + at, _activation(g, u, ACT).to(a_ptr.dtype.element_ty), mask=mask)
+def _row_probs(probs_ptr, M, BLOCK_R: tl.constexpr):
+    """[BLOCK_R, 1] fp32 probabilities of this program's rows."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    return tl.load(probs_ptr + rows, mask=rows < M, other=0.0)[:, None]
 
 
 @triton.jit
-def _swiglu_bwd_kernel(h_ptr, da_ptr, dh_ptr, M, I, ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+def _swiglu_fwd_kernel(h_ptr, probs_ptr, a_ptr, M, I, ACT: tl.constexpr, HAS_PROBS: tl.constexpr,
+                       BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    at, _, mask, g, u = _swiglu_tile(h_ptr, M, I, BLOCK_R, BLOCK_I)
+    a = _activation(g, u, ACT)
+    if HAS_PROBS:
+        a = a * _row_probs(probs_ptr, M, BLOCK_R)
+    tl.store(a_ptr + at, a.to(a_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(h_ptr, probs_ptr, da_ptr, dh_ptr, dprobs_part_ptr, M, I, ACT: tl.constexpr,
+                       HAS_PROBS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
     at, gate_at, mask, g, u = _swiglu_tile(h_ptr, M, I, BLOCK_R, BLOCK_I)
     da = tl.load(da_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    if HAS_PROBS:
+        # d probs[r] = sum_i da[r, i] * act[r, i]: this program's column block's share, summed on the host
+        # side of the launch (one partial per row and column block: deterministic, no atomics)
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        part = tl.sum(tl.where(mask, da * _activation(g, u, ACT), 0.0), axis=1)
+        tl.store(dprobs_part_ptr + rows.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), part, mask=rows < M)
+        da = da * _row_probs(probs_ptr, M, BLOCK_R)
     if ACT == 0:
         s = tl.sigmoid(g)
         dg = da * u * s * (1.0 + g * (1.0 - s))
@@ -205,10 +224,19 @@ def _check_swiglu(h: torch.Tensor, activation: str) -> int:
     return h.shape[1] // 2
 
 
-def swiglu_fwd(h: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
-    """a [M, I] = act(h[:, :I], h[:, I:]) for h [M, 2I]; dtype of h."""
+def _check_probs(probs: torch.Tensor | None, rows: int, like: torch.Tensor) -> None:
+    if probs is not None:
+        if probs.shape != (rows,) or probs.dtype != torch.float32:
+            raise ValueError(f"swiglu: probs {tuple(probs.shape)} {probs.dtype} must be [M] = [{rows}] float32")
+        _check_device(like, probs)
+
+
+def swiglu_fwd(h: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor | None = None) -> torch.Tensor:
+    """a [M, I] = act(h[:, :I], h[:, I:]) (* probs[:, None] when given) for h [M, 2I]; dtype of h.
+    probs [M] fp32: a per-row factor (e.g. the routing weight, applied before FC2 instead of after it)."""
     inter = _check_swiglu(h, activation)
     _check_device(h)
+    _check_probs(probs, h.shape[0], h)
     h = h.contiguous()
     a = torch.empty(h.shape[0], inter, dtype=h.dtype, device=h.device)
     if a.numel() == 0:
@@ -216,22 +244,27 @@ def swiglu_fwd(h: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
     rows, block = _swiglu_tile_shape(inter)
     with _on_device(h.device):
         _swiglu_fwd_kernel[(triton.cdiv(h.shape[0], rows), triton.cdiv(inter, block))](
-            h, a, h.shape[0], inter, ACT=ACTIVATIONS[activation], BLOCK_R=rows, BLOCK_I=block, num_warps=4)
+            h, probs if probs is not None else h, a, h.shape[0], inter, ACT=ACTIVATIONS[activation],
+            HAS_PROBS=probs is not None, BLOCK_R=rows, BLOCK_I=block, num_warps=4)
     return a
 
 
-def swiglu_bwd(h: torch.Tensor, da: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
-    """dh [M, 2I] (dtype of h) from h [M, 2I] and da [M, I]."""
+def swiglu_bwd(h: torch.Tensor, da: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor | None = None):
+    """Gradients of ``swiglu_fwd`` from da [M, I]: (dh [M, 2I] in h's dtype, dprobs [M] fp32 or None)."""
     inter = _check_swiglu(h, activation)
     if da.shape != (h.shape[0], inter):
         raise ValueError(f"swiglu_bwd: da {tuple(da.shape)} must be [M, I] = [{h.shape[0]}, {inter}]")
     _check_device(h, da)
+    _check_probs(probs, h.shape[0], h)
     h, da = h.contiguous(), da.contiguous()
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     if dh.numel() == 0:
-        return dh
+        return dh, None if probs is None else torch.zeros_like(probs)
     rows, block = _swiglu_tile_shape(inter)
+    col_blocks = triton.cdiv(inter, block)
+    parts = torch.empty(h.shape[0], col_blocks, dtype=torch.float32, device=h.device) if probs is not None else None
     with _on_device(h.device):
-        _swiglu_bwd_kernel[(triton.cdiv(h.shape[0], rows), triton.cdiv(inter, block))](
-            h, da, dh, h.shape[0], inter, ACT=ACTIVATIONS[activation], BLOCK_R=rows, BLOCK_I=block, num_warps=4)
-    return dh
+        _swiglu_bwd_kernel[(triton.cdiv(h.shape[0], rows), col_blocks)](
+            h, probs if probs is not None else h, da, dh, parts if parts is not None else dh, h.shape[0], inter,
+            ACT=ACTIVATIONS[activation], HAS_PROBS=probs is not None, BLOCK_R=rows, BLOCK_I=block, num_warps=4)
+    return dh, None if parts is None else parts.sum(dim=1)

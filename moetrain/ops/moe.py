@@ -24,10 +24,21 @@ import torch
 from moetrain.ops import autoselect, moe_rows
 from moetrain.ops.grouped_gemm import _ALIASES, grouped_gemm, resolve_backend
 from moetrain.ops.moe_rows import CLAMPED_ALPHA, CLAMPED_LIMIT, inverse_permutation  # noqa: F401 (public)
-from moetrain.ops.moe_rows import swiglu_torch as swiglu  # noqa: F401 (public: the plain-PyTorch SwiGLU)
+from moetrain.ops.moe_rows import swiglu_torch
 
 # Activation dtypes for which backend "auto" takes the fused path on CUDA (see the module docstring).
 AUTO_FUSED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def swiglu(h: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor | None = None,
+           impl: str = "torch") -> torch.Tensor:
+    """a [M, I] = act(h[:, :I], h[:, I:]) for h [..., 2I] (see ``moe_rows.swiglu_torch``), times probs[:, None]
+    when probs [M] is given (routing weights applied before FC2). With impl "torch" and no probs this is
+    the plain PyTorch composition (autograd keeps its parts: what the dense MLP and the planner assume);
+    otherwise the op of ``moe_rows.swiglu`` (saves only h; impl "triton": one kernel per direction)."""
+    if probs is None and impl == "torch":
+        return swiglu_torch(h, activation)
+    return moe_rows.swiglu(h, activation, impl, probs=probs)
 
 
 def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, align: int = 1):

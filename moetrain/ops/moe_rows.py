@@ -145,27 +145,35 @@ def expand_rows(x: torch.Tensor, row_map: torch.Tensor, inverse: torch.Tensor, t
 
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, activation, impl):
-        ctx.save_for_backward(h)
+    def forward(ctx, h, probs, activation, impl):
+        ctx.save_for_backward(h, probs)
         ctx.activation, ctx.impl = activation, impl
         if impl == "triton":
-            return _kernels().swiglu_fwd(h, activation)
-        return swiglu_torch(h, activation)
+            return _kernels().swiglu_fwd(h, activation, probs)
+        a = swiglu_torch(h, activation)
+        return a if probs is None else (a * probs.unsqueeze(1)).to(a.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, da):
-        (h,) = ctx.saved_tensors
+        h, probs = ctx.saved_tensors
+        da = da.to(h.dtype)
         if ctx.impl == "triton":
-            return _kernels().swiglu_bwd(h, da.to(h.dtype), ctx.activation), None, None
-        return swiglu_bwd_torch(h, da.to(h.dtype), ctx.activation), None, None
+            dh, dprobs = _kernels().swiglu_bwd(h, da, ctx.activation, probs)
+        else:
+            dprobs = None if probs is None else (da * swiglu_torch(h, ctx.activation)).sum(dim=1, dtype=probs.dtype)
+            dh = swiglu_bwd_torch(h, da if probs is None else (da * probs.unsqueeze(1)).to(h.dtype), ctx.activation)
+        return dh, dprobs if ctx.needs_input_grad[1] else None, None, None
 
 
-def swiglu(h: torch.Tensor, activation: str = "swiglu", impl: str = "torch") -> torch.Tensor:
-    """a [M, I] = act(h[:, :I], h[:, I:]) for h [M, 2I] (see ``swiglu_torch``); saves only h."""
+def swiglu(h: torch.Tensor, activation: str = "swiglu", impl: str = "torch",
+           probs: torch.Tensor | None = None) -> torch.Tensor:
+    """a [M, I] = act(h[:, :I], h[:, I:]) for h [M, 2I] (see ``swiglu_torch``), times probs[:, None] when
+    given (probs [M]: float32 for impl triton, e.g. routing weights applied before FC2); saves only h
+    (and probs). Differentiable in h and probs."""
     if activation not in ("swiglu", "swiglu_clamped"):
         raise ValueError(f"unknown expert activation {activation!r}; valid: swiglu, swiglu_clamped")
-    return _SwiGLU.apply(h, activation, _impl(impl))
+    return _SwiGLU.apply(h, probs, activation, _impl(impl))
 
 
 def _impl(impl: str) -> str:

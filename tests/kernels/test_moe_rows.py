@@ -134,3 +134,23 @@ def test_combine_ignores_rows_no_assignment_reads(impl):
     unused[spread] = False
     assert torch.all(y_leaf.grad[unused.to(DEVICE)] == 0)
     close(y_leaf.grad[spread.to(DEVICE)], weight.reshape(-1)[row_map].unsqueeze(1) * dout[row_map // K], torch.float32)
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
+@pytest.mark.parametrize("M,I", [(7, 5), (9, 1100)])
+def test_swiglu_with_row_probabilities(activation, M, I):
+    g = torch.Generator().manual_seed(M * I)
+    h = torch.randn(M, 2 * I, generator=g, dtype=torch.float64) * 3
+    probs = torch.rand(M, generator=g, dtype=torch.float64)
+    da = torch.randn(M, I, generator=g, dtype=torch.float64)
+    ref_h, ref_p = h.clone().requires_grad_(), probs.clone().requires_grad_()
+    want = moe_rows.swiglu_torch(ref_h, activation) * ref_p.unsqueeze(1)  # the definition, in fp64
+    want.backward(da)
+    for impl in ("torch", "triton"):
+        leaf_h = h.to(DEVICE, torch.float32).requires_grad_()
+        leaf_p = probs.to(DEVICE, torch.float32).requires_grad_()
+        got = moe_rows.swiglu(leaf_h, activation, impl, probs=leaf_p)
+        close(got, want.detach(), torch.float32)
+        got.backward(da.to(DEVICE, torch.float32))
+        close(leaf_h.grad, ref_h.grad, torch.float32)
+        close(leaf_p.grad, ref_p.grad, torch.float32)

@@ -133,3 +133,18 @@ def test_permute_aligned_groups_and_unpermute(align):
             if idx[t, k] >= 0:
                 want[t] += weight[t, k] * (w[idx[t, k]] @ x[t])
     torch.testing.assert_close(ops.unpermute(y, row_map, idx, weight), want)
+
+
+def test_swiglu_with_probs_scales_rows_and_differentiates_them():
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(6, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    probs = torch.rand(6, generator=g, dtype=torch.float64, requires_grad=True)
+    got = ops.swiglu(h, probs=probs)
+    gate, up = h.chunk(2, dim=-1)
+    want = F.silu(gate) * up * probs.unsqueeze(1)
+    torch.testing.assert_close(got, want)
+    da = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    gh, gp = torch.autograd.grad(got, (h, probs), da)
+    wh, wp = torch.autograd.grad(want, (h, probs), da)
+    torch.testing.assert_close(gh, wh)
+    torch.testing.assert_close(gp, wp)
