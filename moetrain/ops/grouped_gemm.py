@@ -143,13 +143,13 @@ class _PerOpGroupedGemm(torch.autograd.Function):
 def _check_triton(device: torch.device) -> None:
     """The triton backend needs the package, and a CUDA device or the CPU interpreter."""
     if importlib.util.find_spec("triton") is None:
-        raise UserError("grouped GEMM backend 'triton' needs the triton package (pip install triton); "
+        raise UserError("backend 'triton' (our MoE kernels) needs the triton package (pip install triton); "
                         "use backend auto, torch or reference")
     if device.type == "cuda":
         return
     if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
         return
-    raise UserError(f"grouped GEMM backend 'triton' needs a CUDA device (tensors are on {device}); "
+    raise UserError(f"backend 'triton' (our MoE kernels) needs a CUDA device (tensors are on {device}); "
                     "set TRITON_INTERPRET=1 before importing triton to run its CPU interpreter, "
                     "or use backend auto, torch or reference")
 

@@ -91,6 +91,9 @@ def route(logits: torch.Tensor, topk: int, *, score: str = "softmax", num_groups
     T, E = logits.shape
     _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl)
     if impl == "triton":
+        from moetrain.ops.grouped_gemm import _check_triton
+
+        _check_triton(logits.device)  # a one-line UserError without CUDA (or the interpreter) or triton
         idx, weight, counts = _TritonRoute.apply(logits, topk, score, num_groups, topk_groups, group_score,
                                                  expert_bias, scaling_factor, normalize)
         return Routing(idx, weight, counts, None)

@@ -216,3 +216,16 @@ def test_bench_commands_refuse_without_gpu_in_one_line():
                               timeout=120)
         assert proc.returncode == 2
         assert proc.stderr.strip() == f"error: moetrain bench {which} needs a CUDA GPU (none is visible)"
+
+
+def test_triton_backend_without_a_gpu_is_one_line_error(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "moetrain", "train", "moe.backend=triton", "train.steps=1",
+                           f"train.out_dir={tmp_path}", "train.device=cpu"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "backend 'triton' (our MoE kernels) needs" in proc.stderr.strip().splitlines()[-1]
