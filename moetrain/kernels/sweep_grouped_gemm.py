@@ -5,7 +5,8 @@
 (--ops fwd_gather adds the forward with A rows gathered through an index array, against torch
 on the already-permuted copy.)
 
-One GPU, one process. For each benchmark shape (balanced routing: M/G rows per expert) and each
+One GPU, one process. For each benchmark shape (balanced routing: M/G rows per expert; --routing
+skewed adds Dirichlet(0.3) shares, labelled SHAPE/skew) and each
 of FC1 (N = 2I, K = H) and FC2 (N = H, K = I), and each op:
     fwd   y [M, N]     = x_g @ w[g]^T       x [M, K], w [G, N, K]
     dgrad dx [M, K]    = dy_g @ w[g]        dy [M, N]
@@ -72,8 +73,19 @@ def fp64_group_err(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     return ((have.double() - want).norm() / want.norm()).item()
 
 
-def make_inputs(m: int, g: int, n: int, k: int, sets: int, seed: int, gather: bool):
-    """``sets`` independent input sets (x, w, dy, x[perm], perm) of random bf16 data, balanced offs."""
+def skewed_offs(m: int, g: int, seed: int = 0) -> torch.Tensor:
+    """[G] int32 group ends of m rows over g groups with shares drawn from Dirichlet(0.3) (the MoE layer
+    benchmark's skewed routing), on the GPU."""
+    gen = torch.Generator().manual_seed(seed)
+    shares = torch._standard_gamma(torch.full((g,), 0.3), generator=gen)
+    counts = torch.floor(shares / shares.sum() * m).long()
+    counts[torch.argmax(counts)] += m - counts.sum()  # exactly m rows
+    return torch.cumsum(counts, 0).to(torch.int32).cuda()
+
+
+def make_inputs(m: int, g: int, n: int, k: int, sets: int, seed: int, gather: bool, routing: str = "balanced"):
+    """``sets`` independent input sets (x, w, dy, x[perm], perm) of random bf16 data, and offs: balanced
+    (M/G rows per group) or skewed (``skewed_offs``)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     out = []
     for _ in range(sets):
@@ -82,6 +94,8 @@ def make_inputs(m: int, g: int, n: int, k: int, sets: int, seed: int, gather: bo
         dy = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
         perm = torch.randperm(m, device="cuda", generator=gen).to(torch.int32) if gather else None
         out.append((x, w, dy, x[perm] if gather else None, perm))
+    if routing == "skewed":
+        return out, skewed_offs(m, g, seed)
     offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
     return out, offs
 
@@ -123,12 +137,12 @@ def bench(fn, sets: int) -> float:
     return triton.testing.do_bench(rotated, warmup=10, rep=40, return_mode="median")
 
 
-def run_case(label, m, g, n, k, ops, gg, t0, results):
+def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
     """One GEMM shape (FC1 or FC2 of a model): every op, torch and every config."""
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     set_bytes = 2 * (m * k + g * n * k + m * n)
     sets = max(1, min(4, math.ceil(2 * l2 / set_bytes)))  # rotate so the working set exceeds the L2
-    inputs, offs = make_inputs(m, g, n, k, sets, seed=m + n + k, gather="fwd_gather" in ops)
+    inputs, offs = make_inputs(m, g, n, k, sets, seed=m + n + k, gather="fwd_gather" in ops, routing=routing)
     flops = 2.0 * m * n * k
     ends = offs.tolist()  # host copy for the fp64 spot checks only (outside any timed region)
     last = (ends[-2] if g > 1 else 0, ends[-1])
@@ -189,6 +203,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
     parser.add_argument("--ops", default=",".join(OPS), help="comma list of fwd, dgrad, wgrad, fwd_gather")
     parser.add_argument("--json", default=None, help="write every config's numbers here")
+    parser.add_argument("--routing", default="balanced",
+                        help="comma list of balanced (M/G rows per expert) and skewed (Dirichlet(0.3) shares)")
     parser.add_argument("--budget", type=float, default=320.0,
                         help="seconds; no new GEMM shape starts after this (the table covers what ran)")
     args = parser.parse_args(argv)
@@ -208,6 +224,10 @@ def main(argv=None) -> int:
     for o in ops:
         if o not in OPS + EXTRA_OPS:
             parser.error(f"unknown op {o!r}; valid: {', '.join(OPS + EXTRA_OPS)}")
+    routings = [r for r in args.routing.split(",") if r]
+    for r in routings:
+        if r not in ("balanced", "skewed"):
+            parser.error(f"unknown routing {r!r}; valid: balanced, skewed")
 
     if not os.environ.get("MOETRAIN_CACHE_DIR"):  # auto measures afresh here, not from an old cache
         os.environ["MOETRAIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="moetrain-bench-gemm-")
@@ -218,25 +238,27 @@ def main(argv=None) -> int:
     results = []
     for s in shapes:
         m, g, h, i = SHAPES[s]
-        for fc, n, k in (("fc1", 2 * i, h), ("fc2", h, i)):
-            if time.time() - t0 > args.budget:
-                log(f"budget of {args.budget:.0f}s reached: skipping {s} {fc}", t0)
-                continue
-            log(f"{s} {fc}: M={m} G={g} N={n} K={k}", t0)
-            run_case(f"{s} {fc}", m, g, n, k, ops, gg, t0, results)
-            torch.cuda.empty_cache()  # the case's inputs are gone: return their memory
+        for routing in routings:
+            name = s if routing == "balanced" else f"{s}/skew"
+            for fc, n, k in (("fc1", 2 * i, h), ("fc2", h, i)):
+                if time.time() - t0 > args.budget:
+                    log(f"budget of {args.budget:.0f}s reached: skipping {name} {fc}", t0)
+                    continue
+                log(f"{name} {fc}: M={m} G={g} N={n} K={k}", t0)
+                run_case(f"{name} {fc}", m, g, n, k, ops, gg, t0, results, routing)
+                torch.cuda.empty_cache()  # the case's inputs are gone: return their memory
 
-    print("\nshape          op          torch TF/s  ours TF/s   ratio  auto TF/s   ratio  (auto's pick)  best config")
+    print("\nshape               op          torch TF/s  ours TF/s   ratio  auto TF/s   ratio  (auto's pick)  best config")
     for r in results:
         b = r["best"]
         ours = f"{b['tflops']:9.0f}  {r['torch_ms'] / b['ms']:6.2f}" if b else "      n/a     n/a"
         auto = (f"{r['auto_tflops']:9.0f}  {r['torch_ms'] / r['auto_ms']:6.2f}  ({r['auto_choice']})"
                 if "auto_ms" in r else f"{'':9s}  {'':6s}  {'':8s}")
-        print(f"{r['shape']:14s} {r['op']:10s}  {r['torch_tflops']:10.0f}  {ours}  {auto:>24s}  "
+        print(f"{r['shape']:19s} {r['op']:10s}  {r['torch_tflops']:10.0f}  {ours}  {auto:>24s}  "
               f"{b['config'] if b else '(no valid config)'}")
     if set(OPS) <= set(ops):
         print("\nlayer (six GEMMs, best config each)   torch ms   ours ms   ratio   auto ms   ratio")
-        for s in shapes:
+        for s in dict.fromkeys(r["shape"].split()[0] for r in results):  # shape (and /skew), in run order
             rows = [r for r in results if r["shape"].split()[0] == s and r["op"] in OPS]
             if len(rows) == 2 * len(OPS) and all(r["best"] for r in rows):
                 t_ms = sum(r["torch_ms"] for r in rows)
