@@ -8,8 +8,9 @@ Backends:
              (moe_rows.py), every GEMM is our Triton grouped GEMM.
   "auto"   : on CUDA with 16-bit activations, the fused path with each of the other five GEMMs
              (FC1 data and weight gradients, FC2 forward, data and weight gradients) on the backend
-             measured fastest for it (grouped_gemm's per-op "auto"); on CUDA in fp32, "torch" (our
-             kernels are tuned for 16-bit tiles; fp32 autotuning took minutes per shape); elsewhere "loop".
+             measured fastest for it (grouped_gemm's per-op "auto"), and FC1's forward measured as
+             gather vs copy (moe_fused.py); on CUDA in fp32, "torch" (our kernels are tuned for 16-bit
+             tiles; fp32 autotuning took minutes per shape); elsewhere "loop".
   "torch"  : torch._grouped_mm GEMMs and plain-PyTorch row ops (no triton needed).
   "loop"   : the per-expert reference ("reference" in the config).
 
