@@ -43,7 +43,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         return "torch" if device.type == "cuda" else "loop"
     if backend == "triton":
-        _check_triton(device)
+        require_triton(device)
         return "triton"
     if backend not in BACKENDS:
         raise ValueError(f"unknown grouped GEMM backend {backend!r}; valid: {', '.join(BACKENDS)}, reference")
@@ -140,7 +140,7 @@ class _PerOpGroupedGemm(torch.autograd.Function):
         return dx, dw, None, None
 
 
-def _check_triton(device: torch.device) -> None:
+def require_triton(device: torch.device) -> None:
     """The triton backend needs the package, and a CUDA device or the CPU interpreter."""
     if importlib.util.find_spec("triton") is None:
         raise UserError("backend 'triton' (our MoE kernels) needs the triton package (pip install triton); "

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from moetrain.ops.grouped_gemm import require_triton
+
 SCORES = ("softmax", "sigmoid")
 GROUP_SCORES = ("max", "top2_sum")
 
@@ -91,9 +93,7 @@ def route(logits: torch.Tensor, topk: int, *, score: str = "softmax", num_groups
     T, E = logits.shape
     _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl)
     if impl == "triton":
-        from moetrain.ops.grouped_gemm import _check_triton
-
-        _check_triton(logits.device)  # a one-line UserError without CUDA (or the interpreter) or triton
+        require_triton(logits.device)  # a one-line UserError without CUDA (or the interpreter) or triton
         idx, weight, counts = _TritonRoute.apply(logits, topk, score, num_groups, topk_groups, group_score,
                                                  expert_bias, scaling_factor, normalize)
         return Routing(idx, weight, counts, None)
