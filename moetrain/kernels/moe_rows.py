@@ -26,8 +26,15 @@ import triton
 import triton.language as tl
 
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
+from moetrain.ops import moe_rows as _ops
 
 ACTIVATIONS = {"swiglu": 0, "swiglu_clamped": 1}
+
+# The references (one implementation: the ops' PyTorch path, which must not need triton).
+combine_ref = _ops.combine_torch
+combine_bwd_ref = _ops.combine_bwd_torch
+swiglu_ref = _ops.swiglu_torch
+swiglu_bwd_ref = _ops.swiglu_bwd_torch
 
 # ----------------------------------------------------------------------------------------------
 # Kernels

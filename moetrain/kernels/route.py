@@ -20,6 +20,13 @@ import triton.language as tl
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
 
 
+def route_ref(logits: torch.Tensor, topk: int, **kw):
+    """The reference: moetrain.ops.route's PyTorch implementation (a Routing)."""
+    from moetrain.ops.route import route as route_op
+
+    return route_op(logits, topk, impl="torch", **kw)
+
+
 @triton.jit
 def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, E, scaling,
                   TOPK: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr,
