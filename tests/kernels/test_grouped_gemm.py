@@ -228,3 +228,18 @@ def test_ops_import_does_not_import_triton():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_autotuner_prefers_a_tail_split_config_within_the_slack(monkeypatch):
+    # The first call's routing decides for later ones: a split config within SPLIT_SLACK of the best wins.
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)
+    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(tuning, "_BEST", {})
+    monkeypatch.setattr(tuning, "median_ms", lambda run: run())  # the "run" below returns its time
+    plain, split, other = (gg.GemmConfig(128, 256, 64, 3, 8), gg.GemmConfig(128, 256, 64, 3, 8, tail_split=True),
+                           gg.GemmConfig(128, 128, 64, 4, 4, tail_split=True))
+    for times, want in (({plain: 1.00, split: 1.02, other: 1.5}, split),   # within 3%: the split one
+                        ({plain: 1.00, split: 1.05, other: 1.5}, plain)):  # beyond: the fastest
+        assert tuning.pick_config(("fwd", str(want)), (plain, split, other), None, lambda cfg: times[cfg]) == want
