@@ -43,13 +43,7 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _exact_fp32():
-    # On a GPU, fp32 dots follow torch's matmul precision: ask for IEEE so the bound is fp32's.
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(old)
+pytestmark = pytest.mark.usefixtures("exact_fp32")  # tests/kernels/conftest.py
 
 
 def rel_err(got, want):

@@ -26,9 +26,7 @@ BOUND = 2e-5  # fp32 (IEEE dots) against fp64, a few GEMMs deep
 
 
 @pytest.fixture(autouse=True)
-def _exact_fp32_and_poison(monkeypatch):
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
+def _exact_fp32_and_poison(exact_fp32, monkeypatch):
     original = gg._output
 
     def poisoned(out, shape, like):
@@ -36,8 +34,6 @@ def _exact_fp32_and_poison(monkeypatch):
         return got.fill_(float("nan")) if out is None else got
 
     monkeypatch.setattr(gg, "_output", poisoned)
-    yield
-    torch.set_float32_matmul_precision(old)
 
 
 def make(T, H, I, E, K, *, seed, bias=False, dropped=(), skew=False):

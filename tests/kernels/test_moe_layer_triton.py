@@ -29,12 +29,7 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _exact_fp32():
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(old)
+pytestmark = pytest.mark.usefixtures("exact_fp32")  # tests/kernels/conftest.py
 
 
 def run(cfg, state, dtype, x, probe, backend):
