@@ -77,9 +77,14 @@ def forcing_logits(s: Shape, routing: str, device, seed: int = 0) -> torch.Tenso
     return forcing.to(device)
 
 
+def router_logits(x: torch.Tensor, router_w: torch.Tensor, forcing: torch.Tensor) -> torch.Tensor:
+    """[T, E] fp32 router logits plus the routing-forcing term (every contender's first step)."""
+    return F.linear(x.float(), router_w.float()) + forcing
+
+
 def route(x: torch.Tensor, router_w: torch.Tensor, forcing: torch.Tensor, K: int):
     """fp32 router: softmax over E, top-k, renormalised weights. x [T, H] -> idx [T, K], w [T, K] fp32."""
-    logits = F.linear(x.float(), router_w.float()) + forcing
+    logits = router_logits(x, router_w, forcing)
     weight, idx = torch.softmax(logits, dim=-1).topk(K, dim=-1)
     return idx, weight / weight.sum(-1, keepdim=True)
 
@@ -91,8 +96,7 @@ def ours(backend: str):
     impl = "triton" if backend == "triton" else "torch"
 
     def layer(x, router_w, forcing, w1, w2, K):
-        logits = F.linear(x.float(), router_w.float()) + forcing
-        r = ops.route(logits, K, impl=impl)
+        r = ops.route(router_logits(x, router_w, forcing), K, impl=impl)
         return ops.moe_experts(x, r.topk_idx, r.topk_weight, w1, w2, backend=backend)
     return layer
 

@@ -171,17 +171,17 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         fw.add("router", t + rf.mem((b + 4) * Th * H + 40 * Th * E, 25), 30, fl)
         bi.add("router", t + rf.mem(30 * Th * E, 15), 15, fl)
         bw.add("router", t, 1, fl)
-        if fused_experts(cfg, d):
-            # sort only (FC1 gathers the token rows itself); SwiGLU and the combine are one kernel each
+        fused = fused_experts(cfg, d)
+        if fused:  # sort only: FC1 gathers the token rows itself
             fw.add("permute", rf.mem(40 * M, 7), 8)
-            for name, N, Kd in (("experts fc1", 2 * I, H), ("experts fc2", H, I)):
-                _linear(fw, bi, bw, rf, name, M, N, Kd, b, rows_pe=rpe, factor=GROUPED_FACTOR)
+        else:  # sort and a permuted copy of x
+            fw.add("permute", rf.mem(2 * b * M * H + 40 * M, 8), 10)
+        for name, N, Kd in (("experts fc1", 2 * I, H), ("experts fc2", H, I)):
+            _linear(fw, bi, bw, rf, name, M, N, Kd, b, rows_pe=rpe, factor=GROUPED_FACTOR)
+        if fused:  # SwiGLU and the combine are one kernel each
             fw.add("swiglu", rf.mem(3 * b * M * I, 1), 1)
             fw.add("combine", rf.mem(b * M * H + b * Th * H + 16 * M, 2), 3)
         else:
-            fw.add("permute", rf.mem(2 * b * M * H + 40 * M, 8), 10)
-            for name, N, Kd in (("experts fc1", 2 * I, H), ("experts fc2", H, I)):
-                _linear(fw, bi, bw, rf, name, M, N, Kd, b, rows_pe=rpe, factor=GROUPED_FACTOR)
             fw.add("swiglu", rf.mem(5 * b * M * I, 3), 4)
             fw.add("combine", rf.mem(3 * b * M * H + b * Th * H + 16 * M, 6), 8)  # gather + batched [1,K]x[K,H]
         sh = cfg.shared_ffn_size / d.tp
