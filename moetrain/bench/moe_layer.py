@@ -91,9 +91,9 @@ def route(x: torch.Tensor, router_w: torch.Tensor, forcing: torch.Tensor, K: int
 
 def ours(backend: str):
     """Our layer: the same fp32 router GEMM, then ops.route and ops.moe_experts, as the model's MoE layer
-    runs them: the fused routing kernel with the triton backend only (auto keeps PyTorch routing
-    until that kernel has passed its GPU tests; see moetrain.models.moe.router)."""
-    impl = "triton" if backend == "triton" else "torch"
+    runs them: the fused routing kernel with the triton and auto backends, PyTorch routing with torch
+    (see moetrain.models.moe.router)."""
+    impl = {"triton": "triton", "auto": "auto"}.get(backend, "torch")
 
     def layer(x, router_w, forcing, w1, w2, K):
         r = ops.route(router_logits(x, router_w, forcing), K, impl=impl)

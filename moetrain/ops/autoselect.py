@@ -43,8 +43,8 @@ GPU_VALIDATED = {
     # candidate is also what runs while a CUDA graph is captured before anything was measured.
     "moe_fc1_fwd": ("gather", "copy"),
     # FC1's weight gradient: x_perm gathered again for the auto-chosen wgrad ("copy"), or our wgrad kernel
-    # reading x through the index ("gather"; interpreter-tested only: it joins after its GPU tests pass).
-    "moe_fc1_wgrad": ("copy",),
+    # reading x through the index ("gather"; its GPU tests passed on an H200).
+    "moe_fc1_wgrad": ("copy", "gather"),
 }
 # What runs when every candidate of a kind failed to run (kinds not listed: the loop reference).
 FALLBACK = {"moe_fc1_fwd": "gather", "moe_fc1_wgrad": "copy"}

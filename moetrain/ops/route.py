@@ -89,9 +89,12 @@ def route(logits: torch.Tensor, topk: int, *, score: str = "softmax", num_groups
           topk_groups: int | None = None, group_score: str = "max", expert_bias: torch.Tensor | None = None,
           scaling_factor: float = 1.0, normalize: bool = True, impl: str = "torch") -> Routing:
     """Route every token to its top-k experts (see the module docstring). logits [T, E] (any float
-    dtype; computed in fp32 at least); expert_bias [E] fp32 or None; impl "torch" or "triton"."""
+    dtype; computed in fp32 at least); expert_bias [E] fp32 or None; impl "torch", "triton" or "auto"
+    (the Triton kernel on CUDA for fp32/bf16/fp16 logits when triton is installed, else PyTorch)."""
     T, E = logits.shape
     _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl)
+    if impl == "auto":
+        impl = "triton" if _triton_routes(logits) else "torch"
     if impl == "triton":
         require_triton(logits.device)  # a one-line UserError without CUDA (or the interpreter) or triton
         idx, weight, counts = _TritonRoute.apply(logits, topk, score, num_groups, topk_groups, group_score,
@@ -131,11 +134,19 @@ class _TritonRoute(torch.autograd.Function):
         return dlogits, None, None, None, None, None, None, None, None
 
 
+def _triton_routes(logits: torch.Tensor) -> bool:
+    """auto's choice: the kernel (GPU-tested on an H200) wherever it runs natively; fp64 stays on PyTorch."""
+    import importlib.util
+
+    return (logits.is_cuda and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and importlib.util.find_spec("triton") is not None)
+
+
 def _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl) -> None:
     if score not in SCORES:
         raise ValueError(f"unknown score function {score!r}; valid: {', '.join(SCORES)}")
-    if impl not in ("torch", "triton"):
-        raise ValueError(f"unknown routing implementation {impl!r}; valid: torch, triton")
+    if impl not in ("torch", "triton", "auto"):
+        raise ValueError(f"unknown routing implementation {impl!r}; valid: torch, triton, auto")
     if not 1 <= topk <= E:
         raise ValueError(f"route: topk={topk} must be in 1..E={E}")
     if num_groups is not None:

@@ -232,7 +232,7 @@ def router(cfg: Config, d: Dims) -> list[Term]:
     # Group-limited selection only produces indices (no gradient flows through it): autograd
     # frees what its ops saved as soon as the forward moves on, so nothing stays.
     out.append(Term("top-k idx", 8 * T * K))
-    if e.backend == "triton":
+    if triton_routing(cfg, d):
         # the fused routing kernel's backward recomputes the weights from the logits (the z-loss keeps them too)
         if e.z_loss_coeff <= 0:
             out.append(Term("router logits", 4 * T * E))
@@ -241,6 +241,13 @@ def router(cfg: Config, d: Dims) -> list[Term]:
     if e.capacity_factor is not None:
         out.append(Term("capacity mask", T * K))  # the kept-assignment mask of the weights' where
     return out
+
+
+def triton_routing(cfg: Config, d: Dims) -> bool:
+    """Whether the router runs the fused routing kernel (ops.route): triton, or auto on CUDA in
+    fp32/bf16/fp16."""
+    backend = cfg.moe.backend
+    return backend == "triton" or (backend == "auto" and d.device == "cuda" and d.b in (2, 4))
 
 
 def fused_experts(cfg: Config, d: Dims) -> bool:

@@ -111,9 +111,9 @@ class Router(nn.Module):
         self.aux_loss_type = e.aux_loss_type
         self.compute_aux = e.aux_loss_coeff > 0
         self.compute_z = e.z_loss_coeff > 0
-        # moe.backend triton routes with the fused kernel (ops.route); auto keeps the PyTorch router
-        # until that kernel has passed its GPU tests
-        self.route_impl = "triton" if e.backend == "triton" else "torch"
+        # the fused routing kernel (ops.route) with moe.backend triton, and with auto wherever it runs
+        # natively (CUDA); the torch and reference backends route in PyTorch
+        self.route_impl = {"triton": "triton", "auto": "auto"}.get(e.backend, "torch")
         self.weight = nn.Parameter(torch.empty(e.num_experts, cfg.model.hidden_size))
         self.bias = nn.Parameter(torch.empty(e.num_experts)) if e.router_bias else None
         if e.expert_bias:

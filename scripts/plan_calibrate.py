@@ -1,0 +1,157 @@
+"""Planner calibration data (GPU): where a real training step's time goes, on configs that are NOT
+among `moetrain plan validate`'s, so that constants fitted to these stay out of sample there.
+
+    python scripts/plan_calibrate.py [--json OUT.json] [NAME ...]
+
+Per config: the trainer's model and optimizer (same classes, same order of calls as
+moetrain/train/trainer.py), random tokens, and per step CUDA events around forward, backward and
+the tail (grad norm, host sync, clipping, AdamW); medians after warm-up. Then one step under
+torch.profiler: GPU kernel time by kind (GEMM, attention, our Triton kernels, optimizer,
+other elementwise/reduction) and the number of kernels, forward and backward separately.
+Compare with `moetrain plan perf` for the same overrides (tests nothing by itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+
+CONFIGS = {  # name: (preset, overrides); none of these is a validation config
+    "cal-tiny": ("tiny", []),
+    "cal-qwen3-2l": ("qwen3-30b-a3b", ["model.num_layers=2", "train.seq_length=2048", "train.micro_batch_size=2",
+                                       "train.global_batch_size=2"]),
+    "cal-qwen3-bf16-s1k": ("qwen3-30b-a3b", ["model.num_layers=2", "train.seq_length=1024", "train.micro_batch_size=8",
+                                             "train.global_batch_size=8", "precision.master_weights=false",
+                                             "optim.main_grads_dtype=bf16", "optim.exp_avg_dtype=bf16",
+                                             "optim.exp_avg_sq_dtype=bf16"]),
+    "cal-llama-2l": ("llama3-8b", ["model.num_layers=2", "train.seq_length=2048", "train.micro_batch_size=4",
+                                   "train.global_batch_size=4"]),
+    "cal-mixtral-1l": ("mixtral-8x7b", ["model.num_layers=1", "train.seq_length=8192", "train.micro_batch_size=1",
+                                        "train.global_batch_size=1"]),
+    "cal-dsv3-32e": ("deepseek-v3", ["model.num_layers=2", "moe.first_k_dense=1", "moe.num_experts=32",
+                                     "train.seq_length=2048", "train.micro_batch_size=2", "train.global_batch_size=2"]),
+    "cal-gptoss-2l": ("gpt-oss-20b", ["model.num_layers=2", "train.seq_length=4096", "train.micro_batch_size=1",
+                                      "train.global_batch_size=1"]),
+}
+
+
+def kind_of(name: str) -> str:
+    n = name.lower()
+    if any(s in n for s in ("flash", "fmha", "attention", "sdpa")):
+        return "attention"
+    if any(s in n for s in ("adam", "multi_tensor", "foreach", "lpnorm")):
+        return "optimizer"
+    if any(s in n for s in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_")):
+        return "gemm"
+    if name.startswith("_") and "::" not in name:
+        return "triton"
+    return "elementwise"
+
+
+def calibrate(name: str, steps: int = 8, warmup: int = 3) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from moetrain.config.load import load_config
+    from moetrain.models import build_model
+    from moetrain.train.optim import DTYPES, PrecisionAwareAdamW
+
+    preset, overrides = CONFIGS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(preset=preset, overrides=overrides + ["train.device=cuda", f"train.out_dir={tmp}"])
+    t, o = cfg.train, cfg.optim
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    with torch.device(dev):
+        model = build_model(cfg)
+    model.to(DTYPES[cfg.precision.dtype])
+    model.set_recompute(t.recompute, t.recompute_layer_ids)
+    opt = PrecisionAwareAdamW(model.named_parameters(), o, cfg.precision.master_weights)
+    accum = cfg.grad_accum_steps
+    V = cfg.model.vocab_size
+
+    def batch():
+        ids = torch.randint(0, V, (t.micro_batch_size, t.seq_length + 1), device=dev)
+        return ids[:, :-1], ids[:, 1:]
+
+    def one_step(marks: list | None):
+        ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+        opt.zero_grad()
+        model.reset_moe_stats()
+        f = b = 0.0
+        evs = []
+        for _ in range(accum):
+            x, y = batch()
+            e0, e1, e2 = ev(), ev(), ev()
+            e0.record()
+            out = model(x, y)
+            e1.record()
+            (out.loss / accum).backward()
+            e2.record()
+            evs.append((e0, e1, e2))
+        e3 = ev()
+        e3.record()
+        norm = opt.grad_norm()
+        norm_host = norm.item()  # the trainer's one host sync per step
+        if o.clip_grad > 0 and norm_host > o.clip_grad:
+            opt.scale_grads(o.clip_grad / (norm_host + 1e-6))
+        opt.step(1e-4)
+        e4 = ev()
+        e4.record()
+        torch.cuda.synchronize()
+        for e0, e1, e2 in evs:
+            f += e0.elapsed_time(e1)
+            b += e1.elapsed_time(e2)
+        if marks is not None:
+            marks.append({"fwd_ms": f, "bwd_ms": b, "tail_ms": e3.elapsed_time(e4),
+                          "step_ms": evs[0][0].elapsed_time(e4)})
+
+    marks: list = []
+    for i in range(warmup + steps):
+        one_step(marks if i >= warmup else None)
+    res = {k: statistics.median(m[k] for m in marks) for k in marks[0]}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        one_step(None)
+    kinds: dict[str, list] = {}
+    for evt in prof.key_averages():
+        if evt.device_type.name != "CUDA" or evt.self_device_time_total <= 0:
+            continue
+        k = kinds.setdefault(kind_of(evt.key), [0.0, 0])
+        k[0] += evt.self_device_time_total / 1e3
+        k[1] += evt.count
+    res["kernels_ms"] = {k: round(v[0], 3) for k, v in sorted(kinds.items())}
+    res["kernels_n"] = {k: v[1] for k, v in sorted(kinds.items())}
+    res["config"] = name
+    del model, opt
+    torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    rows = []
+    for name in args.names:
+        try:
+            r = calibrate(name)
+        except Exception as err:  # one config's failure is reported, the rest still run
+            r = {"config": name, "error": f"{type(err).__name__}: {err}"[:300]}
+        rows.append(r)
+        if "error" in r:
+            print(f"{name:22s} ERROR {r['error']}", flush=True)
+            continue
+        print(f"{name:22s} fwd {r['fwd_ms']:8.2f}  bwd {r['bwd_ms']:8.2f}  tail {r['tail_ms']:7.2f}  step {r['step_ms']:8.2f} ms"
+              f"  | kernels ms {r['kernels_ms']}  n {r['kernels_n']}", flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
