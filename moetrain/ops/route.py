@@ -97,8 +97,8 @@ def route(logits: torch.Tensor, topk: int, *, score: str = "softmax", num_groups
         impl = "triton" if _triton_routes(logits) else "torch"
     if impl == "triton":
         require_triton(logits.device)  # a one-line UserError without CUDA (or the interpreter) or triton
-        idx, weight, counts = _TritonRoute.apply(logits, topk, score, num_groups, topk_groups, group_score,
-                                                 expert_bias, scaling_factor, normalize)
+        idx, weight, counts = _route_triton(logits, topk, score, num_groups, topk_groups, group_score,
+                                            expert_bias, scaling_factor, normalize)
         return Routing(idx, weight, counts, None)
     scores = scores_of(logits, score)
     sel = scores if expert_bias is None else scores + expert_bias
@@ -135,11 +135,21 @@ class _TritonRoute(torch.autograd.Function):
 
 
 def _triton_routes(logits: torch.Tensor) -> bool:
-    """auto's choice: the kernel (GPU-tested on an H200) wherever it runs natively; fp64 stays on PyTorch."""
+    """auto's choice: the kernel (GPU-tested on an H200) wherever it runs natively; fp64 stays on PyTorch,
+    and so does a layer under torch.compile (which fuses the PyTorch routing itself; a compiled layer
+    with the kernel inside hung on the H200)."""
     import importlib.util
 
     return (logits.is_cuda and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and importlib.util.find_spec("triton") is not None)
+            and not torch.compiler.is_compiling() and importlib.util.find_spec("triton") is not None)
+
+
+@torch.compiler.disable
+def _route_triton(logits, topk, score, num_groups, topk_groups, group_score, expert_bias, scaling_factor,
+                  normalize):
+    # impl="triton" asked for explicitly inside a compiled layer: a graph break, the kernel runs eagerly
+    return _TritonRoute.apply(logits, topk, score, num_groups, topk_groups, group_score, expert_bias,
+                              scaling_factor, normalize)
 
 
 def _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl) -> None:
