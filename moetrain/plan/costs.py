@@ -5,8 +5,9 @@ intermediate, b activation bytes, V vocab). Each op is (flops, bytes, kind):
 
 * gemm: time = max(flops / (peak * efficiency(M, N, K)), bytes / bandwidth) + a kernel floor;
   efficiency(M, N, K) = 1 / (1 + 32/M + 64/N + 128/K) on top of the hardware's gemm_efficiency
-  (small dimensions waste tiles: a fit to GEMMs timed on our H200, +-20%). Grouped GEMMs use the
-  rows per expert as M and GROUPED_FACTOR. fp32 matmuls run at the fp32 (non-tensor) peak.
+  (small dimensions waste tiles: a fit to GEMMs timed on our H200, +-20%), taken for each GEMM
+  of a linear layer with its own output rows/cols and reduction size (the weight gradient reduces
+  over the rows). Grouped GEMMs use the rows per expert in place of M, and GROUPED_FACTOR. fp32 matmuls run at the fp32 (non-tensor) peak.
 * attention: fused causal attention FLOPs (4 * B * nh * S * ctx * d) at ATTN_FWD / ATTN_BWD of
   the GEMM rate; the math / explicit paths as GEMMs plus memory traffic of the [S, S] scores.
 * mem: elementwise / norm / permute / sort kernels: bytes read + written at ELEMENTWISE of the
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from moetrain.config.schema import Config
 from moetrain.plan.activations import Dims, attention_kernel, fused_experts, routed_rows
 
-GROUPED_FACTOR = 0.78
+GROUPED_FACTOR = 0.90  # bench gemm on the H200 (session 3): auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
 ATTN_FWD = 0.60  # fused attention forward vs the large-GEMM rate
 ATTN_BWD = 0.57
 ELEMENTWISE = 0.46  # of the achievable copy bandwidth (many small fp32 kernels)
@@ -74,15 +75,16 @@ class Roofline:
     def gemm_eff(self, M: float, N: float, K: float) -> float:
         return 1.0 / (1.0 + 32.0 / max(M, 1) + 64.0 / max(N, 1) + 128.0 / max(K, 1))
 
-    def gemm(self, M: float, N: float, K: float, b: int, dtype: str | None = None, rows_pe: float | None = None,
-             factor: float = 1.0) -> tuple[float, float]:
-        """(seconds, flops) of [M, K] x [K, N]."""
+    def gemm(self, M: float, N: float, K: float, b: int, dtype: str | None = None,
+             eff_shape: tuple[float, float, float] | None = None, factor: float = 1.0) -> tuple[float, float]:
+        """(seconds, flops) of [M, K] x [K, N]; ``eff_shape`` (rows, cols, reduction) sets the efficiency
+        when it differs from (M, N, K): one expert's share of a grouped GEMM."""
         flops = 2.0 * M * N * K
         if M <= 0 or N <= 0 or K <= 0:
             return 0.0, 0.0
         dt = dtype or self.mm_dtype
         peak = self.hw.peak(dt) * 1e12 * (self.hw.gemm_efficiency if dt != "fp32" else 0.85)
-        eff = self.gemm_eff(rows_pe if rows_pe is not None else M, N, K) * factor
+        eff = self.gemm_eff(*(eff_shape or (M, N, K))) * factor
         t = max(flops / (peak * eff), b * (M * K + K * N + M * N) / self.hw.mem_bw)
         return t + KERNEL_FLOOR_S, flops
 
@@ -100,11 +102,14 @@ def _norm(c: Cost, rf: Roofline, name: str, elems: float, b: int) -> None:
 
 
 def _linear(fw: Cost, bi: Cost, bw: Cost, rf: Roofline, name: str, M: float, N: float, K: float, b: int,
-            **kw) -> None:
-    t, fl = rf.gemm(M, N, K, b, **kw)
-    fw.add(name, t, 1, fl)
-    bi.add(name, t, 1, fl)  # dgrad: [M, N] x [N, K]
-    bw.add(name, t, 1, fl)  # wgrad: [K, M] x [M, N]
+            rows_pe: float | None = None, factor: float = 1.0) -> None:
+    """y [M, N] = x [M, K] w^T and its two gradients, each GEMM at the efficiency of its own output and
+    reduction sizes. Grouped (rows_pe = rows per expert): each expert's GEMM has rows_pe rows, and
+    the weight gradient reduces over them (DeepSeek-V3's 256 rows per expert: its slowest GEMM)."""
+    r = M if rows_pe is None else rows_pe
+    for cost, shape in ((fw, (r, N, K)), (bi, (r, K, N)), (bw, (N, K, r))):  # fwd, dgrad dx [M, K], wgrad dw [N, K]
+        t, fl = rf.gemm(M, N, K, b, eff_shape=shape, factor=factor)
+        cost.add(name, t, 1, fl)
 
 
 def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None, mode: str,
