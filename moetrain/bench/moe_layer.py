@@ -6,7 +6,9 @@
 Every contender runs in this process on the same inputs, weights and routing, with
 repetitions interleaved (contender A, B, C, A, B, C, ...), timed with CUDA events; medians.
 Contenders:
-  ours (<backend>)       fp32 router GEMM, moetrain.ops.route (the fused routing kernel for triton),
+  ours (<backend>)       router logits as the model computes them (moetrain.ops.router_logits: fp32
+                         logits from bf16 tensor-core GEMMs on CUDA), moetrain.ops.route (the fused
+                         routing kernel for triton and auto),
                          moetrain.ops.moe_experts with that backend:
                          torch (torch._grouped_mm), triton (the fused path: FC1 gathers token rows,
                          our Triton grouped GEMMs), auto (per-shape choice measured on first use
@@ -90,13 +92,15 @@ def route(x: torch.Tensor, router_w: torch.Tensor, forcing: torch.Tensor, K: int
 
 
 def ours(backend: str):
-    """Our layer: the same fp32 router GEMM, then ops.route and ops.moe_experts, as the model's MoE layer
-    runs them: the fused routing kernel with the triton and auto backends, PyTorch routing with torch
-    (see moetrain.models.moe.router)."""
+    """Our layer: ops.router_logits, ops.route and ops.moe_experts as the model's MoE layer runs them
+    (see moetrain.models.moe.router): the tensor-core router GEMM except for the reference backend, the
+    fused routing kernel with the triton and auto backends, PyTorch routing with torch."""
     impl = {"triton": "triton", "auto": "auto"}.get(backend, "torch")
+    logits_impl = "fp32" if backend == "reference" else "auto"
 
     def layer(x, router_w, forcing, w1, w2, K):
-        r = ops.route(router_logits(x, router_w, forcing), K, impl=impl)
+        logits = ops.router_logits(x, router_w, impl=logits_impl) + forcing
+        r = ops.route(logits, K, impl=impl)
         return ops.moe_experts(x, r.topk_idx, r.topk_weight, w1, w2, backend=backend)
     return layer
 

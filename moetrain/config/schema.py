@@ -93,6 +93,11 @@ class MoEConfig:
     normalize_topk: bool = doc(True, "Renormalise the top-k weights to sum to one.")
     scaling_factor: float = doc(1.0, "Multiply the top-k weights by this (DeepSeek routed_scaling_factor).")
     router_bias: bool = doc(False, "Learned bias on the router logits (GPT-OSS).")
+    router_gemm: Literal["auto", "fp32"] = doc(
+        "auto", "Router logits GEMM. auto: in bf16 on CUDA, on the tensor cores with fp32 accumulation and "
+        "output (the same fp32 logits up to summation order, no fp32 copy of the input kept; "
+        "moetrain.ops.router_logits), else fp32; fp32: upcast copies and an fp32 GEMM, as the reference "
+        "backend always does.")
     expert_bias: bool = doc(False, "Aux-loss-free balancing: a per-expert bias added for selection only.")
     expert_bias_update_rate: float = doc(1e-3, "Step of the expert-bias update after each optimizer step.")
     aux_loss_coeff: float = doc(0.0, "Load-balancing auxiliary loss coefficient; 0 disables it.")

@@ -218,7 +218,9 @@ def router(cfg: Config, d: Dims) -> list[Term]:
     e, H = cfg.moe, cfg.model.hidden_size
     T, E, K = d.Th, e.num_experts, e.topk
     out = []
-    if d.b != 4:  # fp32 routing: a copy of the input and of the weight (fp32 models use both as is)
+    # fp32 logits GEMM: a copy of the input and of the weight (fp32 models use both as is); the
+    # tensor-core GEMM keeps x itself (counted as the MoE input in moe_mlp)
+    if d.b != 4 and not tensor_core_router(cfg, d):
         out += [Term("router input fp32", 4 * T * H, wgrad=True), Term("router weight fp32", 4 * E * H)]
     out.append(Term("router scores", 4 * T * E))
     if e.z_loss_coeff > 0:
@@ -245,9 +247,17 @@ def router(cfg: Config, d: Dims) -> list[Term]:
 
 def triton_routing(cfg: Config, d: Dims) -> bool:
     """Whether the router runs the fused routing kernel (ops.route): triton, or auto on CUDA in
-    fp32/bf16/fp16."""
+    fp32/bf16/fp16 outside torch.compile."""
     backend = cfg.moe.backend
-    return backend == "triton" or (backend == "auto" and d.device == "cuda" and d.b in (2, 4))
+    return backend == "triton" or (backend == "auto" and d.device == "cuda" and d.b in (2, 4)
+                                   and not cfg.train.compile)
+
+
+def tensor_core_router(cfg: Config, d: Dims) -> bool:
+    """Whether the router's logits GEMM runs on the tensor cores (ops.router_logits): bf16 on CUDA,
+    every backend but the reference, outside torch.compile."""
+    return (d.device == "cuda" and cfg.precision.dtype == "bf16" and cfg.moe.backend != "reference"
+            and cfg.moe.router_gemm == "auto" and not cfg.train.compile)
 
 
 def fused_experts(cfg: Config, d: Dims) -> bool:
@@ -278,10 +288,12 @@ def moe_mlp(cfg: Config, d: Dims, selective: bool) -> list[Term]:
     shared = cfg.shared_ffn_size
     out = router(cfg, d)
     # The MoE input x (b*T*H): kept by the shared experts' FC1, by the selective checkpoint, by the
-    # fused expert path's FC1, or (fp32) by the router, which then uses it without a copy.
+    # fused expert path's FC1, or by the router (fp32 models, or the tensor-core logits GEMM), which
+    # then uses it without a copy.
     fused = fused_experts(cfg, d) and not selective
-    if shared > 0 or selective or b == 4 or fused:
-        out.append(Term("moe input", b * d.Th * H, wgrad=shared > 0 or b == 4 or fused))
+    by_router = b == 4 or tensor_core_router(cfg, d)
+    if shared > 0 or selective or by_router or fused:
+        out.append(Term("moe input", b * d.Th * H, wgrad=shared > 0 or by_router or fused))
     if selective:
         # checkpoint inputs: the final top-k weights, and with capacity the new (dropped) indices
         out.append(Term("top-k weights", 4 * d.Th * e.topk + (8 * d.Th * e.topk if e.capacity_factor else 0)))

@@ -37,3 +37,7 @@ H200_S3 = {
     "mixtral-8x7b-2l": (57.12, 0.1168, {"moe": (0.00639, 0.01289)}),
     "gpt-oss-20b-4l": (86.88, 0.1727, {"moe": (0.00847, 0.01083)}),
 }
+
+# What these runs had that later code changed: the router's logits GEMM was the fp32 one (the planner
+# follows moe.router_gemm), so replays project with it.
+AS_MEASURED = ("moe.router_gemm=fp32",)

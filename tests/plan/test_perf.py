@@ -10,7 +10,7 @@ from moetrain.plan import comm
 from moetrain.plan.costs import KERNEL_FLOOR_S, Roofline
 from moetrain.plan.hardware import load_hardware
 from moetrain.plan.perf import optimizer_time, project_perf
-from h200_measured import H200 as MEASURED, H200_S3 as MEASURED_S3  # this directory is on sys.path (pytest, no __init__.py)
+from h200_measured import AS_MEASURED, H200 as MEASURED, H200_S3 as MEASURED_S3  # this directory is on sys.path (pytest, no __init__.py)
 
 H200 = load_hardware("h200")
 
@@ -113,7 +113,7 @@ def test_measure_blocks_on_cpu_times_each_kind():
 def test_matches_h200_step_times(name):
     from moetrain.plan.validate import validation_config
 
-    proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
+    proj = project_perf(validation_config(name, 6, "unused", AS_MEASURED), H200).step_time_s
     assert proj == pytest.approx(MEASURED[name][1], rel=0.12)
 
 
@@ -123,7 +123,7 @@ def test_within_ten_percent_of_two_machines_mean(name):
     same code): the roofline aims at their mean."""
     from moetrain.plan.validate import validation_config
 
-    proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
+    proj = project_perf(validation_config(name, 6, "unused", AS_MEASURED), H200).step_time_s
     assert proj == pytest.approx((MEASURED[name][1] + MEASURED_S3[name][1]) / 2, rel=0.10)
 
 
@@ -132,5 +132,5 @@ def test_measured_mode_with_session3_blocks(name):
     from moetrain.plan.validate import validation_config
 
     _, step, blocks = MEASURED_S3[name]
-    proj = project_perf(validation_config(name, 6, "unused"), H200, dp_overlap=0.0, measured=blocks).step_time_s
+    proj = project_perf(validation_config(name, 6, "unused", AS_MEASURED), H200, dp_overlap=0.0, measured=blocks).step_time_s
     assert proj == pytest.approx(step, rel=0.12)

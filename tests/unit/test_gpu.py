@@ -86,3 +86,21 @@ def test_compiled_layers_train_like_eager_on_gpu(tmp_path):
     compiled = run(load_config(overrides=[f"train.out_dir={tmp_path / 'c'}", "train.compile=true", *common]),
                    show_progress=False)
     assert [r["loss"] for r in compiled.records] == pytest.approx([r["loss"] for r in eager.records], rel=2e-2)
+
+
+def test_tensor_core_router_gemm_matches_fp32_on_gpu():
+    from moetrain.ops.router_gemm import router_logits
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(4099, 2048, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(128, 2048, device="cuda", generator=g) * 0.02).bfloat16()
+    probe = torch.randn(4099, 128, device="cuda", generator=g)
+    res = {}
+    for impl in ("tensor_core", "fp32"):
+        a, b = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = router_logits(a, b, impl=impl)
+        (y * probe).sum().backward()
+        res[impl] = (y.detach(), a.grad, b.grad)
+    (y_tc, dx_tc, dw_tc), (y_ref, dx_ref, dw_ref) = res["tensor_core"], res["fp32"]
+    assert y_tc.dtype == torch.float32 and rel_err(y_tc, y_ref) < 1e-5
+    assert rel_err(dx_tc, dx_ref) < 1e-2 and rel_err(dw_tc, dw_ref) < 1e-2

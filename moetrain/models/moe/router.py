@@ -39,10 +39,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from moetrain.ops.route import expert_counts, group_limited_mask, route, scores_of  # noqa: F401 (re-exported)
+from moetrain.ops.router_gemm import router_logits
 
 
 @dataclass
@@ -114,6 +114,9 @@ class Router(nn.Module):
         # the fused routing kernel (ops.route) with moe.backend triton, and with auto wherever it runs
         # natively (CUDA); the torch and reference backends route in PyTorch
         self.route_impl = {"triton": "triton", "auto": "auto"}.get(e.backend, "torch")
+        # moe.router_gemm auto: the logits GEMM on the tensor cores in bf16 on CUDA (same fp32 logits up
+        # to summation order; ops.router_gemm); the reference backend keeps the plain fp32 GEMM
+        self.logits_impl = "fp32" if e.backend == "reference" or e.router_gemm == "fp32" else "auto"
         self.weight = nn.Parameter(torch.empty(e.num_experts, cfg.model.hidden_size))
         self.bias = nn.Parameter(torch.empty(e.num_experts)) if e.router_bias else None
         if e.expert_bias:
@@ -134,8 +137,7 @@ class Router(nn.Module):
         T, E, K = x.shape[0], self.num_experts, self.topk
         # fp32 routing (fp64 when the model runs in fp64, e.g. reference tests)
         dt = torch.promote_types(x.dtype, torch.float32)
-        bias = self.bias.to(dt) if self.bias is not None else None
-        logits = F.linear(x.to(dt), self.weight.to(dt), bias)  # [T, E]
+        logits = router_logits(x, self.weight, self.bias, impl=self.logits_impl)  # [T, E] fp32 (fp64)
 
         scores = None
         if self.force_balance == "even":
