@@ -144,12 +144,16 @@ def _triton_routes(logits: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and importlib.util.find_spec("triton") is not None)
 
 
-@torch.compiler.disable
-def _route_triton(logits, topk, score, num_groups, topk_groups, group_score, expert_bias, scaling_factor,
-                  normalize):
-    # impl="triton" asked for explicitly inside a compiled layer: a graph break, the kernel runs eagerly
-    return _TritonRoute.apply(logits, topk, score, num_groups, topk_groups, group_score, expert_bias,
-                              scaling_factor, normalize)
+def _route_triton(*args):
+    # impl="triton" asked for explicitly inside a compiled layer: a graph break, the kernel runs eagerly.
+    # (torch.compiler.disable imports dynamo, and dynamo triton: applied on first use, not at import.)
+    global _route_triton_eager
+    if _route_triton_eager is None:
+        _route_triton_eager = torch.compiler.disable(_TritonRoute.apply)
+    return _route_triton_eager(*args)
+
+
+_route_triton_eager = None
 
 
 def _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl) -> None:
