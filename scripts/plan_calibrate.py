@@ -8,7 +8,8 @@ moetrain/train/trainer.py), random tokens, and per step CUDA events around forwa
 the tail (grad norm, host sync, clipping, AdamW); medians after warm-up. Then one step under
 torch.profiler: GPU kernel time by kind (GEMM, attention, our Triton kernels, optimizer,
 other elementwise/reduction) and the number of kernels, forward and backward separately.
-Compare with `moetrain plan perf` for the same overrides (tests nothing by itself).
+Each config prints the measurement and the roofline's projection of the same phases and kernel kinds
+(moetrain.plan), the numbers to fit the roofline's constants to (tests nothing by itself).
 """
 
 from __future__ import annotations
@@ -130,6 +131,44 @@ def calibrate(name: str, steps: int = 8, warmup: int = 3) -> dict:
     return res
 
 
+GEMM_PARTS = ("attn proj", "experts fc", "shared fc", "mlp fc", "head", "eh_proj", "router")
+
+
+def projected(name: str) -> dict:
+    """The roofline's view of the same config: forward, backward and tail ms (host launches included),
+    and the GPU ms of its modelled kernels by kind (router GEMMs counted with gemm, their small
+    elementwise ops too: a slight overcount of gemm)."""
+    from moetrain.config.load import load_config
+    from moetrain.plan.activations import resolve_dims
+    from moetrain.plan.costs import Roofline, block_cost, embedding_cost, head_cost, mtp_extra_cost
+    from moetrain.plan.hardware import load_hardware
+    from moetrain.plan.memory import block_mode
+    from moetrain.plan.perf import project_perf
+
+    preset, overrides = CONFIGS[name]
+    cfg = load_config(preset=preset, overrides=overrides + ["train.device=cuda"])
+    hw = load_hardware("h200-sxm")
+    rep = project_perf(cfg, hw, dp_overlap=0.0)
+    st = rep.per_rank[0]["stage_times_s"]
+    out = {"fwd_ms": 1e3 * sum(s["fwd"] for s in st), "bwd_ms": 1e3 * sum(s["bwd"] + s["wgrad"] for s in st),
+           "tail_ms": 1e3 * rep.breakdown["tail_max"], "step_ms": 1e3 * rep.step_time_s}
+    d = resolve_dims(cfg, "auto", 1.0, "cuda")
+    rf = Roofline(hw, cfg.precision.dtype)
+    costs = [block_cost(cfg, d, rf, cfg.is_moe_layer(i), None, block_mode(cfg, i)) for i in range(cfg.model.num_layers)]
+    costs += [head_cost(cfg, d, rf), embedding_cost(cfg, d, rf)]
+    costs += [block_cost(cfg, d, rf, cfg.is_moe, None, "none")] * cfg.model.mtp_num_layers
+    costs += [mtp_extra_cost(cfg, d, rf)] * cfg.model.mtp_num_layers
+    kinds = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0}
+    for bc in costs:
+        for phase in (bc.fwd, bc.bwd_input, bc.bwd_weight):
+            for part, sec in phase.parts.items():
+                part = part.removeprefix("recompute ")
+                kind = "gemm" if part.startswith(GEMM_PARTS) else "attention" if part == "attention" else "elementwise"
+                kinds[kind] += 1e3 * sec * cfg.grad_accum_steps
+    out["kernels_ms"] = {k: round(v, 3) for k, v in kinds.items()}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", default=list(CONFIGS))
@@ -145,8 +184,11 @@ def main(argv=None) -> int:
         if "error" in r:
             print(f"{name:22s} ERROR {r['error']}", flush=True)
             continue
-        print(f"{name:22s} fwd {r['fwd_ms']:8.2f}  bwd {r['bwd_ms']:8.2f}  tail {r['tail_ms']:7.2f}  step {r['step_ms']:8.2f} ms"
-              f"  | kernels ms {r['kernels_ms']}  n {r['kernels_n']}", flush=True)
+        r["projected"] = p = projected(name)
+        for who, x in (("measured", r), ("roofline", p)):
+            print(f"{name:20s} {who:9s} fwd {x['fwd_ms']:8.2f}  bwd {x['bwd_ms']:8.2f}  tail {x['tail_ms']:7.2f}  "
+                  f"step {x['step_ms']:8.2f} ms | kernels ms {x['kernels_ms']}", flush=True)
+        print(f"{'':20s} kernels launched per step: {r['kernels_n']}", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

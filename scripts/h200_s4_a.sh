@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Session 4, call A (< 8 min): every GPU test (new since session 3: the tensor-core router GEMM, auto's routing
+# kernel outside torch.compile), then planner calibration data on configs outside the validation set.
+# timeout -k: a hung CUDA process ignores SIGTERM (session 3 lost 9 minutes of device time that way).
+set -uo pipefail
+out="${1:-${OUT:-/tmp/moetrain-out}}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+echo "== GPU tests"
+timeout -k 10 200 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -x 2>&1 | tee "$out/gpu_tests.log" \
+  | grep -E "passed|failed|FAILED|Error" | tail -8
+timeout -k 10 80 python3 -m pytest -q tests/kernels/test_route.py tests/kernels/test_moe_fused.py -p no:cacheprovider -rf 2>&1 \
+  | tee "$out/kernel_tests.log" | grep -E "passed|failed|FAILED|Error" | tail -8
+echo "== planner calibration (measured vs roofline)"
+timeout -k 10 170 python3 scripts/plan_calibrate.py --json "$out/calibrate.json" 2>&1 | grep -Ev "Warning|warn" | cut -c1-300 | tail -24

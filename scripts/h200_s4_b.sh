@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Session 4, call B (< 9 min), after refitting the roofline to call A's calibration data: a fresh plan validate
+# (out of sample), then the MoE layer at DeepSeek-V3 and Qwen3 (tensor-core router GEMM, auto's routing kernel).
+set -uo pipefail
+out="${1:-${OUT:-/tmp/moetrain-out}}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+echo "== plan validate"
+timeout -k 10 300 python3 -m moetrain plan validate --out "$out/validate" 2>&1 | grep -Ev "Warning|warn" | tail -16
+tar czf "$out/validate.tgz" -C "$out" validate && rm -rf "$out/validate"
+echo "== MoE layer"
+timeout -k 10 200 python3 -m moetrain bench moe --shapes deepseek-v3,qwen3-30b-a3b --routing balanced,skewed --reps 5 --warmup 2 \
+  --backends triton,auto --json "$out/bench_moe.json" 2>&1 | grep -Ev "Warning|warn|softmax|Inductor|important use" \
+  | tee "$out/bench_moe.log" | tail -40
