@@ -52,6 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
+from moetrain.kernels.host import cdiv, next_pow2
+
 from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
     INTERPRETER_PROGRAMS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for, interpreter_numpy_shim,
     interpreting, pick_config, tail_config)
@@ -386,11 +388,11 @@ def _on_device(device: torch.device):
 
 def _block_g(groups: int) -> int:
     # One compiled kernel serves every expert count up to 256 (the group vectors are tiny).
-    return max(256, triton.next_power_of_2(groups))
+    return max(256, next_pow2(groups))
 
 
 def _bucket(rows: int, groups: int) -> int:
-    return triton.next_power_of_2(max(1, rows // max(groups, 1)))
+    return next_pow2(max(1, rows // max(groups, 1)))
 
 
 def _output(out, shape, like: torch.Tensor) -> torch.Tensor:
@@ -470,7 +472,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         else:
             a_desc, w_desc, out_desc = a, w, out
         # Upper bound of the tile count without reading offs: every group adds at most one partial tile.
-        bound = (triton.cdiv(M, bm) + G) * triton.cdiv(OUT, bn) if part != 2 else G * triton.cdiv(OUT, bn)
+        bound = (cdiv(M, bm) + G) * cdiv(OUT, bn) if part != 2 else G * cdiv(OUT, bn)
         nprog = max(1, min(num_programs or _num_programs(a.device) * cfg.programs_per_sm, bound))
         _rowgroup_kernel[(nprog,)](
             a, a_desc, offs if gather is None else gather, w, w_desc, out, out_desc, offs, M, OUT, RED, G,
@@ -539,7 +541,7 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
         else:
             dy_desc, x_desc, dw_desc = dy, x, out
         nprog = max(1, min(num_programs or _num_programs(dy.device) * cfg.programs_per_sm,
-                           G * triton.cdiv(N, bm) * triton.cdiv(K, bn)))
+                           G * cdiv(N, bm) * cdiv(K, bn)))
         _wgrad_kernel[(nprog,)](
             dy, dy_desc, x, x_desc, gather_rows if gather_rows is not None else offs, out, dw_desc, offs, M, N, K, G,
             dy.stride(0), x.stride(0), out.stride(0), out.stride(1), nprog,

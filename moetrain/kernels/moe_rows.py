@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from moetrain.kernels.host import cdiv, next_pow2
+
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
 from moetrain.ops import moe_rows as _ops
 
@@ -154,7 +156,7 @@ _BLOCK = 1024
 
 
 def _block(n: int) -> int:
-    return min(_BLOCK, triton.next_power_of_2(max(n, 16)))
+    return min(_BLOCK, next_pow2(max(n, 16)))
 
 
 def _check_combine(inverse: torch.Tensor, weight: torch.Tensor | None, tokens: int, like: torch.Tensor) -> int:
@@ -183,7 +185,7 @@ def combine(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None,
     out = torch.empty(tokens, H, dtype=y.dtype, device=y.device)
     block = _block(H)
     with _on_device(y.device):
-        _combine_kernel[(tokens, triton.cdiv(H, block))](
+        _combine_kernel[(tokens, cdiv(H, block))](
             y, inverse, weight if weight is not None else y, out, H, TOPK=topk,
             HAS_WEIGHT=weight is not None, BLOCK_H=block, num_warps=4)
     return out
@@ -250,7 +252,7 @@ def swiglu_fwd(h: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor 
         return a
     rows, block = _swiglu_tile_shape(inter)
     with _on_device(h.device):
-        _swiglu_fwd_kernel[(triton.cdiv(h.shape[0], rows), triton.cdiv(inter, block))](
+        _swiglu_fwd_kernel[(cdiv(h.shape[0], rows), cdiv(inter, block))](
             h, probs if probs is not None else h, a, h.shape[0], inter, ACT=ACTIVATIONS[activation],
             HAS_PROBS=probs is not None, BLOCK_R=rows, BLOCK_I=block, num_warps=4)
     return a
@@ -268,10 +270,10 @@ def swiglu_bwd(h: torch.Tensor, da: torch.Tensor, activation: str = "swiglu", pr
     if dh.numel() == 0:
         return dh, None if probs is None else torch.zeros_like(probs)
     rows, block = _swiglu_tile_shape(inter)
-    col_blocks = triton.cdiv(inter, block)
+    col_blocks = cdiv(inter, block)
     parts = torch.empty(h.shape[0], col_blocks, dtype=torch.float32, device=h.device) if probs is not None else None
     with _on_device(h.device):
-        _swiglu_bwd_kernel[(triton.cdiv(h.shape[0], rows), col_blocks)](
+        _swiglu_bwd_kernel[(cdiv(h.shape[0], rows), col_blocks)](
             h, probs if probs is not None else h, da, dh, parts if parts is not None else dh, h.shape[0], inter,
             ACT=ACTIVATIONS[activation], HAS_PROBS=probs is not None, BLOCK_R=rows, BLOCK_I=block, num_warps=4)
     return dh, None if parts is None else parts.sum(dim=1)

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from moetrain.kernels.host import next_pow2
+
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
 
 
@@ -104,8 +106,8 @@ def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, t
     with _on_device(logits.device):
         _route_kernel[(T,)](
             logits, bias, idx, weight, counts, E, float(scaling_factor),
-            TOPK=topk, BLOCK_K=triton.next_power_of_2(topk), GROUPS=groups, GROUP_SIZE=group_size,
-            BLOCK_G=triton.next_power_of_2(groups), BLOCK_GS=triton.next_power_of_2(group_size),
+            TOPK=topk, BLOCK_K=next_pow2(topk), GROUPS=groups, GROUP_SIZE=group_size,
+            BLOCK_G=next_pow2(groups), BLOCK_GS=next_pow2(group_size),
             TOPK_GROUPS=topk_groups if num_groups is not None else groups, SIGMOID=score == "sigmoid",
             HAS_BIAS=expert_bias is not None, TOP2_SUM=group_score == "top2_sum", NORMALIZE=normalize,
             num_warps=4)

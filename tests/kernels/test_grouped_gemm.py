@@ -237,3 +237,14 @@ def test_autotuner_prefers_a_tail_split_config_within_the_slack(monkeypatch):
     for times, want in (({plain: 1.00, split: 1.02, other: 1.5}, split),   # within 3%: the split one
                         ({plain: 1.00, split: 1.05, other: 1.5}, plain)):  # beyond: the fastest
         assert tuning.pick_config(("fwd", str(want)), (plain, split, other), None, lambda cfg: times[cfg]) == want
+
+
+def test_host_integer_helpers_match_triton():
+    import triton
+
+    from moetrain.kernels.host import cdiv, next_pow2
+
+    for n in [0, 1, 2, 3, 4, 5, 7, 8, 9, 255, 256, 257, 4095, 4096, 65537]:
+        assert n == 0 or next_pow2(n) == triton.next_power_of_2(n)
+        for d in (1, 3, 64, 128, 256):
+            assert cdiv(n, d) == triton.cdiv(n, d)
