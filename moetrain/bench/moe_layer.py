@@ -17,6 +17,8 @@ Contenders:
                          torch._grouped_mm FC1/FC2, SwiGLU, index_add_ combine
   reference compiled     the same function under torch.compile
   per-expert loop        the reference with one mm per expert (host-side counts)
+  ..., graph (--graphs)  ours and the eager reference captured in one CUDA graph per forward+backward
+                         and replayed: GPU time without host launch gaps
   six torch GEMMs        not a layer: the six grouped GEMMs alone (torch._grouped_mm) on the same
                          routing's group sizes, timed after the others; "/ GEMMs" = a contender's
                          time over this floor (the issue's "within 10% of the GEMM-only time")
@@ -166,10 +168,45 @@ def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict
 
 
 def _fwd_bwd(fn, args):
+    if isinstance(fn, Graphed):
+        fn.replay(args)
+        return
     x, router_w, forcing, w1, w2, K, grad_out = args
     for t in (x, w1, w2):
         t.grad = None
     fn(x, router_w, forcing, w1, w2, K).backward(grad_out)
+
+
+class Graphed:
+    """A contender's whole forward + backward captured once in a CUDA graph and replayed: the layer's
+    GPU time without the host's launch gaps (what CUDA graphs would buy; the trainer does not use them
+    yet). Captured on the inputs of its first call, again when called with other inputs. Needs a sync-free
+    layer (ours and the torchtitan-style reference are; the per-expert loop is not)."""
+
+    def __init__(self, fn):
+        self.fn, self.graph, self.args, self.out, self.grads = fn, None, None, None, None
+
+    def replay(self, args) -> None:
+        if args is not self.args:  # new inputs (each phase of the benchmark makes its own): capture again
+            self.graph = self.out = self.grads = None
+            self._capture(args)
+        self.graph.replay()
+
+    def _capture(self, args) -> None:
+        x, router_w, forcing, w1, w2, K, grad_out = args
+        side = torch.cuda.Stream()  # warm-up off the capture stream (caches, autotuning, allocator)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                _fwd_bwd(self.fn, args)
+        torch.cuda.current_stream().wait_stream(side)
+        for t in (x, w1, w2):
+            t.grad = None  # the gradients the graph writes live in its own pool, kept by the tensors below
+        self.graph, self.args = torch.cuda.CUDAGraph(), args
+        with torch.cuda.graph(self.graph):
+            self.out = self.fn(x, router_w, forcing, w1, w2, K)
+            self.out.backward(grad_out)
+        self.grads = (x.grad, w1.grad, w2.grad)
 
 
 def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, calls: int = 2, top: int = 14) -> None:
@@ -178,7 +215,7 @@ def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, ca
 
     args = make_args()
     for name, fn in contenders.items():
-        if name == "per-expert loop":
+        if name == "per-expert loop" or isinstance(fn, Graphed):  # a replay shows the same kernels as its eager twin
             continue
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
@@ -209,10 +246,14 @@ def check_correct(contenders: dict, make_args) -> dict:
     errors = {}
     for name, fn in contenders.items():
         x, router_w, forcing, w1, w2, K, grad_out = args
-        x.grad = None
-        out = fn(x, router_w, forcing, w1, w2, K)
-        out.backward(grad_out)
-        got = (out.detach().float(), x.grad.float().clone())
+        if isinstance(fn, Graphed):  # captured on these inputs, replayed once more
+            fn.replay(args)
+            got = (fn.out.detach().float(), fn.grads[0].float().clone())
+        else:
+            x.grad = None
+            out = fn(x, router_w, forcing, w1, w2, K)
+            out.backward(grad_out)
+            got = (out.detach().float(), x.grad.float().clone())
         if ref_out is None:
             ref_out = got
         errors[name] = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, ref_out))
@@ -220,7 +261,7 @@ def check_correct(contenders: dict, make_args) -> dict:
 
 
 def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: int, compile_ref: bool,
-              profile: bool = False) -> list[dict]:
+              profile: bool = False, graphs: bool = False) -> list[dict]:
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     bf = torch.bfloat16
@@ -244,6 +285,10 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     for backend in backends:
         contenders[f"ours ({backend})"] = ours(backend)
     contenders["per-expert loop"] = lambda *a: reference_layer(*a, per_expert_loop=True)
+    if graphs:  # both sides without host gaps: ours and the eager reference, each from one CUDA graph
+        contenders["reference, graph"] = Graphed(reference_layer)
+        for backend in backends:
+            contenders[f"ours ({backend}), graph"] = Graphed(ours(backend))
     # The first call of each contender (here) autotunes the Triton kernels and makes auto measure
     # and cache its choice for this shape; time_contenders then warms up again before timing.
     errors = check_correct(contenders, make_args)
@@ -320,6 +365,8 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time ours and the eager reference replayed from one CUDA graph each (no host gaps)")
     parser.add_argument("--profile", action="store_true",
                         help="after timing, print each contender's top CUDA kernels (torch.profiler)")
     args = parser.parse_args(argv)
@@ -337,7 +384,7 @@ def main(argv=None) -> None:
     for shape_name in args.shapes.split(","):
         for routing in args.routing.split(","):
             new = run_shape(SHAPES[shape_name], routing, backends, args.warmup, args.reps,
-                            not args.no_compile, args.profile)
+                            not args.no_compile, args.profile, args.graphs)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
                 print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:20s} {r['ms']:8.2f} {r['tflops']:8.1f} "
                       f"{r['vs_eager']:8.2f} {r['vs_gemms']:8.2f} {r['peak_gib']:9.2f} {r['rel_err']:8.1e}", flush=True)
