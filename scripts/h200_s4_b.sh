@@ -10,5 +10,5 @@ timeout -k 10 300 python3 -m moetrain plan validate --out "$out/validate" 2>&1 |
 tar czf "$out/validate.tgz" -C "$out" validate && rm -rf "$out/validate"
 echo "== MoE layer"
 timeout -k 10 200 python3 -m moetrain bench moe --shapes deepseek-v3,qwen3-30b-a3b --routing balanced,skewed --reps 5 --warmup 2 \
-  --backends triton,auto --json "$out/bench_moe.json" 2>&1 | grep -Ev "Warning|warn|softmax|Inductor|important use" \
+  --backends triton,auto --graphs --json "$out/bench_moe.json" 2>&1 | grep -Ev "Warning|warn|softmax|Inductor|important use" \
   | tee "$out/bench_moe.log" | tail -40
