@@ -123,7 +123,8 @@ def register(commands, add_config_source) -> None:
                    help=f"subset of the built-in validation configs ({', '.join(CONFIG_NAMES)})")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--out", metavar="DIR", default="runs/plan-validate", help="per-config JSON files go here")
-    p.add_argument("--steps", type=int, default=6, help="training steps per config (default 6)")
+    p.add_argument("--steps", type=int, default=10,
+                   help="training steps per config (default 10: step times of one config varied by 10%% between steps)")
     p.add_argument("--hardware", metavar="NAME|FILE", default="h200-sxm", help="profile used for the projection")
     p.add_argument("--no-measure", action="store_true", help="skip the --measure mode time projection")
     p.set_defaults(func=cmd_validate)

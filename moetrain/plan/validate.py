@@ -136,7 +136,7 @@ def table(rows: list[dict]) -> str:
 
 
 def run_validation(names: list[str] | None = None, *, json_out: bool = False, out_dir: str = "runs/plan-validate",
-                   steps: int = 6, hardware: str = "h200-sxm", measure: bool = True,
+                   steps: int = 10, hardware: str = "h200-sxm", measure: bool = True,
                    runner: Callable[[str, int, bool], dict] | None = None, require_gpu: bool = True) -> list[dict]:
     from moetrain.plan.hardware import load_hardware
 
@@ -176,7 +176,7 @@ def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="plan validate worker (one config)")
     ap.add_argument("--worker", required=True, choices=CONFIG_NAMES)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--measure", action="store_true")
     args = ap.parse_args(argv)
     worker(args.worker, args.out, args.steps, args.measure)
