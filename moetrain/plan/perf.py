@@ -150,7 +150,8 @@ def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str,
     launch = hw.launch_overhead_us * 1e-6
     separate = o.main_grads_dtype != cfg.precision.dtype
     # each part: GPU time or host launch time, whichever is longer (the host runs ahead)
-    out = {"zero_grad": max(b_g * n_local / bw if separate else 0.0, n_tensors * launch),
+    # zero_grad drops param.grad (host only) and zeroes separate main grads with one multi-tensor op
+    out = {"zero_grad": max(b_g * n_local / bw, 3 * launch) if separate else 0.0,
            "grad_norm_clip": max(3 * b_g * n_local / bw, 3 * launch)}
     fused = b_t == b_g == b_m == b_v
     if fused:
@@ -162,7 +163,7 @@ def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str,
         # copies in, lerp, mul, addcmul, decay, v/bias, sqrt, add, addcdiv, copies back
         nbytes = up(b_g) + up(b_m) + up(b_v) + up(b_t) + 12 + 8 + 16 + 8 + 8 + 8 + 8 + 16 + up(b_m) + up(b_v) + up(b_t)
         out["adamw"] = max(nbytes * n_local / bw, 15 * n_tensors * launch)
-    out["master_copy"] = max((4 + b_p) * n_local / bw, n_tensors * launch) if master else 0.0
+    out["master_copy"] = max((4 + b_p) * n_local / bw, 3 * launch) if master else 0.0  # one multi-tensor copy
     return out
 
 

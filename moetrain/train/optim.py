@@ -83,8 +83,9 @@ class PrecisionAwareAdamW:
     def zero_grad(self) -> None:
         for s in self.slots:
             s.param.grad = None
-            if s.main_grad is not None:
-                s.main_grad.zero_()
+        main = [s.main_grad for s in self.slots if s.main_grad is not None]
+        if main:  # one multi-tensor launch, not one per tensor (host-bound small models feel the difference)
+            torch._foreach_zero_(main)
 
     def grads(self) -> list[torch.Tensor | None]:
         return [s.main_grad if s.main_grad is not None else s.param.grad for s in self.slots]
@@ -132,9 +133,9 @@ class PrecisionAwareAdamW:
                 lr=lr, beta1=self.cfg.beta1, beta2=self.cfg.beta2,
                 weight_decay=self.cfg.weight_decay if decay else 0.0, eps=self.cfg.eps,
                 amsgrad=False, maximize=False)
-        for s in self.slots:
-            if s.master is not None:
-                s.param.data.copy_(s.master)
+        with_master = [s for s in self.slots if s.master is not None]
+        if with_master:  # multi-tensor copy (and cast) of the updated master weights into the parameters
+            torch._foreach_copy_([s.param.data for s in with_master], [s.master for s in with_master])
 
     def _step_explicit(self, s: _Slot, target: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
         c = self.cfg
