@@ -126,9 +126,7 @@ def calibrate(name: str, steps: int = 8, warmup: int = 3) -> dict:
     res["kernels_ms"] = {k: round(v[0], 3) for k, v in sorted(kinds.items())}
     res["kernels_n"] = {k: v[1] for k, v in sorted(kinds.items())}
     res["config"] = name
-    del model, opt
-    torch.cuda.empty_cache()
-    return res
+    return res  # the model and optimizer go with this frame; main() empties the CUDA cache
 
 
 GEMM_PARTS = ("attn proj", "experts fc", "shared fc", "mlp fc", "head", "eh_proj", "router")
@@ -180,6 +178,12 @@ def main(argv=None) -> int:
             r = calibrate(name)
         except Exception as err:  # one config's failure is reported, the rest still run
             r = {"config": name, "error": f"{type(err).__name__}: {err}"[:300]}
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
         rows.append(r)
         if "error" in r:
             print(f"{name:22s} ERROR {r['error']}", flush=True)
