@@ -117,17 +117,37 @@ def moe_experts(
 
     See the module docstring for the backends; every one is sync-free except "loop".
     """
-    E = w1.shape[0]
     if topk_idx.shape != topk_weight.shape or topk_idx.shape[0] != x.shape[0]:
         raise ValueError(
             f"moe_experts: topk_idx {tuple(topk_idx.shape)} / topk_weight {tuple(topk_weight.shape)} "
             f"must both be [T, K] with T = {x.shape[0]}")
-    K = topk_idx.shape[1]
     gemm = _ALIASES.get(backend, backend)
     if gemm != "auto" or not autoselect.measures(x.device):
         gemm = resolve_backend(gemm, x.device)
     elif x.dtype not in AUTO_FUSED_DTYPES or not autoselect.triton_available():  # see the module docstring
         gemm = "torch"
+    fused = gemm in ("triton", "auto")
+    if fused and torch.compiler.is_compiling():
+        # Inside a torch.compile'd layer the fused path runs eagerly behind a graph break: our kernels
+        # gain nothing from tracing, and its run-time choices (autotuning, auto's timing) must not be
+        # traced. The rest of the layer stays compiled.
+        return _eager_fused()(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
+    return _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
+
+
+_EAGER_FUSED = None
+
+
+def _eager_fused():
+    global _EAGER_FUSED
+    if _EAGER_FUSED is None:  # torch.compiler.disable imports dynamo (and triton): on first use, not at import
+        _EAGER_FUSED = torch.compiler.disable(_moe_experts)
+    return _EAGER_FUSED
+
+
+def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm: str) -> torch.Tensor:
+    """moe_experts with a resolved backend ``gemm``: triton / auto (the fused path), torch or loop."""
+    E, K = w1.shape[0], topk_idx.shape[1]
     fused = gemm in ("triton", "auto")
     rows = "triton" if fused else "torch"
     offs, row_map = sort_rows(topk_idx, E)

@@ -62,3 +62,29 @@ def test_triton_backend_layer_matches_reference(variant):
     assert got[3].keys() == want[3].keys()
     for name in want[3]:
         torch.testing.assert_close(got[3][name], want[3][name], rtol=2e-5, atol=2e-5, msg=name)
+
+
+def test_compiled_layer_runs_the_fused_path_eagerly_and_matches():
+    """Inside torch.compile the fused expert path and the routing kernel stay out of the trace (a graph
+    break; auto routes in PyTorch there); the compiled layer still matches the eager one (dynamo only:
+    backend "eager", no inductor code generation)."""
+    torch._dynamo.reset()
+    cfg = moe_cfg(**VARIANTS["deepseek"])
+    layer = MoELayer(cfg).double()
+    random_init(layer, seed=1)
+    state = layer.state_dict()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 7, 16, dtype=torch.float64, generator=g)
+    probe = torch.randn(2, 7, 16, dtype=torch.float64, generator=g)
+    want = run(cfg, state, torch.float32, x, probe, "triton")
+    real_forward = MoELayer.forward
+    try:
+        MoELayer.forward = torch.compile(real_forward, backend="eager")
+        got = run(cfg, state, torch.float32, x, probe, "triton")
+    finally:
+        MoELayer.forward = real_forward
+        torch._dynamo.reset()
+    for a, b in zip(got[:3], want[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    for name in want[3]:
+        torch.testing.assert_close(got[3][name], want[3][name], rtol=1e-6, atol=1e-6, msg=name)
