@@ -41,7 +41,7 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
 - USE_TMA=False: masked pointer loads and stores everywhere. Both paths run under
   TRITON_INTERPRET=1 (fp32 only: the 3.6 interpreter computes bf16 dots wrongly).
 - Autotuning (`grouped_gemm_tuning.pick_config`): the first call per (op, dtype, N, K, M/G bucket) times every
-  candidate config (median of CUDA-event timings) and keeps the fastest.
+  candidate config, in turns over a few rounds (median of CUDA-event timings), and keeps the fastest.
 """
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ WGRAD_CONFIGS = (
 # that every op test also runs the body and tail launches).
 INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True)
 SPLIT_SLACK = 0.03
+TUNE_ROUNDS = 3
 INTERPRETER_PROGRAMS = 3
 
 _BEST: dict = {}  # autotune cache: key -> GemmConfig
@@ -121,7 +122,7 @@ def interpreter_numpy_shim() -> None:
 
 
 def pick_config(key: tuple, candidates: tuple, config, run):
-    """Explicit config, cached winner, or time every candidate once (median of CUDA-event timings)."""
+    """Explicit config, cached winner, or time the candidates in turns (median of CUDA-event timings)."""
     if config is not None:
         return config
     if interpreting():
@@ -130,12 +131,19 @@ def pick_config(key: tuple, candidates: tuple, config, run):
         return _BEST[key]
     if torch.cuda.is_current_stream_capturing():
         return candidates[0]  # cannot time inside a graph capture; warm up before capturing
-    times, error = {}, None
-    for cfg in candidates:
-        try:
-            times[cfg] = median_ms(lambda: run(cfg))
-        except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
-            error = exc
+    # In turns (every config once per round, TUNE_ROUNDS rounds, median): timed back to back, later
+    # configs ran on a hotter GPU (see ops.autoselect.ROUNDS).
+    rounds, error = {cfg: [] for cfg in candidates}, None
+    for _ in range(TUNE_ROUNDS):
+        for cfg in candidates:
+            if cfg not in rounds:
+                continue
+            try:
+                rounds[cfg].append(median_ms(lambda: run(cfg), warmup=1, reps=4))
+            except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
+                error = exc
+                del rounds[cfg]
+    times = {cfg: sorted(t)[len(t) // 2] for cfg, t in rounds.items()}
     if not times:
         raise RuntimeError(f"grouped GEMM: no config ran for {key}") from error
     best = min(times, key=times.get)

@@ -1,8 +1,8 @@
 """backend="auto": pick torch or triton per shape from measurements cached on disk.
 
 The first time a (op kind, dtype, N, K, M/G bucket, device name) is seen on CUDA, every available
-backend runs the op (forward + backward) on the caller's own tensors and is timed with
-CUDA events (median); the fastest is recorded in a JSON file and reused by later
+backend runs the op on the caller's own tensors and is timed with CUDA events, the candidates in
+turns over ROUNDS rounds (median); the fastest is recorded in a JSON file and reused by later
 calls and later processes. Elsewhere auto is the "loop" reference.
 
     op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each; the MoE
@@ -80,11 +80,17 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+# Candidates are timed in turns (A, B, A, B, ...), ROUNDS times, and compared by their median: timed
+# back to back, the second candidate ran on a GPU already hot from the first (session 3 on the H200: the
+# later of two timings of the same GEMM came out 4-13% slower), which biased auto toward the first.
+ROUNDS = 3
+
+
 def time_backend(backend: str, run) -> float:
-    """Median milliseconds of ``run()`` (a callable that runs the op once with ``backend``)."""
+    """Median milliseconds of ``run()`` (a callable that runs the op once with ``backend``), one round."""
     from moetrain.kernels.timing import median_ms
 
-    return median_ms(run)
+    return median_ms(run, warmup=2, reps=5)
 
 
 def _read_file(path: Path, quiet: bool = False) -> dict:
@@ -148,14 +154,19 @@ def pick(key: str, run_backend, *, capturing: bool = False) -> str:
         return cached
     if capturing:
         return candidates[0]
-    times = {}
-    for name in candidates:
-        try:
-            times[name] = float(time_backend(name, lambda name=name: run_backend(name)))
-        except Exception as err:  # e.g. torch._grouped_mm on a GPU or dtype it does not support
-            warnings.warn(f"moetrain: backend {name} failed for {key}: {type(err).__name__}: {err}"[:300],
-                          RuntimeWarning, stacklevel=2)
-            times[name] = math.inf
+    rounds: dict[str, list[float]] = {name: [] for name in candidates}
+    failed: set[str] = set()
+    for _ in range(ROUNDS):
+        for name in candidates:
+            if name in failed:
+                continue
+            try:
+                rounds[name].append(float(time_backend(name, lambda name=name: run_backend(name))))
+            except Exception as err:  # e.g. torch._grouped_mm on a GPU or dtype it does not support
+                warnings.warn(f"moetrain: backend {name} failed for {key}: {type(err).__name__}: {err}"[:300],
+                              RuntimeWarning, stacklevel=2)
+                failed.add(name)
+    times = {name: math.inf if name in failed else sorted(t)[len(t) // 2] for name, t in rounds.items()}
     finite = {n: t for n, t in times.items() if math.isfinite(t)}
     winner = min(finite, key=finite.get) if finite else FALLBACK.get(kind, "loop")
     entry = {"backend": winner, "ms": {n: (t if math.isfinite(t) else None) for n, t in times.items()}}

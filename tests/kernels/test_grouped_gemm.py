@@ -231,7 +231,7 @@ def test_autotuner_prefers_a_tail_split_config_within_the_slack(monkeypatch):
     monkeypatch.setattr(tuning, "interpreting", lambda: False)
     monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(tuning, "_BEST", {})
-    monkeypatch.setattr(tuning, "median_ms", lambda run: run())  # the "run" below returns its time
+    monkeypatch.setattr(tuning, "median_ms", lambda run, **kw: run())  # the "run" below returns its time
     plain, split, other = (gg.GemmConfig(128, 256, 64, 3, 8), gg.GemmConfig(128, 256, 64, 3, 8, tail_split=True),
                            gg.GemmConfig(128, 128, 64, 4, 4, tail_split=True))
     for times, want in (({plain: 1.00, split: 1.02, other: 1.5}, split),   # within 3%: the split one

@@ -135,6 +135,7 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
     # kernel reading token rows through the index) against "copy" (a permuted copy fed to the auto
     # forward GEMM), and each other GEMM on its own (triton against the loop reference here: torch's
     # CPU grouped GEMM cannot run these shapes); each computes with its recorded winner.
+    monkeypatch.setattr(autoselect, "ROUNDS", 1)  # the fake timer below alternates winners per call
     monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
     autoselect.reset()
     monkeypatch.setattr(autoselect, "measures", lambda device: True)

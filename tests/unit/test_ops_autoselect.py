@@ -14,6 +14,7 @@ KEY = autoselect.cache_key("grouped_gemm_fwd", torch.bfloat16, 1536, 2048, 13107
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autoselect, "ROUNDS", 1)  # one timing per candidate (the rounds have their own test)
     autoselect.reset()
     yield tmp_path
     autoselect.reset()
@@ -217,3 +218,38 @@ def test_forward_dgrad_and_wgrad_each_take_their_own_backend(monkeypatch, cache_
     assert [k for k, _ in timed] == [k for k in kinds for _ in range(2)]  # each op measured once, both backends
     entries = json.loads((cache_dir / autoselect.CACHE_FILE).read_text())["entries"]
     assert {key.split("|")[0]: e["backend"] for key, e in entries.items()} == winners
+
+
+def test_candidates_are_timed_in_turns_and_compared_by_median(monkeypatch, cache_dir):
+    """Timed back to back, a later candidate runs on a hotter GPU: auto times A, B, A, B, ... and takes
+    each candidate's median, so one slow round (here triton's second) does not decide."""
+    monkeypatch.setattr(autoselect, "ROUNDS", 3)
+    monkeypatch.setattr(autoselect, "triton_available", lambda: True)
+    ms = {"torch": iter([2.0, 2.1, 1.9]), "triton": iter([1.5, 9.0, 1.6])}
+    calls = []
+
+    def turns(backend, run):
+        calls.append(backend)
+        return next(ms[backend])
+
+    monkeypatch.setattr(autoselect, "time_backend", turns)
+    assert autoselect.pick(KEY, lambda name: None) == "triton"
+    assert calls == ["torch", "triton"] * 3
+    entry = json.loads((cache_dir / autoselect.CACHE_FILE).read_text())["entries"][KEY]
+    assert entry["ms"] == {"torch": 2.0, "triton": 1.6}
+
+
+def test_a_candidate_failing_in_a_later_round_is_dropped(monkeypatch, cache_dir):
+    monkeypatch.setattr(autoselect, "ROUNDS", 2)
+    monkeypatch.setattr(autoselect, "triton_available", lambda: True)
+    seen = []
+
+    def flaky(backend, run):
+        seen.append(backend)
+        if backend == "triton" and seen.count("triton") == 2:
+            raise RuntimeError("out of resources")
+        return 1.0 if backend == "triton" else 2.0
+
+    monkeypatch.setattr(autoselect, "time_backend", flaky)
+    with pytest.warns(RuntimeWarning, match="backend triton failed"):
+        assert autoselect.pick(KEY, lambda name: None) == "torch"
