@@ -20,8 +20,9 @@ Contenders:
   ..., graph (--graphs)  ours and the eager reference captured in one CUDA graph per forward+backward
                          and replayed: GPU time without host launch gaps
   six torch GEMMs        not a layer: the six grouped GEMMs alone (torch._grouped_mm) on the same
-                         routing's group sizes, timed after the others; "/ GEMMs" = a contender's
-                         time over this floor (the issue's "within 10% of the GEMM-only time")
+                         routing's group sizes and the same expert weights, timed in turn with the
+                         others; "/ GEMMs" = a contender's time over this floor (the issue's "within
+                         10% of the GEMM-only time")
 Before anything is timed every contender runs once (the correctness check) and then --warmup
 times: Triton autotuning and auto's measurement happen there, never inside the timed reps.
 Routing is forced through the router logits so that all contenders route identically:
@@ -168,13 +169,28 @@ def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict
 
 
 def _fwd_bwd(fn, args):
-    if isinstance(fn, Graphed):
+    if isinstance(fn, (Graphed, GemmFloor)):
         fn.replay(args)
         return
     x, router_w, forcing, w1, w2, K, grad_out = args
     for t in (x, w1, w2):
         t.grad = None
     fn(x, router_w, forcing, w1, w2, K).backward(grad_out)
+
+
+class GemmFloor:
+    """The six grouped GEMMs alone (``six_gemms``) on this shape's routing, with the contenders' own
+    expert weights: timed in turn with the contenders (the same GPU state), not after them."""
+
+    def __init__(self, s: "Shape", routing: str):
+        self.s, self.routing, self.run, self.args = s, routing, None, None
+
+    def replay(self, args) -> None:
+        if args is not self.args:
+            w1, w2 = args[3], args[4]
+            self.run = six_gemms(self.s, self.routing, w1.device, w1.dtype, weights=(w1.detach(), w2.detach()))
+            self.args = args
+        self.run()
 
 
 class Graphed:
@@ -215,7 +231,7 @@ def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, ca
 
     args = make_args()
     for name, fn in contenders.items():
-        if name == "per-expert loop" or isinstance(fn, Graphed):  # a replay shows the same kernels as its eager twin
+        if name == "per-expert loop" or isinstance(fn, (Graphed, GemmFloor)):  # a replay: its eager twin's kernels
             continue
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
@@ -246,6 +262,9 @@ def check_correct(contenders: dict, make_args) -> dict:
     errors = {}
     for name, fn in contenders.items():
         x, router_w, forcing, w1, w2, K, grad_out = args
+        if isinstance(fn, GemmFloor):  # not a layer: nothing to compare
+            errors[name] = float("nan")
+            continue
         if isinstance(fn, Graphed):  # captured on these inputs, replayed once more
             fn.replay(args)
             got = (fn.out.detach().float(), fn.grads[0].float().clone())
@@ -289,27 +308,24 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
         contenders["reference, graph"] = Graphed(reference_layer)
         for backend in backends:
             contenders[f"ours ({backend}), graph"] = Graphed(ours(backend))
+    contenders[FLOOR] = GemmFloor(s, routing)
     # The first call of each contender (here) autotunes the Triton kernels and makes auto measure
     # and cache its choice for this shape; time_contenders then warms up again before timing.
     errors = check_correct(contenders, make_args)
     timed = time_contenders(contenders, make_args, warmup, reps)
     if profile:
         print_kernel_profile(s, routing, contenders, make_args)
-    torch.cuda.empty_cache()  # the contenders' tensors are gone; the GEMM-only floor allocates its own
-    from moetrain.kernels.timing import median_ms
-
-    gemm_ms = median_ms(six_gemms(s, routing, "cuda"), warmup=warmup, reps=reps)
     flops = layer_flops(s)
-    ref_ms = timed["reference eager"][0]
+    ref_ms, gemm_ms = timed["reference eager"][0], timed[FLOOR][0]
     rows = []
     for name, (ms, peak) in timed.items():
         rows.append({"shape": s.name, "routing": routing, "contender": name, "ms": ms,
-                     "tflops": flops / ms / 1e9, "peak_gib": peak, "vs_eager": ref_ms / ms,
-                     "vs_gemms": ms / gemm_ms, "rel_err": errors[name]})
-    rows.append({"shape": s.name, "routing": routing, "contender": "six torch GEMMs", "ms": gemm_ms,
-                 "tflops": flops / gemm_ms / 1e9, "peak_gib": float("nan"), "vs_eager": ref_ms / gemm_ms,
-                 "vs_gemms": 1.0, "rel_err": float("nan")})
+                     "tflops": flops / ms / 1e9, "peak_gib": peak if name != FLOOR else float("nan"),
+                     "vs_eager": ref_ms / ms, "vs_gemms": ms / gemm_ms, "rel_err": errors[name]})
     return rows
+
+
+FLOOR = "six torch GEMMs"
 
 
 def routed_offs(s: Shape, routing: str, device) -> torch.Tensor:
@@ -318,10 +334,11 @@ def routed_offs(s: Shape, routing: str, device) -> torch.Tensor:
     return torch.cumsum(torch.bincount(chosen, minlength=s.E), 0).to(torch.int32)
 
 
-def six_gemms(s: Shape, routing: str, device, dtype=torch.bfloat16):
+def six_gemms(s: Shape, routing: str, device, dtype=torch.bfloat16, weights=None):
     """A callable running the layer's six grouped GEMMs alone (torch._grouped_mm: FC1/FC2 forward, data
     and weight gradients) on random operands with this routing's group sizes, returning their outputs:
-    the floor the whole layer is compared with."""
+    the floor the whole layer is compared with. weights: (w1 [E, 2I, H], w2 [E, H, I]) to use instead of
+    drawing new ones (the benchmark passes the contenders' own)."""
     gen = torch.Generator(device=device).manual_seed(1)
     M = s.T * s.K
     offs = routed_offs(s, routing, device)
@@ -330,7 +347,7 @@ def six_gemms(s: Shape, routing: str, device, dtype=torch.bfloat16):
         return torch.randn(*shape, device=device, generator=gen, dtype=dtype)
 
     x, a, dy, dh = rand(M, s.H), rand(M, s.I), rand(M, s.H), rand(M, 2 * s.I)
-    w1, w2 = rand(s.E, 2 * s.I, s.H) / s.H**0.5, rand(s.E, s.H, s.I) / s.I**0.5
+    w1, w2 = weights if weights is not None else (rand(s.E, 2 * s.I, s.H) / s.H**0.5, rand(s.E, s.H, s.I) / s.I**0.5)
 
     def six():
         return (torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs),  # FC1 forward  [M, 2I]

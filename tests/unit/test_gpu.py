@@ -128,3 +128,17 @@ def test_bench_graphed_contender_replays_the_eager_result():
     graphed.replay(args)
     graphed.replay(args)  # a second replay writes the same gradients again (they are not accumulated)
     assert rel_err(graphed.out, want.detach()) < 1e-3 and rel_err(graphed.grads[0], want_dx) < 1e-3
+
+
+def test_bench_moe_rows_on_a_small_shape():
+    """The benchmark's whole flow (correctness check, warm-up, interleaved timing with the GEMM floor and
+    the graphed contenders) on a small shape: every row timed, the floor's ratio 1."""
+    from moetrain.bench.moe_layer import FLOOR, Shape, run_shape
+
+    rows = run_shape(Shape("small", T=1024, H=256, I=128, E=16, K=4), "skewed", ["triton", "auto"], warmup=1, reps=2,
+                     compile_ref=False, graphs=True)
+    names = [r["contender"] for r in rows]
+    assert {"reference eager", "ours (auto)", "ours (auto), graph", "reference, graph", FLOOR} <= set(names)
+    assert all(r["ms"] > 0 for r in rows)
+    assert [r["vs_gemms"] for r in rows if r["contender"] == FLOOR] == [1.0]
+    assert all(r["rel_err"] < 2e-2 for r in rows if r["contender"] != FLOOR)
