@@ -278,8 +278,12 @@ def routed_experts(cfg: Config, d: Dims) -> list[Term]:
     out += [Term("fc1 out", b * M * 2 * I), Term("fc2 input", b * M * I, wgrad=True)]
     if e.expert_linear_bias:
         out.append(Term("bias idx", 8 * M))
-    # combine: FC2's output rows, the fp32 top-k weights and the where-mask of dropped assignments
-    out += [Term("combine mask+weights", M + 4 * M), Term("combine rows", b * M * H)]
+    if fused_experts(cfg, d) and not e.expert_linear_bias:
+        # the routing weights scale SwiGLU's rows (fp32 [M] kept); the combine is a plain sum that keeps
+        # nothing; the where-mask of dropped assignments
+        out += [Term("combine mask", M), Term("row probs", 4 * M)]
+    else:  # combine: FC2's output rows, the fp32 top-k weights and the where-mask of dropped assignments
+        out += [Term("combine mask+weights", M + 4 * M), Term("combine rows", b * M * H)]
     return out
 
 
@@ -399,12 +403,14 @@ def block_backward_extra(cfg: Config, d: Dims, moe: bool, window: int | None, gr
         if sh > 0:
             so_far += 3 * sh * H
             moments.append(b * T * (2 * sh + H) + g(2 * sh * H, so_far))
+        # FC2's output rows, kept by the weighted combine (the fused path without biases weighs in SwiGLU)
+        rows_kept = 0.0 if fused and not e.expert_linear_bias else b * M * H
         # combine backward: the gradient of FC2's output rows (the torch version also gathers the rows)
         moments.append((1 if fused else 2) * b * M * H + g(0.0, so_far))
         so_far += d_expert_params(cfg, d) / 3
-        moments.append(b * M * H + b * M * I - b * M * H + g(d_expert_params(cfg, d) / 3, so_far))
+        moments.append(b * M * H + b * M * I - rows_kept + g(d_expert_params(cfg, d) / 3, so_far))
         so_far += 2 * d_expert_params(cfg, d) / 3
-        freed = b * M * H + b * M * I + b * M * 2 * I  # combine rows, FC2 input, FC1 output
+        freed = rows_kept + b * M * I + b * M * 2 * I  # combine rows, FC2 input, FC1 output
         # FC1 backward: dh, dx_perm, and on the fused path x_perm gathered again for the weight gradient
         moments.append(b * M * 2 * I + (2 if fused else 1) * b * M * H - freed
                        + g(2 * d_expert_params(cfg, d) / 3, so_far))

@@ -128,4 +128,7 @@ def test_matches_h200_measurements(name):
     from moetrain.plan.validate import validation_config
 
     proj = project_memory(validation_config(name, 6, "unused", AS_MEASURED), H200).peak_gib
-    assert proj == pytest.approx(MEASURED[name][0], rel=0.03)
+    # The stored peaks predate the fused path's plain combine (FC2's output rows no longer kept, no
+    # config key to replay it): where the peak sits in the MoE backward (tiny-wide) the projection of
+    # today's code is lower; the issue's 5% bound until the next validation run replaces the numbers.
+    assert proj == pytest.approx(MEASURED[name][0], rel=0.05)
