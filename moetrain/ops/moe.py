@@ -5,7 +5,9 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K r
 Backends:
   "triton" : the fused path. FC1 reads token rows through an index inside the GEMM (no permuted
              copy of x; moe_fused.py), SwiGLU and the combine are one Triton kernel per direction
-             (moe_rows.py), every GEMM is our Triton grouped GEMM.
+             (moe_rows.py), every GEMM is our Triton grouped GEMM. Without FC2 biases the routing
+             weights scale SwiGLU's output rows (FC2 is linear) and the combine is a plain sum, so
+             FC2's output rows are not kept for the weights' gradient.
   "auto"   : on CUDA with 16-bit activations, the fused path with each of the other five GEMMs
              (FC1 data and weight gradients, FC2 forward, data and weight gradients) on the backend
              measured fastest for it (grouped_gemm's per-op "auto"), and FC1's forward measured as
