@@ -46,15 +46,20 @@ def run(cfg, state, dtype, x, probe, backend):
     return y.detach().double().cpu(), aux.detach().double().cpu(), leaf.grad.double().cpu(), grads
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_triton_backend_layer_matches_reference(variant):
+def case(variant):
+    """(config, fp64 layer state, input x [2, 7, 16], output probe) of one VARIANTS entry."""
     cfg = moe_cfg(**VARIANTS[variant])
     layer = MoELayer(cfg).double()
     random_init(layer, seed=1)
-    state = layer.state_dict()
     g = torch.Generator().manual_seed(2)
     x = torch.randn(2, 7, 16, dtype=torch.float64, generator=g)
     probe = torch.randn(2, 7, 16, dtype=torch.float64, generator=g)
+    return cfg, layer.state_dict(), x, probe
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_triton_backend_layer_matches_reference(variant):
+    cfg, state, x, probe = case(variant)
     want = run(cfg, state, torch.float64, x, probe, "reference")
     got = run(cfg, state, torch.float32, x, probe, "triton")
     for a, b in zip(got[:3], want[:3]):
@@ -69,13 +74,7 @@ def test_compiled_layer_runs_the_fused_path_eagerly_and_matches():
     break; auto routes in PyTorch there); the compiled layer still matches the eager one (dynamo only:
     backend "eager", no inductor code generation)."""
     torch._dynamo.reset()
-    cfg = moe_cfg(**VARIANTS["deepseek"])
-    layer = MoELayer(cfg).double()
-    random_init(layer, seed=1)
-    state = layer.state_dict()
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(2, 7, 16, dtype=torch.float64, generator=g)
-    probe = torch.randn(2, 7, 16, dtype=torch.float64, generator=g)
+    cfg, state, x, probe = case("deepseek")
     want = run(cfg, state, torch.float32, x, probe, "triton")
     real_forward = MoELayer.forward
     try:
