@@ -8,12 +8,11 @@ small config.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import triton
 
-from moetrain.kernels.timing import median_ms
+from moetrain.kernels.timing import in_turns, median_ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,21 +130,10 @@ def pick_config(key: tuple, candidates: tuple, config, run):
         return _BEST[key]
     if torch.cuda.is_current_stream_capturing():
         return candidates[0]  # cannot time inside a graph capture; warm up before capturing
-    # In turns (every config once per round, TUNE_ROUNDS rounds, median): timed back to back, later
-    # configs ran on a hotter GPU (see ops.autoselect.ROUNDS).
-    rounds, error = {cfg: [] for cfg in candidates}, None
-    for _ in range(TUNE_ROUNDS):
-        for cfg in candidates:
-            if cfg not in rounds:
-                continue
-            try:
-                rounds[cfg].append(median_ms(lambda: run(cfg), warmup=1, reps=4))
-            except Exception as exc:  # a config that does not fit (shared memory, registers) is skipped
-                error = exc
-                del rounds[cfg]
-    times = {cfg: sorted(t)[len(t) // 2] for cfg, t in rounds.items()}
+    # a config that does not fit (shared memory, registers) is dropped
+    times, failed = in_turns(candidates, lambda cfg: median_ms(lambda: run(cfg), warmup=1, reps=4), TUNE_ROUNDS)
     if not times:
-        raise RuntimeError(f"grouped GEMM: no config ran for {key}") from error
+        raise RuntimeError(f"grouped GEMM: no config ran for {key}") from next(iter(failed.values()), None)
     best = min(times, key=times.get)
     # The first call's routing decides for every later routing of this shape: a tail-split config
     # within SPLIT_SLACK of the best is taken (balanced routing costs it one empty launch; uneven

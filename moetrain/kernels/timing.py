@@ -23,3 +23,21 @@ def median_ms(run, warmup: int = 3, reps: int = 10) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+def in_turns(candidates, time_one, rounds: int) -> tuple[dict, dict]:
+    """Time every candidate once per round, in turns (A, B, A, B, ...), ``rounds`` rounds; returns
+    ({candidate: median}, {candidate: the exception that dropped it}). Timed back to back, a later
+    candidate runs on a GPU already hot from the earlier ones (on the H200 a later timing of the very
+    same GEMM came out 4-13% slower), which biases a choice toward whatever is timed first."""
+    times: dict = {c: [] for c in candidates}
+    failed: dict = {}
+    for _ in range(rounds):
+        for c in candidates:
+            if c in failed:
+                continue
+            try:
+                times[c].append(float(time_one(c)))
+            except Exception as err:  # a candidate that cannot run here (resources, dtype) is dropped
+                failed[c] = err
+    return {c: sorted(t)[len(t) // 2] for c, t in times.items() if c not in failed}, failed

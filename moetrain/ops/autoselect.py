@@ -80,9 +80,7 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-# Candidates are timed in turns (A, B, A, B, ...), ROUNDS times, and compared by their median: timed
-# back to back, the second candidate ran on a GPU already hot from the first (session 3 on the H200: the
-# later of two timings of the same GEMM came out 4-13% slower), which biased auto toward the first.
+# Candidates are timed in turns over ROUNDS rounds and compared by their median (kernels.timing.in_turns).
 ROUNDS = 3
 
 
@@ -154,20 +152,13 @@ def pick(key: str, run_backend, *, capturing: bool = False) -> str:
         return cached
     if capturing:
         return candidates[0]
-    rounds: dict[str, list[float]] = {name: [] for name in candidates}
-    failed: set[str] = set()
-    for _ in range(ROUNDS):
-        for name in candidates:
-            if name in failed:
-                continue
-            try:
-                rounds[name].append(float(time_backend(name, lambda name=name: run_backend(name))))
-            except Exception as err:  # e.g. torch._grouped_mm on a GPU or dtype it does not support
-                warnings.warn(f"moetrain: backend {name} failed for {key}: {type(err).__name__}: {err}"[:300],
-                              RuntimeWarning, stacklevel=2)
-                failed.add(name)
-    times = {name: math.inf if name in failed else sorted(t)[len(t) // 2] for name, t in rounds.items()}
-    finite = {n: t for n, t in times.items() if math.isfinite(t)}
+    from moetrain.kernels.timing import in_turns
+
+    finite, failed = in_turns(candidates, lambda name: time_backend(name, lambda: run_backend(name)), ROUNDS)
+    for name, err in failed.items():  # e.g. torch._grouped_mm on a GPU or dtype it does not support
+        warnings.warn(f"moetrain: backend {name} failed for {key}: {type(err).__name__}: {err}"[:300],
+                      RuntimeWarning, stacklevel=2)
+    times = {name: finite.get(name, math.inf) for name in candidates}
     winner = min(finite, key=finite.get) if finite else FALLBACK.get(kind, "loop")
     entry = {"backend": winner, "ms": {n: (t if math.isfinite(t) else None) for n, t in times.items()}}
     # Merge with what other processes may have written since we loaded, then write back.

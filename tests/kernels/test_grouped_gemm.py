@@ -248,3 +248,19 @@ def test_host_integer_helpers_match_triton():
         assert n == 0 or next_pow2(n) == triton.next_power_of_2(n)
         for d in (1, 3, 64, 128, 256):
             assert cdiv(n, d) == triton.cdiv(n, d)
+
+
+def test_in_turns_alternates_candidates_and_drops_failures():
+    from moetrain.kernels.timing import in_turns
+
+    calls, samples = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0])}
+
+    def time_one(c):
+        calls.append(c)
+        if c == "b" and calls.count("b") == 2:
+            raise RuntimeError("out of resources")
+        return next(samples[c])
+
+    medians, failed = in_turns(["a", "b"], time_one, rounds=3)
+    assert calls == ["a", "b", "a", "b", "a"]
+    assert medians == {"a": 2.0} and list(failed) == ["b"] and "out of resources" in str(failed["b"])
