@@ -140,6 +140,20 @@ class _PerOpGroupedGemm(torch.autograd.Function):
         return dx, dw, None, None
 
 
+def eager_under_compile(fn):
+    """``fn`` behind torch.compiler.disable: inside a torch.compile'd caller it runs eagerly after a graph
+    break (our Triton paths do run-time autotuning and timing that must not be traced). The wrapper is
+    made on the first call: torch.compiler.disable imports dynamo (and triton), the ops import neither."""
+    disabled = None
+
+    def call(*args):
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args)
+    return call
+
+
 def require_triton(device: torch.device) -> None:
     """The triton backend needs the package, and a CUDA device or the CPU interpreter."""
     if importlib.util.find_spec("triton") is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from moetrain.ops import autoselect, moe_rows
-from moetrain.ops.grouped_gemm import _ALIASES, grouped_gemm, resolve_backend
+from moetrain.ops.grouped_gemm import _ALIASES, eager_under_compile, grouped_gemm, resolve_backend
 from moetrain.ops.moe_rows import CLAMPED_ALPHA, CLAMPED_LIMIT, inverse_permutation  # noqa: F401 (public)
 from moetrain.ops.moe_rows import swiglu_torch
 
@@ -133,18 +133,8 @@ def moe_experts(
         # Inside a torch.compile'd layer the fused path runs eagerly behind a graph break: our kernels
         # gain nothing from tracing, and its run-time choices (autotuning, auto's timing) must not be
         # traced. The rest of the layer stays compiled.
-        return _eager_fused()(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
+        return _eager_fused(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
     return _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
-
-
-_EAGER_FUSED = None
-
-
-def _eager_fused():
-    global _EAGER_FUSED
-    if _EAGER_FUSED is None:  # torch.compiler.disable imports dynamo (and triton): on first use, not at import
-        _EAGER_FUSED = torch.compiler.disable(_moe_experts)
-    return _EAGER_FUSED
 
 
 def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm: str) -> torch.Tensor:
@@ -181,6 +171,9 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
     if b2 is not None:
         y = y + b2.index_select(0, expert_of_row)
     return moe_rows.combine(y, inverse, weight, K, rows)
+
+
+_eager_fused = eager_under_compile(_moe_experts)
 
 
 def _live_weight(topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from moetrain.ops.grouped_gemm import require_triton
+from moetrain.ops import autoselect
+from moetrain.ops.grouped_gemm import eager_under_compile, require_triton
 
 SCORES = ("softmax", "sigmoid")
 GROUP_SCORES = ("max", "top2_sum")
@@ -138,22 +139,12 @@ def _triton_routes(logits: torch.Tensor) -> bool:
     """auto's choice: the kernel (GPU-tested on an H200) wherever it runs natively; fp64 stays on PyTorch,
     and so does a layer under torch.compile (which fuses the PyTorch routing itself; a compiled layer
     with the kernel inside hung on the H200)."""
-    import importlib.util
-
     return (logits.is_cuda and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and not torch.compiler.is_compiling() and importlib.util.find_spec("triton") is not None)
+            and not torch.compiler.is_compiling() and autoselect.triton_available())
 
 
-def _route_triton(*args):
-    # impl="triton" asked for explicitly inside a compiled layer: a graph break, the kernel runs eagerly.
-    # (torch.compiler.disable imports dynamo, and dynamo triton: applied on first use, not at import.)
-    global _route_triton_eager
-    if _route_triton_eager is None:
-        _route_triton_eager = torch.compiler.disable(_TritonRoute.apply)
-    return _route_triton_eager(*args)
-
-
-_route_triton_eager = None
+# impl="triton" asked for explicitly inside a compiled layer: a graph break, the kernel runs eagerly
+_route_triton = eager_under_compile(_TritonRoute.apply)
 
 
 def _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl) -> None:
