@@ -98,8 +98,9 @@ def ours(backend: str):
     """Our layer: ops.router_logits, ops.route and ops.moe_experts as the model's MoE layer runs them
     (see moetrain.models.moe.router): the tensor-core router GEMM except for the reference backend, the
     fused routing kernel with the triton and auto backends, PyTorch routing with torch."""
-    impl = {"triton": "triton", "auto": "auto"}.get(backend, "torch")
-    logits_impl = "fp32" if backend == "reference" else "auto"
+    from moetrain.models.moe.router import router_impls
+
+    impl, logits_impl = router_impls(backend)
 
     def layer(x, router_w, forcing, w1, w2, K):
         logits = ops.router_logits(x, router_w, impl=logits_impl) + forcing

@@ -95,6 +95,16 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits.float(), dim=-1).square().mean()
 
 
+def router_impls(backend: str, router_gemm: str = "auto") -> tuple[str, str]:
+    """(ops.route impl, ops.router_logits impl) for moe.backend and moe.router_gemm: the fused routing
+    kernel with triton, and with auto wherever it runs natively (CUDA); PyTorch routing for torch and
+    reference. The logits GEMM on the tensor cores (auto: bf16 on CUDA; same fp32 logits up to summation
+    order) unless router_gemm is fp32 or the backend is the reference."""
+    route_impl = {"triton": "triton", "auto": "auto"}.get(backend, "torch")
+    logits_impl = "fp32" if backend == "reference" or router_gemm == "fp32" else "auto"
+    return route_impl, logits_impl
+
+
 class Router(nn.Module):
     """Parameters: weight [E, H], bias [E] (moe.router_bias). Buffer: expert_bias [E] fp32
     (moe.expert_bias), kept in fp32 even when the model is cast to bf16."""
@@ -111,12 +121,7 @@ class Router(nn.Module):
         self.aux_loss_type = e.aux_loss_type
         self.compute_aux = e.aux_loss_coeff > 0
         self.compute_z = e.z_loss_coeff > 0
-        # the fused routing kernel (ops.route) with moe.backend triton, and with auto wherever it runs
-        # natively (CUDA); the torch and reference backends route in PyTorch
-        self.route_impl = {"triton": "triton", "auto": "auto"}.get(e.backend, "torch")
-        # moe.router_gemm auto: the logits GEMM on the tensor cores in bf16 on CUDA (same fp32 logits up
-        # to summation order; ops.router_gemm); the reference backend keeps the plain fp32 GEMM
-        self.logits_impl = "fp32" if e.backend == "reference" or e.router_gemm == "fp32" else "auto"
+        self.route_impl, self.logits_impl = router_impls(e.backend, e.router_gemm)
         self.weight = nn.Parameter(torch.empty(e.num_experts, cfg.model.hidden_size))
         self.bias = nn.Parameter(torch.empty(e.num_experts)) if e.router_bias else None
         if e.expert_bias:
