@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moetrain.kernels.host import cdiv, next_pow2
+from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
 
 from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
     INTERPRETER_PROGRAMS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for, interpreter_numpy_shim,
@@ -391,10 +391,6 @@ def _block_g(groups: int) -> int:
     return max(256, next_pow2(groups))
 
 
-def _bucket(rows: int, groups: int) -> int:
-    return next_pow2(max(1, rows // max(groups, 1)))
-
-
 def _output(out, shape, like: torch.Tensor) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
@@ -491,7 +487,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         launch(tail_config(cfg), 2, cfg.block_m)
 
     op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
-    key = (op, a.dtype, a.device, OUT, RED, _bucket(M, G), tma_ok)
+    key = (op, a.dtype, a.device, OUT, RED, rows_bucket(M, G), tma_ok)
     with _on_device(a.device):
         run(pick_config(key, ROWGROUP_CONFIGS, config, run))
     return out
@@ -550,7 +546,7 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
-    key = ("wgrad" if gather_rows is None else "wgrad_gather", dy.dtype, dy.device, N, K, _bucket(M, G), tma_ok)
+    key = ("wgrad" if gather_rows is None else "wgrad_gather", dy.dtype, dy.device, N, K, rows_bucket(M, G), tma_ok)
     with _on_device(dy.device):
         run(pick_config(key, WGRAD_CONFIGS, config, run))
     return out

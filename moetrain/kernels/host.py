@@ -16,3 +16,9 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n, for n >= 1."""
     return 1 << (n - 1).bit_length()
+
+
+def rows_bucket(rows: int, groups: int) -> int:
+    """Rows per group rounded up to a power of two (1, 2, 4, ...): the shape bucket that run-time choices
+    (the config autotuner, backend "auto") are keyed by."""
+    return next_pow2(max(1, rows // max(groups, 1)))

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from moetrain.kernels.host import rows_bucket  # plain Python, no triton
+
 # The backends "auto" may choose, per op kind: only those whose GPU tests have passed on real
 # hardware. The Triton grouped GEMM (forward, dgrad, wgrad) passed on an H200 (bf16 at DeepSeek-V3
 # and Qwen3 shapes, autograd, CUDA-graph replay). With one candidate, nothing is timed or cached.
@@ -66,10 +68,7 @@ def reset() -> None:
     _memory = None
 
 
-def bucket(rows: int, groups: int) -> int:
-    """Rows per group rounded up to a power of two (1, 2, 4, ...): shapes in one bucket share a choice."""
-    per = max(1, rows // max(groups, 1))
-    return 1 << (per - 1).bit_length()
+bucket = rows_bucket  # rows per group rounded up to a power of two: shapes in one bucket share a choice
 
 
 def cache_key(kind: str, dtype: torch.dtype, n: int, k: int, rows: int, groups: int, device_name: str) -> str:
