@@ -140,7 +140,7 @@ def projected(name: str) -> dict:
     from moetrain.plan.activations import resolve_dims
     from moetrain.plan.costs import Roofline, block_cost, embedding_cost, head_cost, mtp_extra_cost
     from moetrain.plan.hardware import load_hardware
-    from moetrain.plan.memory import block_mode
+    from moetrain.plan.memory import _window, block_mode
     from moetrain.plan.perf import project_perf
 
     preset, overrides = CONFIGS[name]
@@ -152,7 +152,8 @@ def projected(name: str) -> dict:
            "tail_ms": 1e3 * rep.breakdown["tail_max"], "step_ms": 1e3 * rep.step_time_s}
     d = resolve_dims(cfg, "auto", 1.0, "cuda")
     rf = Roofline(hw, cfg.precision.dtype)
-    costs = [block_cost(cfg, d, rf, cfg.is_moe_layer(i), None, block_mode(cfg, i)) for i in range(cfg.model.num_layers)]
+    costs = [block_cost(cfg, d, rf, cfg.is_moe_layer(i), _window(cfg, i), block_mode(cfg, i))
+             for i in range(cfg.model.num_layers)]  # as plan.perf.stage_times walks them (sliding windows too)
     costs += [head_cost(cfg, d, rf), embedding_cost(cfg, d, rf)]
     costs += [block_cost(cfg, d, rf, cfg.is_moe, None, "none")] * cfg.model.mtp_num_layers
     costs += [mtp_extra_cost(cfg, d, rf)] * cfg.model.mtp_num_layers
