@@ -151,21 +151,20 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
         from moetrain.ops.moe_fused import fc1_gathered
 
         h = fc1_gathered(x, w1, offs, row_map, inverse, K, gemm)
-        if b1 is not None:
-            h = h + b1.index_select(0, expert_of_row)
-        if b2 is None:
-            # The routing weights scale the rows inside SwiGLU, before FC2 (FC2 is linear): the combine
-            # is then a plain sum and keeps no copy of FC2's output [M, H] for the weights' gradient,
-            # which SwiGLU's backward gets from the [M, I] values it reads anyway. (With an FC2 bias the
-            # scaled bias would keep an [M, H] operand instead: the weights stay in the combine.)
-            probs = moe_rows.row_values(weight.float().reshape(-1), row_map, inverse)
-            y = grouped_gemm(moe_rows.swiglu(h, activation, rows, probs=probs), w2, offs, gemm)
-            return moe_rows.combine(y, inverse, None, K, rows)
-        weight = weight.float()  # the Triton combine takes fp32 weights
     else:
         h = grouped_gemm(moe_rows.expand_rows(x, row_map, inverse, K), w1, offs, gemm)
-        if b1 is not None:
-            h = h + b1.index_select(0, expert_of_row)
+    if b1 is not None:
+        h = h + b1.index_select(0, expert_of_row)
+    if fused and b2 is None:
+        # The routing weights scale the rows inside SwiGLU, before FC2 (FC2 is linear): the combine is
+        # then a plain sum and keeps no copy of FC2's output [M, H] for the weights' gradient, which
+        # SwiGLU's backward gets from the [M, I] values it reads anyway. (With an FC2 bias the scaled
+        # bias would keep an [M, H] operand instead: the weights stay in the combine.)
+        probs = moe_rows.row_values(weight.float().reshape(-1), row_map, inverse)
+        y = grouped_gemm(moe_rows.swiglu(h, activation, rows, probs=probs), w2, offs, gemm)
+        return moe_rows.combine(y, inverse, None, K, rows)
+    if fused:
+        weight = weight.float()  # the Triton combine takes fp32 weights
     a = moe_rows.swiglu(h, activation, rows)
     y = grouped_gemm(a, w2, offs, gemm)
     if b2 is not None:
