@@ -8,8 +8,10 @@ moetrain/train/trainer.py), random tokens, and per step CUDA events around forwa
 the tail (grad norm, host sync, clipping, AdamW); medians after warm-up. Then one step under
 torch.profiler: GPU kernel time by kind (GEMM, attention, our Triton kernels, optimizer,
 other elementwise/reduction) and the number of kernels, forward and backward separately.
-Each config prints the measurement and the roofline's projection of the same phases and kernel kinds
-(moetrain.plan), the numbers to fit the roofline's constants to (tests nothing by itself).
+Then each decoder layer alone and the head + loss alone (forward and backward, event time and kernel
+time by kind). Each config prints the measurement and the roofline's projection of the same phases,
+components and kernel kinds (moetrain.plan), the numbers to fit the roofline's constants to (tests
+nothing by itself).
 """
 
 from __future__ import annotations
@@ -126,7 +128,78 @@ def calibrate(name: str, steps: int = 8, warmup: int = 3) -> dict:
     res["kernels_ms"] = {k: round(v[0], 3) for k, v in sorted(kinds.items())}
     res["kernels_n"] = {k: v[1] for k, v in sorted(kinds.items())}
     res["config"] = name
+    res["components"] = components(model, cfg)
     return res  # the model and optimizer go with this frame; main() empties the CUDA cache
+
+
+def _timed(fn, reps: int = 5, warmup: int = 2) -> tuple[float, dict, dict]:
+    """fn() -> callable for the backward: (forward ms, backward ms) medians by CUDA events, and one
+    profiled call's kernel ms and counts by kind, keys 'fwd:<kind>' / 'bwd:<kind>'."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    f_ms, b_ms = [], []
+    for i in range(warmup + reps):
+        e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        e0.record()
+        bwd = fn()
+        e1.record()
+        bwd()
+        e2.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            f_ms.append(e0.elapsed_time(e1))
+            b_ms.append(e1.elapsed_time(e2))
+    kern_ms: dict[str, float] = {}
+    kern_n: dict[str, int] = {}
+    for phase in ("fwd", "bwd"):
+        bwd = None if phase == "fwd" else fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            bwd = fn() if phase == "fwd" else bwd()
+            torch.cuda.synchronize()
+        for evt in prof.key_averages():
+            if evt.device_type.name == "CUDA" and evt.self_device_time_total > 0:
+                k = f"{phase}:{kind_of(evt.key)}"
+                kern_ms[k] = round(kern_ms.get(k, 0.0) + evt.self_device_time_total / 1e3, 3)
+                kern_n[k] = kern_n.get(k, 0) + evt.count
+    return statistics.median(f_ms), statistics.median(b_ms), {"ms": kern_ms, "n": kern_n}
+
+
+def components(model, cfg, device: str = "cuda") -> dict:
+    """Each decoder layer alone and the head (final norm, logits, fp32 cross-entropy) alone, forward
+    and backward on one micro-batch: where the roofline's per-block and head terms miss."""
+    import torch
+
+    from moetrain.models.transformer import cross_entropy
+
+    t, H = cfg.train, cfg.model.hidden_size
+    dev = torch.device(device)
+    B, S = t.micro_batch_size, t.seq_length
+    cos, sin = model.rope.tables(S, device=dev)
+    dtype = next(model.parameters()).dtype
+    h = torch.randn(B, S, H, device=dev, dtype=dtype).requires_grad_()
+    grad = torch.randn(B, S, H, device=dev, dtype=dtype)
+    labels = torch.randint(0, cfg.model.vocab_size, (B, S), device=dev)
+    out = {}
+
+    def layer_step(blk):
+        def fn():
+            y, aux = blk(h, cos, sin)
+            if not aux.requires_grad:  # a dense layer's aux loss is a constant zero
+                return lambda: y.backward(grad)
+            return lambda: torch.autograd.backward((y, aux), (grad, torch.ones_like(aux)))
+        return fn
+
+    def head_step():
+        loss = cross_entropy(model._logits(model.final_norm(h)), labels)
+        return loss.backward
+
+    for i, blk in enumerate(model.layers):
+        out[f"layer{i}"] = _timed(layer_step(blk))
+    out["head"] = _timed(head_step)
+    model.zero_grad(set_to_none=True)
+    return out
 
 
 GEMM_PARTS = ("attn proj", "experts fc", "shared fc", "mlp fc", "head", "eh_proj", "router")
@@ -165,6 +238,19 @@ def projected(name: str) -> dict:
                 kind = "gemm" if part.startswith(GEMM_PARTS) else "attention" if part == "attention" else "elementwise"
                 kinds[kind] += 1e3 * sec * cfg.grad_accum_steps
     out["kernels_ms"] = {k: round(v, 3) for k, v in kinds.items()}
+    launch = hw.launch_overhead_us * 1e-6
+    comp = {f"layer{i}": c for i, c in enumerate(costs[:cfg.model.num_layers])}
+    comp["head"] = costs[cfg.model.num_layers]
+    out["components"] = {}
+    for key, bc in comp.items():
+        bwd_gpu = bc.bwd_input.gpu + bc.bwd_weight.gpu
+        bwd_kernels = bc.bwd_input.kernels + bc.bwd_weight.kernels
+        out["components"][key] = {
+            "fwd_ms": 1e3 * bc.fwd.time(launch), "bwd_ms": 1e3 * max(bwd_gpu, bwd_kernels * launch),
+            "fwd_gpu_ms": 1e3 * bc.fwd.gpu, "bwd_gpu_ms": 1e3 * bwd_gpu, "fwd_n": bc.fwd.kernels, "bwd_n": bwd_kernels,
+            "parts_ms": {f"{ph}:{k}": round(1e3 * v, 3) for ph, c in (("fwd", bc.fwd), ("bwd", bc.bwd_input),
+                                                                    ("wgrad", bc.bwd_weight))
+                         for k, v in c.parts.items()}}
     return out
 
 
@@ -194,6 +280,14 @@ def main(argv=None) -> int:
             print(f"{name:20s} {who:9s} fwd {x['fwd_ms']:8.2f}  bwd {x['bwd_ms']:8.2f}  tail {x['tail_ms']:7.2f}  "
                   f"step {x['step_ms']:8.2f} ms | kernels ms {x['kernels_ms']}", flush=True)
         print(f"{'':20s} kernels launched per step: {r['kernels_n']}", flush=True)
+        for key, (f_ms, b_ms, kern) in r["components"].items():
+            pc = p["components"][key]
+            gpu = {ph: sum(v for k, v in kern["ms"].items() if k.startswith(ph)) for ph in ("fwd", "bwd")}
+            n = {ph: sum(v for k, v in kern["n"].items() if k.startswith(ph)) for ph in ("fwd", "bwd")}
+            print(f"{'':4s}{key:7s} measured fwd {f_ms:7.2f} (gpu {gpu['fwd']:7.2f}, {n['fwd']:4d} k)  bwd {b_ms:7.2f} "
+                  f"(gpu {gpu['bwd']:7.2f}, {n['bwd']:4d} k) | roofline fwd {pc['fwd_ms']:7.2f} (gpu {pc['fwd_gpu_ms']:7.2f}, "
+                  f"{pc['fwd_n']:4.0f} k)  bwd {pc['bwd_ms']:7.2f} (gpu {pc['bwd_gpu_ms']:7.2f}, {pc['bwd_n']:4.0f} k)",
+                  flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -16,7 +16,7 @@ Legend: T tokens, E experts, K top-k, G expert groups.
 
 impl "torch": plain PyTorch ops (the reference). impl "triton": one kernel for steps 1-4 (one
 program per token; the counts by integer-valued fp32 atomics, exact below 2^24); its backward
-recomputes the weights' small graph in PyTorch. Both are sync-free. Ties in the selection go to
+is the weights' chain rule in PyTorch (topk_weights_backward). Both are sync-free. Ties in the selection go to
 the lower expert id in the kernel; torch.topk does not specify, so tests use distinct scores.
 """
 
@@ -86,6 +86,29 @@ def topk_weights(scores: torch.Tensor, topk_idx: torch.Tensor, score: str, norma
     return weight * scaling_factor
 
 
+def topk_weights_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.Tensor, score: str,
+                          normalize: bool, scaling_factor: float) -> torch.Tensor:
+    """d loss / d logits [T, E] (logits' dtype) of topk_weights(scores_of(logits)) given dweight [T, K]:
+    the chain rule written out, so that the routing kernel's backward needs no nested autograd call
+    (which a CUDA graph capture of the layer's backward does not allow). s = the scores; with
+    normalize, w_k = c s_k / S (S = sum of the chosen s, + 1e-20 for sigmoid), so
+    dL/ds_k = c (g_k - sum_j g_j w_j / c) / S; then through sigmoid (s (1 - s)) or softmax."""
+    scores = scores_of(logits, score)
+    chosen = scores.gather(1, topk_idx)
+    g = dweight.to(chosen.dtype) * scaling_factor
+    if normalize:
+        denom = chosen.sum(-1, keepdim=True)
+        if score == "sigmoid":
+            denom = denom + 1e-20
+        g = (g - (g * chosen).sum(-1, keepdim=True) / denom) / denom
+    if score == "sigmoid":
+        dlogits = torch.zeros_like(scores).scatter_add_(1, topk_idx, g * chosen * (1 - chosen))
+    else:
+        dscores = torch.zeros_like(scores).scatter_add_(1, topk_idx, g)
+        dlogits = scores * (dscores - (dscores * scores).sum(-1, keepdim=True))
+    return dlogits.to(logits.dtype)
+
+
 def route(logits: torch.Tensor, topk: int, *, score: str = "softmax", num_groups: int | None = None,
           topk_groups: int | None = None, group_score: str = "max", expert_bias: torch.Tensor | None = None,
           scaling_factor: float = 1.0, normalize: bool = True, impl: str = "torch") -> Routing:
@@ -127,11 +150,7 @@ class _TritonRoute(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, _didx, dweight, _dcounts):
         logits, idx = ctx.saved_tensors
-        score, normalize, scaling_factor = ctx.args
-        with torch.enable_grad():  # the weights' graph is small ([T, E] scores): recompute it
-            leaf = logits.detach().requires_grad_()
-            weight = topk_weights(scores_of(leaf, score), idx, score, normalize, scaling_factor)
-            (dlogits,) = torch.autograd.grad(weight, leaf, dweight)
+        dlogits = topk_weights_backward(logits, idx, dweight, *ctx.args)
         return dlogits, None, None, None, None, None, None, None, None
 
 

@@ -80,12 +80,13 @@ def test_auto_measures_each_gemm_once_and_caches_on_disk(tmp_path, monkeypatch):
     idx, weight = route(x.detach(), router, torch.zeros(2048, 16, device="cuda"), 4)
     ops.moe_experts(x, idx, weight, w1, w2, backend="auto").sum().backward()
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
-    # FC1 forward: gather vs copy (whose forward GEMM is measured too); FC2 fwd/dgrad/wgrad; FC1 dgrad/wgrad
+    # FC1 forward and weight gradient: gather vs copy (the copy variants' GEMMs are measured too);
+    # FC2 fwd/dgrad/wgrad; FC1 dgrad
     assert sorted(k.split("|")[0] for k in entries) == sorted(
-        ["moe_fc1_fwd", "grouped_gemm_fwd", "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad",
+        ["moe_fc1_fwd", "moe_fc1_wgrad", "grouped_gemm_fwd", "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad",
          "grouped_gemm_dgrad", "grouped_gemm_wgrad"])
     for key, entry in entries.items():
-        names = {"gather", "copy"} if key.startswith("moe_fc1_fwd") else {"torch", "triton"}
+        names = {"gather", "copy"} if key.startswith("moe_fc1_") else {"torch", "triton"}
         assert entry["backend"] in names and set(entry["ms"]) == names
 
     def no_timing(*a):

@@ -106,6 +106,33 @@ def test_tensor_core_router_gemm_matches_fp32_on_gpu():
     assert rel_err(dx_tc, dx_ref) < 1e-2 and rel_err(dw_tc, dw_ref) < 1e-2
 
 
+@pytest.mark.parametrize("part", ["router_gemm", "routing_kernel"])
+def test_router_parts_capture_in_a_cuda_graph(part):
+    # each new piece of the layer alone under capture (forward + backward), to tell which breaks a graph
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(256, 128, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(16, 128, device="cuda", generator=g) * 0.05).to(torch.bfloat16).requires_grad_()
+
+    def run():
+        if part == "router_gemm":
+            return ops.router_logits(x, w, impl="tensor_core").sum()
+        return ops.route(x.float() @ w.float().t(), 4, impl="triton").topk_weight.square().sum()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    want = x.grad.clone()
+    x.grad = w.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run().backward()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(x.grad, want)
+
+
 def test_bench_graphed_contender_replays_the_eager_result():
     from moetrain.bench.moe_layer import Graphed, Shape, forcing_logits, ours
 

@@ -187,3 +187,22 @@ def test_router_grads_flow_to_weight():
     out = r(torch.tensor(LOGITS))
     (out.topk_weight[:, 0].sum() + out.aux_loss + out.z_loss).backward()
     assert r.weight.grad is not None and r.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_topk_weights_backward_is_the_chain_rule_of_topk_weights(score, normalize, dtype):
+    # the routing kernel's backward: written out, equal to autograd through the PyTorch weights
+    from moetrain.ops.route import scores_of, topk_weights, topk_weights_backward
+
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(19, 12, generator=g, dtype=torch.float64) * 2).to(dtype)
+    idx = torch.randn(19, 12, generator=g).argsort(-1)[:, :4]
+    dweight = torch.randn(19, 4, generator=g, dtype=torch.float64).float()
+    leaf = logits.clone().requires_grad_()
+    topk_weights(scores_of(leaf, score), idx, score, normalize, 1.7).backward(dweight.to(scores_of(leaf, score).dtype))
+    got = topk_weights_backward(logits, idx, dweight, score, normalize, 1.7)
+    assert got.dtype == dtype
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-2, atol=1e-4)
+    torch.testing.assert_close(got, leaf.grad, **tol)
