@@ -5,6 +5,9 @@ set -uo pipefail
 out="${1:-${OUT:-/tmp/moetrain-out}}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+echo "== graphed contender test (own leaves)"
+timeout -k 10 90 python3 -m pytest -q -p no:cacheprovider -rf tests/unit/test_gpu.py -k "graphed or bench_moe_rows" 2>&1 \
+  | tee "$out/gpu_graph.log" | grep -E "passed|failed|FAILED|Error" | tail -4
 echo "== plan validate"
 timeout -k 10 300 python3 -m moetrain plan validate --out "$out/validate" 2>&1 | grep -Ev "Warning|warn" | tail -16
 tar czf "$out/validate.tgz" -C "$out" validate && rm -rf "$out/validate"

@@ -210,16 +210,20 @@ class Graphed:
         self.graph.replay()
 
     def _capture(self, args) -> None:
+        self.args = args
         x, router_w, forcing, w1, w2, K, grad_out = args
         side = torch.cuda.Stream()  # warm-up off the capture stream (caches, autotuning, allocator)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
+            # the graph's own leaves, first used here: a leaf's gradient accumulator runs on the stream of its
+            # first use, and one made on the legacy default stream (the caller's eager runs) cannot join a capture
+            x, w1, w2 = (t.detach().clone().requires_grad_() for t in (x, w1, w2))
             for _ in range(2):
-                _fwd_bwd(self.fn, args)
+                _fwd_bwd(self.fn, (x, router_w, forcing, w1, w2, K, grad_out))
         torch.cuda.current_stream().wait_stream(side)
         for t in (x, w1, w2):
             t.grad = None  # the gradients the graph writes live in its own pool, kept by the tensors below
-        self.graph, self.args = torch.cuda.CUDAGraph(), args
+        self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.out = self.fn(x, router_w, forcing, w1, w2, K)
             self.out.backward(grad_out)

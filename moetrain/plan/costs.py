@@ -32,8 +32,10 @@ from moetrain.plan.activations import Dims, attention_kernel, fused_experts, rou
 GROUPED_FACTOR = 0.90  # bench gemm on the H200 (session 3): auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
 ATTN_FWD = 0.60  # fused attention forward vs the large-GEMM rate
 ATTN_BWD = 0.57
-ELEMENTWISE = 0.46  # of the achievable copy bandwidth (many small fp32 kernels)
-BWD_MEM = 1.9  # backward elementwise traffic / forward traffic
+ELEMENTWISE = 0.54  # of the achievable copy bandwidth (many small fp32 kernels); fitted with BWD_MEM to each
+BWD_MEM = 2.0  # layer timed alone (plan calibration, session 4); backward elementwise traffic / forward traffic
+CE_FWD = 0.62  # the cross-entropy's passes over [T, V] fp32 logits: few GB-sized streaming kernels, faster
+CE_BWD = 0.76  # than the blocks' elementwise mix (head alone, plan calibration session 4: 0.60-0.68 / 0.72-0.78)
 KERNEL_FLOOR_S = 4e-6  # GPU time of the smallest kernel
 BWD_KERNELS = 2.0  # backward kernels / forward kernels (autograd nodes, accumulation); fitted to host-bound
                   # block backward times (tiny preset, H200 host, session 2)
@@ -88,8 +90,10 @@ class Roofline:
         t = max(flops / (peak * eff), b * (M * K + K * N + M * N) / self.hw.mem_bw)
         return t + KERNEL_FLOOR_S, flops
 
-    def mem(self, nbytes: float, kernels: float = 1) -> float:
-        return nbytes / self.bw + kernels * KERNEL_FLOOR_S
+    def mem(self, nbytes: float, kernels: float = 1, frac: float | None = None) -> float:
+        """Seconds of elementwise kernels moving nbytes, at ELEMENTWISE of the copy bandwidth (or frac)."""
+        bw = self.bw if frac is None else self.hw.mem_bw * frac
+        return nbytes / bw + kernels * KERNEL_FLOOR_S
 
     def attention(self, flops: float, backward: bool) -> float:
         peak = self.hw.peak(self.mm_dtype) * 1e12 * (self.hw.gemm_efficiency if self.dtype != "fp32" else 0.85)
@@ -232,9 +236,9 @@ def head_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:
     _linear(fw, bi, bw, rf, "head", T, V, H, b)
     # logits -> fp32 (b + 4), log-softmax (max, sum-exp, write: ~3 passes), nll
     ce = (b + 4) * T * V + 12 * T * V
-    fw.add("cross-entropy", rf.mem(ce, 6), 10)
+    fw.add("cross-entropy", rf.mem(ce, 6, CE_FWD), 10)
     # nll backward (zeros + scatter), log-softmax backward (read 2, write 1), fp32 -> b
-    bi.add("cross-entropy", rf.mem(4 * T * V + 12 * T * V + (4 + b) * T * V, 6), 10)
+    bi.add("cross-entropy", rf.mem(4 * T * V + 12 * T * V + (4 + b) * T * V, 6, CE_BWD), 10)
     bi.add("final norm", 2 * fw.parts["final norm"], 10)
     return BlockCost(fw, bi, bw)
 

@@ -83,10 +83,17 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
         f = b = w = cm = 0.0
         parts: dict[str, float] = {}
 
-        def add(name: str, bc: BlockCost, scale: float = 1.0) -> None:
+        def add(name: str, bc: BlockCost, n_params: float = 0.0, n_tensors: int = TENSORS_PER_BLOCK) -> None:
+            """Forward, and one backward (input + weight gradients + the main-grad hooks of n_params): the host
+            runs ahead through the whole backward, so it takes max(GPU time, its kernels' launches), split
+            between B and W by GPU time."""
             nonlocal f, b, w
-            tf, tb, tw = (_phase(bc.fwd, launch) * scale, _phase(bc.bwd_input, launch) * scale,
-                          _phase(bc.bwd_weight, launch) * scale)
+            hook_s = (b_p + 2 * b_g) * n_params / hw.mem_bw if hook and n_params else 0.0
+            hook_kernels = 3 * n_tensors if hook and n_params else 0
+            gpu_b, gpu_w = bc.bwd_input.gpu, bc.bwd_weight.gpu + hook_s
+            t_bwd = max(gpu_b + gpu_w, (bc.bwd_input.kernels + bc.bwd_weight.kernels + hook_kernels) * launch)
+            share_w = gpu_w / (gpu_b + gpu_w) if gpu_b + gpu_w > 0 else 0.0
+            tf, tb, tw = _phase(bc.fwd, launch), t_bwd * (1 - share_w), t_bwd * share_w
             f, b, w = f + tf, b + tb, w + tw
             parts[name] = parts.get(name, 0.0) + tf + tb + tw
 
@@ -107,7 +114,7 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
                 w += mb * share / p.tp
                 parts[kind] = parts.get(kind, 0.0) + (mf + mb) / p.tp
             else:
-                add(kind, bc)
+                add(kind, bc, dp_extra["block_params"].get(gid, 0.0))
             # TP: 2 collectives per block forward and backward
             if p.tp > 1:
                 one = comm.all_gather(tp_bytes, p.tp, tp_link) * 2 if p.sequence_parallel else \
@@ -128,13 +135,18 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
                 f += max(ring - attn, 0.0)
                 b += 2 * max(ring - attn, 0.0)
                 cm += 3 * ring
-            if hook:
+            if hook and measured and kind in measured:  # the measured backward has no main-grad hooks
                 n_block = dp_extra["block_params"].get(gid, 0.0)
                 w += (b_p + 2 * b_g) * n_block / hw.mem_bw + 3 * TENSORS_PER_BLOCK * launch
+        # the embedding, head, final norms and MTP projections outside the blocks have main-grad hooks too
+        sp = stage_params(cfg, st)
+        n_other = sp.total - sum(sp.by_block.values())
         for _ in st.mtp:
             add("mtp head", mtp_extra_cost(cfg, d, rf))
         if st.has_loss:
-            add("head+loss", head_cost(cfg, d, rf))
+            add("head+loss", head_cost(cfg, d, rf), n_other, 3)
+        elif n_other and hook:
+            w += (b_p + 2 * b_g) * n_other / hw.mem_bw
         out.append(StageTime(f, b, w, cm, parts))
     return out
 
