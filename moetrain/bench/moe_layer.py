@@ -215,9 +215,10 @@ class Graphed:
         side = torch.cuda.Stream()  # warm-up off the capture stream (caches, autotuning, allocator)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            # the graph's own leaves, first used here: a leaf's gradient accumulator runs on the stream of its
-            # first use, and one made on the legacy default stream (the caller's eager runs) cannot join a capture
-            x, w1, w2 = (t.detach().clone().requires_grad_() for t in (x, w1, w2))
+            # the graph's own leaves (same storage), first used here: a leaf's gradient accumulator runs on the
+            # stream of its first use, and one made on the legacy default stream (the caller's eager runs)
+            # cannot join a capture
+            x, w1, w2 = (t.detach().requires_grad_() for t in (x, w1, w2))
             for _ in range(2):
                 _fwd_bwd(self.fn, (x, router_w, forcing, w1, w2, K, grad_out))
         torch.cuda.current_stream().wait_stream(side)
