@@ -37,6 +37,8 @@ import time
 
 import torch
 
+from moetrain.ops.autoselect import skewed_offs
+
 from moetrain.errors import UserError
 
 # name: (routed rows M, experts G, hidden H, expert intermediate I)
@@ -77,16 +79,6 @@ def fp64_group_err(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     return ((have.double() - want).norm() / want.norm()).item()
 
 
-def skewed_offs(m: int, g: int, seed: int = 0) -> torch.Tensor:
-    """[G] int32 group ends of m rows over g groups with shares drawn from Dirichlet(0.3) (the MoE layer
-    benchmark's skewed routing), on the GPU."""
-    gen = torch.Generator().manual_seed(seed)
-    shares = torch._standard_gamma(torch.full((g,), 0.3), generator=gen)
-    counts = torch.floor(shares / shares.sum() * m).long()
-    counts[torch.argmax(counts)] += m - counts.sum()  # exactly m rows
-    return torch.cumsum(counts, 0).to(torch.int32).cuda()
-
-
 def make_inputs(m: int, g: int, n: int, k: int, sets: int, seed: int, gather: bool, routing: str = "balanced"):
     """``sets`` independent input sets (x, w, dy, x[perm], perm) of random bf16 data, and offs: balanced
     (M/G rows per group) or skewed (``skewed_offs``)."""
@@ -99,7 +91,7 @@ def make_inputs(m: int, g: int, n: int, k: int, sets: int, seed: int, gather: bo
         perm = torch.randperm(m, device="cuda", generator=gen).to(torch.int32) if gather else None
         out.append((x, w, dy, x[perm] if gather else None, perm))
     if routing == "skewed":
-        return out, skewed_offs(m, g, seed)
+        return out, skewed_offs(m, g, seed, torch.device("cuda"))
     offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
     return out, offs
 

@@ -3,7 +3,11 @@
 The first time a (op kind, dtype, N, K, M/G bucket, device name) is seen on CUDA, every available
 backend runs the op on the caller's own tensors and is timed with CUDA events, the candidates in
 turns over ROUNDS rounds (median); the fastest is recorded in a JSON file and reused by later
-calls and later processes. Elsewhere auto is the "loop" reference.
+calls and later processes. Elsewhere auto is the "loop" reference. The grouped GEMM kinds time each
+candidate on the caller's routing and on a skewed one of the same rows (skewed_offs) together: the
+key cannot see skew (reading the counts would sync), routing at the first call is near-uniform and
+skews later in training, and torch's GEMMs lose more to skew than ours (bench moe, DeepSeek-V3:
+the choice made on uniform routing ran 11% slower than triton on skewed).
 
     op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each; the MoE
               expert path's "auto" picks each of its GEMMs this way), "moe_fc1_fwd" (the fused path's
@@ -52,7 +56,7 @@ GPU_VALIDATED = {
 FALLBACK = {"moe_fc1_fwd": "gather", "moe_fc1_wgrad": "copy"}
 
 CACHE_FILE = "grouped_gemm_backends.json"
-VERSION = 1
+VERSION = 2  # 2: grouped GEMMs timed on the caller's and a skewed routing
 
 _memory: dict | None = None  # key -> {"backend": str, "ms": {backend: ms}}; loaded lazily
 
@@ -81,6 +85,16 @@ def triton_available() -> bool:
 
 # Candidates are timed in turns over ROUNDS rounds and compared by their median (kernels.timing.in_turns).
 ROUNDS = 3
+
+
+def skewed_offs(m: int, g: int, seed: int, device: torch.device) -> torch.Tensor:
+    """[G] int32 group ends of m rows over g groups with shares drawn from Dirichlet(0.3) (the benchmarks'
+    skewed routing; a fixed draw per seed), built on the host and copied to ``device``."""
+    gen = torch.Generator().manual_seed(seed)
+    shares = torch._standard_gamma(torch.full((g,), 0.3), generator=gen)
+    counts = torch.floor(shares / shares.sum() * m).long()
+    counts[torch.argmax(counts)] += m - counts.sum()  # exactly m rows
+    return torch.cumsum(counts, 0).to(torch.int32).to(device)
 
 
 def time_backend(backend: str, run) -> float:
