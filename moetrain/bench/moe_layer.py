@@ -293,7 +293,9 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
 
     def make_args():
         x = torch.randn(s.T, s.H, device=dev, generator=gen).to(bf).requires_grad_()
-        router_w = torch.randn(s.E, s.H, device=dev, generator=gen) * 0.02
+        # bf16 like the model's router weight after model.to(bf16): ours then takes the tensor-core logits
+        # GEMM as training does; the reference upcasts it to fp32
+        router_w = (torch.randn(s.E, s.H, device=dev, generator=gen) * 0.02).to(bf)
         w1 = (torch.randn(s.E, 2 * s.I, s.H, device=dev, generator=gen) / s.H**0.5).to(bf).requires_grad_()
         w2 = (torch.randn(s.E, s.H, s.I, device=dev, generator=gen) / s.I**0.5).to(bf).requires_grad_()
         grad_out = torch.randn(s.T, s.H, device=dev, generator=gen).to(bf)
