@@ -189,8 +189,15 @@ def measures(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+_DEVICE_NAMES: dict[int, str] = {}
+
+
 def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device)
+    """The GPU's name (part of every cache key), looked up once per device: auto asks on every GEMM call."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE_NAMES:
+        _DEVICE_NAMES[index] = torch.cuda.get_device_name(index)
+    return _DEVICE_NAMES[index]
 
 
 def capturing() -> bool:

@@ -21,7 +21,6 @@ Backends:
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import torch
@@ -163,7 +162,7 @@ def eager_under_compile(fn):
 
 def require_triton(device: torch.device) -> None:
     """The triton backend needs the package, and a CUDA device or the CPU interpreter."""
-    if importlib.util.find_spec("triton") is None:
+    if not autoselect.triton_available():
         raise UserError("backend 'triton' (our MoE kernels) needs the triton package (pip install triton); "
                         "use backend auto, torch or reference")
     if device.type == "cuda":
@@ -173,7 +172,6 @@ def require_triton(device: torch.device) -> None:
     raise UserError(f"backend 'triton' (our MoE kernels) needs a CUDA device (tensors are on {device}); "
                     "set TRITON_INTERPRET=1 before importing triton to run its CPU interpreter, "
                     "or use backend auto, torch or reference")
-
 
 
 def grouped_gemm_loop(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
