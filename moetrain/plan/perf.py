@@ -17,7 +17,9 @@ step = pipeline makespan (simulator, p2p per boundary) + exposed DP communicatio
 
 Outputs: step_time_s, tokens_per_s_per_gpu, tflops_per_gpu (accounting.train_flops_per_token,
 the trainer's numerator), mfu (over the hardware's dense peak for precision.dtype),
-bubble_fraction (of the peak rank), per_rank.
+bubble_fraction (of the peak rank), host_bound_fraction (the share of the step in which the modelled
+GPU waits on eager kernel launches: such time scales with the host CPU, which the hardware profile
+does not describe), per_rank.
 Pure Python (``--measure`` imports torch in measure.py).
 """
 
@@ -46,6 +48,7 @@ class StageTime:
     w: float
     comm: float  # communication inside f + b + w (reported)
     parts: dict[str, float] = field(default_factory=dict)
+    host_excess: float = 0.0  # of f + b + w: time the GPU waits on the host's kernel launches (roofline phases)
 
 
 @dataclass
@@ -59,10 +62,12 @@ class PerfReport:
     breakdown: dict[str, float]
     timeline: object = None
     mode: str = "roofline"
+    host_bound_fraction: float = 0.0  # of the step: the GPU waiting on kernel launches (roofline-modelled parts)
 
     def to_dict(self) -> dict:
         return {"step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
                 "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "bubble_fraction": self.bubble_fraction,
+                "host_bound_fraction": self.host_bound_fraction,
                 "compute_mode": self.mode, "breakdown_s": self.breakdown, "per_rank": self.per_rank}
 
 
@@ -80,14 +85,14 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
     tp_bytes = d.b * d.T * H  # one [T, H] activation
     out = []
     for st in layout.stages:
-        f = b = w = cm = 0.0
+        f = b = w = cm = excess = 0.0
         parts: dict[str, float] = {}
 
         def add(name: str, bc: BlockCost, n_params: float = 0.0, n_tensors: int = TENSORS_PER_BLOCK) -> None:
             """Forward, and one backward (input + weight gradients + the main-grad hooks of n_params): the host
             runs ahead through the whole backward, so it takes max(GPU time, its kernels' launches), split
             between B and W by GPU time."""
-            nonlocal f, b, w
+            nonlocal f, b, w, excess
             hook_s = (b_p + 2 * b_g) * n_params / hw.mem_bw if hook and n_params else 0.0
             hook_kernels = 3 * n_tensors if hook and n_params else 0
             gpu_b, gpu_w = bc.bwd_input.gpu, bc.bwd_weight.gpu + hook_s
@@ -95,6 +100,7 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
             share_w = gpu_w / (gpu_b + gpu_w) if gpu_b + gpu_w > 0 else 0.0
             tf, tb, tw = _phase(bc.fwd, launch), t_bwd * (1 - share_w), t_bwd * share_w
             f, b, w = f + tf, b + tb, w + tw
+            excess += (tf - bc.fwd.gpu) + (t_bwd - gpu_b - gpu_w)
             parts[name] = parts.get(name, 0.0) + tf + tb + tw
 
         if st.has_embedding:
@@ -147,7 +153,7 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
             add("head+loss", head_cost(cfg, d, rf), n_other, 3)
         elif n_other and hook:
             w += (b_p + 2 * b_g) * n_other / hw.mem_bw
-        out.append(StageTime(f, b, w, cm, parts))
+        out.append(StageTime(f, b, w, cm, parts, excess))
     return out
 
 
@@ -249,9 +255,14 @@ def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: flo
         for k, v in s.parts.items():
             stage_parts[k] = stage_parts.get(k, 0.0) + v * m_mb
     breakdown.update({f"compute:{k}": v for k, v in stage_parts.items()})
+    # launch-bound time on the busiest rank (per step): a host-speed-dependent share of the projection
+    host_excess = max(sum(stimes[s.index].host_excess for s in layout.stages_of_rank(r)) * m_mb
+                      for r in range(layout.pp))
+    breakdown["host_launch_wait"] = host_excess
     return PerfReport(step_time_s=step, tokens_per_s_per_gpu=tokens / step / world, tflops_per_gpu=tflops,
                       mfu=tflops / peak, bubble_fraction=bubbles[worst], per_rank=per_rank, breakdown=breakdown,
-                      timeline=tl, mode="measured" if measured else "roofline")
+                      timeline=tl, mode="measured" if measured else "roofline",
+                      host_bound_fraction=min(host_excess / step, 1.0) if step > 0 else 0.0)
 
 
 def timeline_of(cfg: Config, rep: PerfReport):

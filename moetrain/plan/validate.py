@@ -102,7 +102,7 @@ def compare(name: str, measured: dict, hardware) -> dict:
     row = {"config": name, "proj_mem_gib": mem.peak_gib, "proj_time_roofline_s": roof.step_time_s,
            "proj_time_measured_s": None, "meas_mem_gib": measured.get("peak_mem_gib"),
            "meas_time_s": measured.get("step_time_s"), "error": measured.get("error"),
-           "peak_phase": mem.peak.phase}
+           "peak_phase": mem.peak.phase, "host_bound_pct": 100 * roof.host_bound_fraction}
     blocks = measured.get("measured_blocks")
     if blocks:
         row["proj_time_measured_s"] = project_perf(
@@ -132,6 +132,12 @@ def table(rows: list[dict]) -> str:
         worst = lambda k: max((abs(r[k]) for r in ok if r[k] is not None), default=None)  # noqa: E731
         lines.append(f"worst |error|: memory {f(worst('mem_err_pct'), '.1f')}%, time roofline "
                      f"{f(worst('time_err_roofline_pct'), '.1f')}%, time measured {f(worst('time_err_measured_pct'), '.1f')}%")
+    from moetrain.plan.report import HOST_BOUND_WARN
+
+    host = [r for r in ok if (r.get("host_bound_pct") or 0) >= 100 * HOST_BOUND_WARN]
+    if host:
+        lines.append("host-bound (projected step waiting on kernel launches; its time follows the host CPU): "
+                     + ", ".join(f"{r['config']} {r['host_bound_pct']:.0f}%" for r in host))
     return "\n".join(lines)
 
 

@@ -157,3 +157,15 @@ def test_measured_mode_with_session3_blocks(name):
     _, step, blocks = MEASURED_S3[name]
     proj = project_perf(validation_config(name, 6, "unused", AS_MEASURED), H200, dp_overlap=0.0, measured=blocks).step_time_s
     assert proj == pytest.approx(step, rel=0.12)
+
+
+def test_host_bound_share_is_reported_and_warned():
+    from moetrain.plan.report import perf_table
+
+    tiny = project_perf(cfg("tiny"), H200)
+    big = project_perf(cfg("qwen3-30b-a3b", "model.num_layers=4", "train.global_batch_size=2",
+                           "train.micro_batch_size=2"), H200)
+    assert tiny.host_bound_fraction > 0.5 and big.host_bound_fraction < 0.05
+    assert tiny.to_dict()["host_bound_fraction"] == tiny.host_bound_fraction
+    assert "host-bound" in perf_table(cfg("tiny"), tiny, H200)
+    assert "host-bound" not in perf_table(cfg("qwen3-30b-a3b"), big, H200)

@@ -66,6 +66,8 @@ def test_compare_without_measured_blocks():
     row = compare("tiny-wide", {"peak_mem_gib": proj * 1.25, "step_time_s": step}, load_hardware("h200"))
     assert row["proj_time_measured_s"] is None and row["time_err_measured_pct"] is None
     assert row["mem_err_pct"] == pytest.approx(-20.0)
+    assert row["host_bound_pct"] > 50  # tiny-wide waits on kernel launches: the table says so
+    assert "host-bound (" in table([row]) and "tiny-wide" in table([row]).splitlines()[-1]
 
 
 def test_steps_must_allow_warmup():
