@@ -11,7 +11,7 @@ intermediate, b activation bytes, V vocab). Each op is (flops, bytes, kind):
 * attention: fused causal attention FLOPs (4 * B * nh * S * ctx * d) at ATTN_FWD / ATTN_BWD of
   the GEMM rate; the math / explicit paths as GEMMs plus memory traffic of the [S, S] scores.
 * mem: elementwise / norm / permute / sort kernels: bytes read + written at ELEMENTWISE of the
-  achievable copy bandwidth.
+  achievable copy bandwidth; the cross-entropy's GB-sized passes over the logits at CE_FWD / CE_BWD.
 
 Backward = GEMM FLOPs x 2 (input and weight gradients: the weight part is what zero-bubble
 moves to W), attention backward, elementwise traffic x BWD_MEM, and the main-grad hook traffic.
