@@ -109,7 +109,9 @@ def _read_file(path: Path, quiet: bool = False) -> dict:
         return {}
     try:
         data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("entries"), dict):
+        if isinstance(data, dict) and isinstance(data.get("version"), int) and data["version"] != VERSION:
+            return {}  # measured by another moetrain version, another way: measured again, then overwritten
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
             raise ValueError("unexpected layout")
         return {k: v for k, v in data["entries"].items() if isinstance(v, dict) and isinstance(v.get("backend"), str)}
     except (OSError, ValueError) as err:

@@ -262,3 +262,16 @@ def test_skewed_offs_cover_every_row_unevenly():
     assert offs.dtype == torch.int32 and offs.shape == (32,) and int(offs[-1]) == 4096
     assert bool((counts >= 0).all()) and int(counts.max()) > 3 * 4096 // 32
     assert torch.equal(offs, autoselect.skewed_offs(4096, 32, 0, torch.device("cpu")))  # fixed per seed
+
+
+def test_cache_of_another_version_is_measured_again_quietly(monkeypatch, cache_dir):
+    # version 1 timed the grouped GEMMs on the caller's routing only: its choices are not reused
+    import warnings
+
+    path = cache_dir / autoselect.CACHE_FILE
+    path.write_text(json.dumps({"version": autoselect.VERSION - 1, "entries": {KEY: {"backend": "triton", "ms": {}}}}))
+    install(monkeypatch, {"torch": 1.0, "triton": 2.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert autoselect.pick(KEY, lambda name: None) == "torch"
+    assert json.loads(path.read_text())["version"] == autoselect.VERSION
