@@ -147,17 +147,23 @@ def layer_flops(s: Shape) -> float:
 
 def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict:
     """Interleaved timing of forward + backward; returns name -> (median ms, peak GiB)."""
-    results = {name: [] for name in contenders}
     peaks = {}
     args = make_args()
-    for name, fn in contenders.items():  # warm-up and peak memory, one contender at a time
+    for name, fn in list(contenders.items()):  # warm-up and peak memory, one contender at a time
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        for _ in range(warmup):
-            _fwd_bwd(fn, args)
+        try:
+            for _ in range(warmup):
+                _fwd_bwd(fn, args)
+        except torch.OutOfMemoryError:
+            if not isinstance(fn, Graphed):
+                raise
+            _drop_graph(contenders, name)
+            continue
         torch.cuda.synchronize()
         peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    results = {name: [] for name in contenders}
     for _ in range(reps):
         for name, fn in contenders.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -261,6 +267,16 @@ def print_auto_choices() -> None:
         print(f"  {key:60s} -> {entry['backend']:7s} ({ms} ms)", flush=True)
 
 
+def _drop_graph(contenders: dict, name: str) -> None:
+    """A graphed contender that ran out of memory at capture: its private pool keeps the layer's weight
+    gradients (DeepSeek-V3: 22 GB) beside the other graphs' pools. Left out of the table, said so."""
+    fn = contenders.pop(name)
+    fn.graph = fn.out = fn.grads = fn.args = None
+    torch.cuda.empty_cache()
+    print(f"    {name}: out of GPU memory capturing the graph, left out of this shape's table "
+          "(fewer --backends, or no --graphs, at this shape)", flush=True)
+
+
 def check_correct(contenders: dict, make_args) -> dict:
     """Relative error of each contender's output and input gradient against the eager reference."""
     args = make_args()
@@ -275,12 +291,7 @@ def check_correct(contenders: dict, make_args) -> dict:
             try:
                 fn.replay(args)
             except torch.OutOfMemoryError:
-                # a graph's private pool keeps the layer's weight gradients (DeepSeek-V3: 22 GB) beside the others'
-                fn.graph = fn.out = fn.grads = fn.args = None
-                torch.cuda.empty_cache()
-                del contenders[name]
-                print(f"    {name}: out of GPU memory capturing the graph, left out of this shape's table "
-                      "(fewer --backends, or no --graphs, at this shape)", flush=True)
+                _drop_graph(contenders, name)
                 continue
             got = (fn.out.detach().float(), fn.grads[0].float().clone())
         else:
