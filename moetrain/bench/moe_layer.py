@@ -4,7 +4,9 @@
                                        [--json FILE]
 
 Every contender runs in this process on the same inputs, weights and routing, with
-repetitions interleaved (contender A, B, C, A, B, C, ...), timed with CUDA events; medians.
+repetitions interleaved (contender A, B, C, A, B, C, ...), timed with CUDA events; medians, and "+-%"
+half the range of the repetitions over the median (the same contender moved 4-7% between device calls
+on the H200: compare within one run).
 Contenders:
   ours (<backend>)       router logits as the model computes them (moetrain.ops.router_logits: fp32
                          logits from bf16 tensor-core GEMMs on CUDA), moetrain.ops.route (the fused
@@ -146,7 +148,7 @@ def layer_flops(s: Shape) -> float:
 
 
 def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict:
-    """Interleaved timing of forward + backward; returns name -> (median ms, peak GiB)."""
+    """Interleaved timing of forward + backward; returns name -> (median ms, peak GiB, spread %)."""
     peaks = {}
     args = make_args()
     for name, fn in list(contenders.items()):  # warm-up and peak memory, one contender at a time
@@ -172,7 +174,9 @@ def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict
             end.record()
             end.synchronize()
             results[name].append(start.elapsed_time(end))
-    return {name: (statistics.median(times), peaks[name]) for name, times in results.items()}
+    # spread: half the range of the repetitions over their median, in % (how far one number can be trusted)
+    return {name: (statistics.median(t), peaks[name], 50 * (max(t) - min(t)) / statistics.median(t))
+            for name, t in results.items()}
 
 
 def _fwd_bwd(fn, args):
@@ -346,8 +350,8 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     flops = layer_flops(s)
     ref_ms, gemm_ms = timed["reference eager"][0], timed[FLOOR][0]
     rows = []
-    for name, (ms, peak) in timed.items():
-        rows.append({"shape": s.name, "routing": routing, "contender": name, "ms": ms,
+    for name, (ms, peak, spread) in timed.items():
+        rows.append({"shape": s.name, "routing": routing, "contender": name, "ms": ms, "spread_pct": spread,
                      "tflops": flops / ms / 1e9, "peak_gib": peak if name != FLOOR else float("nan"),
                      "vs_eager": ref_ms / ms, "vs_gemms": ms / gemm_ms, "rel_err": errors[name]})
     return rows
@@ -423,7 +427,7 @@ def main(argv=None) -> None:
             raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
     print(f"MoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           "TFLOP/s counts the six expert GEMMs", flush=True)
-    print(f"{'shape':16s} {'routing':8s} {'contender':20s} {'ms':>8s} {'TFLOP/s':>8s} {'x eager':>8s} "
+    print(f"{'shape':16s} {'routing':8s} {'contender':20s} {'ms':>8s} {'+-%':>5s} {'TFLOP/s':>8s} {'x eager':>8s} "
           f"{'/ GEMMs':>8s} {'peak GiB':>9s} {'rel err':>8s}", flush=True)
     rows = []
     for shape_name in args.shapes.split(","):
@@ -431,7 +435,8 @@ def main(argv=None) -> None:
             new = run_shape(SHAPES[shape_name], routing, backends, args.warmup, args.reps,
                             not args.no_compile, args.profile, args.graphs)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
-                print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:20s} {r['ms']:8.2f} {r['tflops']:8.1f} "
+                print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:20s} {r['ms']:8.2f} {r['spread_pct']:5.1f} "
+                      f"{r['tflops']:8.1f} "
                       f"{r['vs_eager']:8.2f} {r['vs_gemms']:8.2f} {r['peak_gib']:9.2f} {r['rel_err']:8.1e}", flush=True)
             rows += new
             if args.json:
