@@ -327,23 +327,28 @@ def _wgrad_kernel(
         ki = tl.where(last, 0, ki + 1)
 
 
-_SM_COUNT: dict = {}
+_DEVICE_PROPS: dict = {}  # device index -> (SM count, major compute capability), asked once per device
+
+
+def _device_props(device: torch.device) -> tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE_PROPS:
+        props = torch.cuda.get_device_properties(index)
+        _DEVICE_PROPS[index] = (props.multi_processor_count, props.major)
+    return _DEVICE_PROPS[index]
 
 
 def _num_programs(device: torch.device) -> int:
     if device.type != "cuda":
         return INTERPRETER_PROGRAMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    return _device_props(device)[0]
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
     """TMA descriptors need Hopper+, a 16-byte aligned base and 16-byte aligned leading strides."""
     t0 = tensors[0]
     if t0.device.type == "cuda":
-        if torch.cuda.get_device_capability(t0.device)[0] < 9:
+        if _device_props(t0.device)[1] < 9:
             return False
     elif not interpreting():
         return False
