@@ -175,6 +175,9 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 f"{t.micro_batch_size} x {t.seq_length} tokens per step; output in {out_dir}")
             if resume_from is not None:
                 display.log(f"resumed from {resume_from} at step {start_step}")
+            if device.type == "cuda" and cfg.is_moe and cfg.moe.backend in ("auto", "triton"):
+                display.log("the first step compiles and tunes the MoE kernels for these shapes (Triton configs, and "
+                            "with moe.backend=auto each GEMM against torch._grouped_mm, cached on disk): it is slower")
             for step in range(start_step + 1, t.steps + 1):
                 profiler.before_step(step)
                 if device.type == "cuda":
