@@ -2,7 +2,7 @@
 
 JSON keys are a stable interface (add, never rename): memory -> peak_gib, verdict, per_rank
 [{pp_rank, params_gib, grads_gib, optimizer_gib, activations_gib, other_gib, total_gib, ...}];
-perf -> step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu, bubble_fraction, per_rank.
+perf -> step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu, bubble_fraction, host_bound_fraction, per_rank.
 """
 
 from __future__ import annotations
