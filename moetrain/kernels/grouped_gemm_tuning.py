@@ -2,7 +2,9 @@
 
 The first call per (op, dtype, N, K, M/G bucket) times every candidate config with
 median_ms (CUDA events, moetrain.kernels.timing) and keeps the fastest; the CPU interpreter always uses one
-small config.
+small config. Winners are kept on disk too ($MOETRAIN_CACHE_DIR/grouped_gemm_configs.json, keyed with the
+GPU's name and the triton version; moetrain.kernels.disk_cache), so that a later process (a restart, the
+next run) skips the timing; a cached config that is no longer a candidate is timed again.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import torch
 import triton
 
+from moetrain.kernels import disk_cache
 from moetrain.kernels.timing import in_turns, median_ms
 
 
@@ -84,6 +87,10 @@ TUNE_ROUNDS = 3
 INTERPRETER_PROGRAMS = 3
 
 _BEST: dict = {}  # autotune cache: key -> GemmConfig
+CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
+CONFIG_CACHE_VERSION = 1
+_DISK: dict | None = None  # the file's entries, read once per process
+_DEVICE_NAMES: dict = {}
 _SHIM_DONE = False
 
 
@@ -120,14 +127,63 @@ def interpreter_numpy_shim() -> None:
     itp._patch_lang_tensor = patched
 
 
+def _valid_entry(entry: dict) -> bool:
+    fields = {f.name for f in dataclasses.fields(GemmConfig)}
+    return isinstance(entry.get("config"), dict) and set(entry["config"]) <= fields
+
+
+def _disk_entries() -> dict:
+    global _DISK
+    if _DISK is None:
+        _DISK = disk_cache.read_entries(disk_cache.cache_dir() / CONFIG_CACHE_FILE, CONFIG_CACHE_VERSION,
+                                        _valid_entry, "grouped GEMM config cache")
+    return _DISK
+
+
+def _device_name(device: torch.device) -> str:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE_NAMES:
+        _DEVICE_NAMES[index] = torch.cuda.get_device_name(index)
+    return _DEVICE_NAMES[index]
+
+
+def disk_key(key: tuple) -> str:
+    """The file's key of an in-memory key: devices by their GPU's name, plus the triton version."""
+    parts = [_device_name(k) if isinstance(k, torch.device) else str(k).removeprefix("torch.") for k in key]
+    return "|".join(parts + [f"triton {triton.__version__}"])
+
+
+def _from_disk(key: tuple, candidates: tuple):
+    entry = _disk_entries().get(disk_key(key))
+    if entry is None:
+        return None
+    try:
+        cfg = GemmConfig(**entry["config"])
+    except TypeError:
+        return None
+    return cfg if cfg in candidates else None
+
+
+def _to_disk(key: tuple, best: GemmConfig, times: dict) -> None:
+    entry = {"config": dataclasses.asdict(best), "ms": {str(c): t for c, t in times.items()}}
+    _disk_entries()[disk_key(key)] = entry
+    disk_cache.merge_and_write(disk_cache.cache_dir() / CONFIG_CACHE_FILE, CONFIG_CACHE_VERSION, _disk_entries(),
+                               _valid_entry, "grouped GEMM config cache")
+
+
 def pick_config(key: tuple, candidates: tuple, config, run):
-    """Explicit config, cached winner, or time the candidates in turns (median of CUDA-event timings)."""
+    """Explicit config, cached winner (this process, then the disk cache), or time the candidates in turns
+    (median of CUDA-event timings) and record the winner in both."""
     if config is not None:
         return config
     if interpreting():
         return INTERPRETER_CONFIG
     if key in _BEST:
         return _BEST[key]
+    cached = _from_disk(key, candidates)
+    if cached is not None:
+        _BEST[key] = cached
+        return cached
     if torch.cuda.is_current_stream_capturing():
         return candidates[0]  # cannot time inside a graph capture; warm up before capturing
     # a config that does not fit (shared memory, registers) is dropped
@@ -142,4 +198,5 @@ def pick_config(key: tuple, candidates: tuple, config, run):
     if split:
         best = min(split, key=times.get)
     _BEST[key] = best
+    _to_disk(key, best, times)
     return best

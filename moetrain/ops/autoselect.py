@@ -14,9 +14,9 @@ the choice made on uniform routing ran 11% slower than triton on skewed).
               FC1 forward: "gather" or "copy", see GPU_VALIDATED), "moe_fc1_wgrad" (its weight gradient)
     N, K      the layer's forward output and reduction sizes, w [G, N, K]
     bucket    next power of two of M / G (rows per group); M = routed rows
-Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), written
-atomically (temp file + rename); a file that does not parse is ignored with one warning and
-rewritten on the next measurement.
+Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), see
+moetrain.kernels.disk_cache (atomic writes; a file that does not parse is ignored with one warning and
+rewritten on the next measurement; one of another version is measured again quietly).
 
 Nothing is timed inside CUDA graph capture (a cached winner is used, else torch): warm up
 (run the layer once) before capturing. ``time_backend`` is a module attribute so tests can
@@ -26,15 +26,13 @@ inject a fake timer.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
+from moetrain.kernels import disk_cache  # plain Python, no triton
 from moetrain.kernels.host import rows_bucket  # plain Python, no triton
 
 # The backends "auto" may choose, per op kind: only those whose GPU tests have passed on real
@@ -62,8 +60,7 @@ _memory: dict | None = None  # key -> {"backend": str, "ms": {backend: ms}}; loa
 
 
 def cache_path() -> Path:
-    root = os.environ.get("MOETRAIN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "moetrain")
-    return Path(root) / CACHE_FILE
+    return disk_cache.cache_dir() / CACHE_FILE
 
 
 def reset() -> None:
@@ -104,40 +101,17 @@ def time_backend(backend: str, run) -> float:
     return median_ms(run, warmup=2, reps=5)
 
 
-def _read_file(path: Path, quiet: bool = False) -> dict:
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and isinstance(data.get("version"), int) and data["version"] != VERSION:
-            return {}  # measured by another moetrain version, another way: measured again, then overwritten
-        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-            raise ValueError("unexpected layout")
-        return {k: v for k, v in data["entries"].items() if isinstance(v, dict) and isinstance(v.get("backend"), str)}
-    except (OSError, ValueError) as err:
-        if quiet:
-            return {}
-        warnings.warn(f"moetrain: ignoring unreadable backend cache {path} ({err}); it will be rewritten",
-                      RuntimeWarning, stacklevel=3)
-        return {}
+def _valid(entry: dict) -> bool:
+    return isinstance(entry.get("backend"), str)
 
 
-def _write_file(path: Path, entries: dict) -> None:
-    """Atomic: readers see the old file or the new one, never a partial write."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".backends-", suffix=".json", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": VERSION, "entries": entries}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError as err:  # a read-only home must not stop training: the choice stays in memory
-        warnings.warn(f"moetrain: could not write backend cache {path} ({err})", RuntimeWarning, stacklevel=3)
+WHAT = "backend cache"
 
 
 def _entries() -> dict:
     global _memory
     if _memory is None:
-        _memory = _read_file(cache_path())
+        _memory = disk_cache.read_entries(cache_path(), VERSION, _valid, WHAT)
     return _memory
 
 
@@ -177,12 +151,8 @@ def pick(key: str, run_backend, *, capturing: bool = False) -> str:
     winner = min(finite, key=finite.get) if finite else FALLBACK.get(kind, "loop")
     entry = {"backend": winner, "ms": {n: (t if math.isfinite(t) else None) for n, t in times.items()}}
     # Merge with what other processes may have written since we loaded, then write back.
-    path = cache_path()
-    entries = _read_file(path, quiet=True)
-    entries.update(_entries())
-    entries[key] = entry
     _entries()[key] = entry
-    _write_file(path, entries)
+    disk_cache.merge_and_write(cache_path(), VERSION, _entries(), _valid, WHAT)
     return winner
 
 

@@ -239,6 +239,33 @@ def test_autotuner_prefers_a_tail_split_config_within_the_slack(monkeypatch):
         assert tuning.pick_config(("fwd", str(want)), (plain, split, other), None, lambda cfg: times[cfg]) == want
 
 
+def test_tuned_configs_persist_on_disk_for_the_next_process(monkeypatch):
+    from moetrain.kernels import disk_cache
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)
+    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(tuning, "_BEST", {})
+    monkeypatch.setattr(tuning, "median_ms", lambda run, **kw: run())
+    fast, slow = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
+    key = ("wgrad", torch.bfloat16, 4096, 7168, 256, True)
+    assert tuning.pick_config(key, (slow, fast), None, {fast: 1.0, slow: 2.0}.get) == fast
+    path = disk_cache.cache_dir() / tuning.CONFIG_CACHE_FILE
+    assert tuning.disk_key(key) in path.read_text() and "bfloat16" in tuning.disk_key(key)
+
+    def no_timing(*a, **kw):
+        raise AssertionError("timed again despite the disk cache")
+
+    monkeypatch.setattr(tuning, "_BEST", {})  # a new process: memory empty, the file read again
+    monkeypatch.setattr(tuning, "_DISK", None)
+    monkeypatch.setattr(tuning, "median_ms", no_timing)
+    assert tuning.pick_config(key, (slow, fast), None, None) == fast
+    # a cached config that is no longer a candidate is timed again
+    monkeypatch.setattr(tuning, "_BEST", {})
+    monkeypatch.setattr(tuning, "median_ms", lambda run, **kw: run())
+    assert tuning.pick_config(key, (slow,), None, {slow: 2.0}.get) == slow
+
+
 def test_host_integer_helpers_match_triton():
     import triton
 
