@@ -89,8 +89,8 @@ def topk_weights(scores: torch.Tensor, topk_idx: torch.Tensor, score: str, norma
 def topk_weights_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.Tensor, score: str,
                           normalize: bool, scaling_factor: float) -> torch.Tensor:
     """d loss / d logits [T, E] (logits' dtype) of topk_weights(scores_of(logits)) given dweight [T, K]:
-    the chain rule written out, so that the routing kernel's backward needs no nested autograd call
-    (which a CUDA graph capture of the layer's backward does not allow). s = the scores; with
+    the chain rule written out, so that the routing kernel's backward is a few plain kernels with no
+    nested autograd call (less host work; nothing for a CUDA-graph capture to trip on). s = the scores; with
     normalize, w_k = c s_k / S (S = sum of the chosen s, + 1e-20 for sigmoid), so
     dL/ds_k = c (g_k - sum_j g_j w_j / c) / S; then through sigmoid (s (1 - s)) or softmax."""
     scores = scores_of(logits, score)
