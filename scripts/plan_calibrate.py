@@ -1,7 +1,7 @@
 """Planner calibration data (GPU): where a real training step's time goes, on configs that are NOT
 among `moetrain plan validate`'s, so that constants fitted to these stay out of sample there.
 
-    python scripts/plan_calibrate.py [--json OUT.json] [NAME ...]
+    python scripts/plan_calibrate.py [--json OUT.json] [--trainer] [NAME ...]
 
 Per config: the trainer's model and optimizer (same classes, same order of calls as
 moetrain/train/trainer.py), random tokens, and per step CUDA events around forward, backward and
@@ -11,7 +11,8 @@ other elementwise/reduction) and the number of kernels, forward and backward sep
 Then each decoder layer alone and the head + loss alone (forward and backward, event time and kernel
 time by kind). Each config prints the measurement and the roofline's projection of the same phases,
 components and kernel kinds (moetrain.plan), the numbers to fit the roofline's constants to (tests
-nothing by itself).
+nothing by itself). --trainer also runs the real trainer on each config and prints its median step beside
+the script's (what the script's step leaves out: data, metrics, the per-step sync).
 """
 
 from __future__ import annotations
@@ -254,10 +255,29 @@ def projected(name: str) -> dict:
     return out
 
 
+def trainer_step(name: str, steps: int = 8, device: str = "cuda") -> dict:
+    """The real trainer (moetrain.train.trainer.run) on the same config in this process: its median step
+    (host clock, synchronised) beside the script's CUDA-event step, to find what the script does not time."""
+    import statistics
+    import tempfile
+
+    from moetrain.config.load import load_config
+    from moetrain.train.trainer import run
+
+    preset, overrides = CONFIGS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(preset=preset, overrides=overrides + [
+            f"train.device={device}", f"train.out_dir={tmp}", f"train.steps={steps}", f"train.log_interval={steps}",
+            "checkpoint.save_final=false", "optim.warmup_steps=1", "train.eval_interval=0"])
+        times = [r["step_time_s"] for r in run(cfg, show_progress=False).records]
+    return {"trainer_step_ms": 1e3 * statistics.median(times[3:] if len(times) > 3 else times)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", default=list(CONFIGS))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--trainer", action="store_true", help="also time the real trainer's step on each config")
     args = ap.parse_args(argv)
     rows = []
     for name in args.names:
@@ -271,10 +291,22 @@ def main(argv=None) -> int:
 
         gc.collect()
         torch.cuda.empty_cache()
+        if args.trainer and "error" not in r:
+            try:
+                r.update(trainer_step(name))
+            except Exception as err:
+                r["trainer_error"] = f"{type(err).__name__}: {err}"[:300]
+            gc.collect()
+            torch.cuda.empty_cache()
         rows.append(r)
         if "error" in r:
             print(f"{name:22s} ERROR {r['error']}", flush=True)
             continue
+        if "trainer_step_ms" in r:
+            print(f"{name:20s} trainer   step {r['trainer_step_ms']:8.2f} ms (the script's step: {r['step_ms']:.2f})",
+                  flush=True)
+        elif "trainer_error" in r:
+            print(f"{name:20s} trainer   ERROR {r['trainer_error']}", flush=True)
         r["projected"] = p = projected(name)
         for who, x in (("measured", r), ("roofline", p)):
             print(f"{name:20s} {who:9s} fwd {x['fwd_ms']:8.2f}  bwd {x['bwd_ms']:8.2f}  tail {x['tail_ms']:7.2f}  "

@@ -34,3 +34,9 @@ def test_projection_has_phases_kinds_and_components(name):
     assert layers and "head" in p["components"]
     for c in p["components"].values():
         assert c["fwd_ms"] >= c["fwd_gpu_ms"] > 0 and c["bwd_ms"] >= c["bwd_gpu_ms"] > 0
+
+
+def test_trainer_step_runs_the_real_trainer():
+    pytest.importorskip("torch")
+    out = load_script().trainer_step("cal-tiny", steps=2, device="cpu")
+    assert out["trainer_step_ms"] > 0
