@@ -109,7 +109,7 @@ def register(commands, add_config_source) -> None:
     add_config_source(p)
     _common(p)
     p.add_argument("--measure", action="store_true",
-                   help="time one block of each kind forward+backward on the local GPU instead of the roofline")
+                   help="time one block of each kind and the head + loss forward+backward on the local GPU instead of the roofline")
     p.add_argument("--dp-overlap", type=float, default=0.5, metavar="F",
                    help="fraction of data-parallel gradient/parameter communication hidden behind compute (default 0.5)")
     p.add_argument("--timeline", metavar="FILE", help="write the pipeline timeline as JSON (per rank, per micro-batch)")

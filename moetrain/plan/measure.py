@@ -1,4 +1,5 @@
-"""``plan perf --measure``: time one decoder block of each kind forward + backward on the GPU.
+"""``plan perf --measure``: time one decoder block of each kind, and the head (final norm, logits,
+fp32 cross-entropy), forward + backward on the GPU.
 
 Legend: B sequences, S sequence length (per CP rank), H hidden, E experts.
 
@@ -31,7 +32,8 @@ def _local_config(cfg: Config) -> Config:
 
 
 def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "cuda") -> dict[str, tuple[float, float]]:
-    """{"dense"|"moe": (forward seconds, backward seconds)} for the block kinds of ``cfg``.
+    """{"dense"|"moe"|"head": (forward seconds, backward seconds)} for the block kinds of ``cfg`` and its
+    head + loss (vocab / tp columns are timed whole; the projection divides by tp as for blocks).
     ``device="cpu"`` (tests only) times with the host clock in fp32."""
     import time
 
@@ -104,4 +106,44 @@ def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "
         del blk, x
         if cuda:
             torch.cuda.empty_cache()
+    out["head"] = _measure_head(c, dev, dtype, warmup, iters, stamp, elapsed)
+    if cuda:
+        torch.cuda.empty_cache()
     return out
+
+
+def _measure_head(c: Config, dev, dtype, warmup: int, iters: int, stamp, elapsed) -> tuple[float, float]:
+    """Final norm, logits (the output head) and the fp32 cross-entropy, as the model runs them."""
+    import torch
+
+    from moetrain.models.linear import Linear
+    from moetrain.models.norm import RMSNorm
+    from moetrain.models.transformer import cross_entropy
+
+    m = c.model
+    B, S, H, V = c.train.micro_batch_size, c.train.seq_length, m.hidden_size, m.vocab_size
+    torch.manual_seed(0)
+    with torch.device(dev):
+        norm, head = RMSNorm(H, m.norm_eps), Linear(H, V)
+    with torch.no_grad():
+        head.weight.normal_(0.0, m.init_std)
+    norm.to(dtype)
+    head.to(dtype)
+    x = torch.randn(B, S, H, device=dev, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, V, (B, S), device=dev)
+    stamps = []
+    for it in range(warmup + iters):
+        e0 = stamp()
+        loss = cross_entropy(torch.nn.functional.linear(norm(x), head.weight), labels)
+        e1 = stamp()
+        loss.backward()
+        e2 = stamp()
+        if it >= warmup:
+            stamps.append((e0, e1, e2))
+        norm.zero_grad(set_to_none=True)
+        head.zero_grad(set_to_none=True)
+        x.grad = None
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return (statistics.median(elapsed(a, b) for a, b, _ in stamps),
+            statistics.median(elapsed(b, e) for _, b, e in stamps))

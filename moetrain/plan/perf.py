@@ -149,7 +149,17 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
         n_other = sp.total - sum(sp.by_block.values())
         for _ in st.mtp:
             add("mtp head", mtp_extra_cost(cfg, d, rf))
-        if st.has_loss:
+        if st.has_loss and measured and "head" in measured:  # final norm + logits + cross-entropy timed on a GPU
+            mf, mb = measured["head"]
+            hc = head_cost(cfg, d, rf)
+            share = hc.bwd_weight.gpu / (hc.bwd_input.gpu + hc.bwd_weight.gpu)
+            f += mf / p.tp
+            b += mb * (1 - share) / p.tp
+            w += mb * share / p.tp
+            parts["head+loss"] = parts.get("head+loss", 0.0) + (mf + mb) / p.tp
+            if hook:  # the measured backward has no main-grad hooks
+                w += (b_p + 2 * b_g) * n_other / hw.mem_bw + 3 * 3 * launch
+        elif st.has_loss:
             add("head+loss", head_cost(cfg, d, rf), n_other, 3)
         elif n_other and hook:
             w += (b_p + 2 * b_g) * n_other / hw.mem_bw

@@ -106,7 +106,17 @@ def test_measure_blocks_on_cpu_times_each_kind():
     from moetrain.plan.measure import measure_blocks
 
     out = measure_blocks(cfg("tiny", "train.recompute=selective"), warmup=1, iters=1, device="cpu")
-    assert set(out) == {"dense", "moe"} and all(f > 0 and b > 0 for f, b in out.values())
+    assert set(out) == {"dense", "moe", "head"} and all(f > 0 and b > 0 for f, b in out.values())
+
+
+def test_measured_mode_uses_the_measured_head():
+    c = cfg("llama3-8b", "model.num_layers=2", "train.global_batch_size=1", "train.micro_batch_size=1")
+    blocks = {"dense": (0.010, 0.020)}
+    a = project_perf(c, H200, measured={**blocks, "head": (0.001, 0.002)})
+    b = project_perf(c, H200, measured={**blocks, "head": (0.002, 0.004)})
+    roof_head = project_perf(c, H200, measured=blocks)
+    assert b.step_time_s - a.step_time_s == pytest.approx(0.003)
+    assert roof_head.breakdown["compute:head+loss"] != pytest.approx(a.breakdown["compute:head+loss"])
 
 
 GPU_BOUND = [n for n in MEASURED_S4 if n not in HOST_BOUND]
