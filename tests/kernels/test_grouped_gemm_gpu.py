@@ -212,3 +212,39 @@ def test_cuda_graph_replay_with_new_routing():
         assert rel_err(y, gg.grouped_gemm_ref(ref_x, ref_w, offs)) < BF16_BOUND
         assert rel_err(dx, gg.grouped_gemm_dgrad_ref(ref_dy, ref_w, offs)) < BF16_BOUND
         assert rel_err(dw, gg.grouped_gemm_wgrad_ref(ref_dy, ref_x, offs)) < BF16_BOUND
+
+
+def _trial_cases():
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    return ([("fwd", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS] + [("dgrad", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS]
+            + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS])
+
+
+@pytest.mark.parametrize("op,cfg", _trial_cases(), ids=lambda v: str(v))
+def test_bf16_trial_configs_on_skewed_routing(op, cfg):
+    # the configs on trial (not yet picked by the autotuner): uneven and empty groups, trailing rows, bf16 vs fp64
+    gg = kernels()
+    m, g, n, k = 9000, 24, 768, 1024
+    offs = skewed_offs(m, g, seed=11)
+    torch.manual_seed(12)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    if op == "fwd":
+        got = gg.grouped_gemm_fwd(x, w, offs, config=cfg, out=torch.full((m, n), float("nan"), device="cuda",
+                                                                         dtype=torch.bfloat16))
+        a, b = x, w
+    elif op == "dgrad":
+        got = gg.grouped_gemm_dgrad(dy, w, offs, config=cfg, out=torch.full((m, k), float("nan"), device="cuda",
+                                                                           dtype=torch.bfloat16))
+        a, b = dy, w
+    else:
+        got = gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=torch.full((g, n, k), float("nan"), device="cuda",
+                                                                           dtype=torch.bfloat16))
+        a, b = dy, x
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
+    check_groups_fp64(op, got, a, b, offs, list(range(g)))
+    if op != "wgrad":
+        tail = offs[-1].item()
+        assert torch.equal(got[tail:], torch.zeros_like(got[tail:]))
