@@ -103,6 +103,21 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
             excess += (tf - bc.fwd.gpu) + (t_bwd - gpu_b - gpu_w)
             parts[name] = parts.get(name, 0.0) + tf + tb + tw
 
+        def add_measured(name: str, times: tuple[float, float], bc: BlockCost, n_params: float,
+                         n_tensors: int) -> None:
+            """Forward and backward seconds measured on a GPU (``plan perf --measure``), the backward split
+            into B and W as the model splits it, plus the main-grad hooks the measurement did not run."""
+            nonlocal f, b, w
+            mf, mb = times
+            model_b = _phase(bc.bwd_input, launch) + _phase(bc.bwd_weight, launch)
+            share = _phase(bc.bwd_weight, launch) / model_b if model_b else 0.0
+            f += mf / p.tp
+            b += mb * (1 - share) / p.tp
+            w += mb * share / p.tp
+            parts[name] = parts.get(name, 0.0) + (mf + mb) / p.tp
+            if hook:
+                w += (b_p + 2 * b_g) * n_params / hw.mem_bw + 3 * n_tensors * launch
+
         if st.has_embedding:
             add("embedding", embedding_cost(cfg, d, rf))
         blocks = [(i, cfg.is_moe_layer(i), _window(cfg, i)) for i in st.layers]
@@ -112,13 +127,7 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
             bc = block_cost(cfg, d, rf, moe, win, mode, ep=p.ep)
             kind = "moe" if moe else "dense"
             if measured and kind in measured:
-                mf, mb = measured[kind]
-                model_b = _phase(bc.bwd_input, launch) + _phase(bc.bwd_weight, launch)
-                share = _phase(bc.bwd_weight, launch) / model_b if model_b else 0.0
-                f += mf / p.tp
-                b += mb * (1 - share) / p.tp
-                w += mb * share / p.tp
-                parts[kind] = parts.get(kind, 0.0) + (mf + mb) / p.tp
+                add_measured(kind, measured[kind], bc, dp_extra["block_params"].get(gid, 0.0), TENSORS_PER_BLOCK)
             else:
                 add(kind, bc, dp_extra["block_params"].get(gid, 0.0))
             # TP: 2 collectives per block forward and backward
@@ -141,24 +150,13 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
                 f += max(ring - attn, 0.0)
                 b += 2 * max(ring - attn, 0.0)
                 cm += 3 * ring
-            if hook and measured and kind in measured:  # the measured backward has no main-grad hooks
-                n_block = dp_extra["block_params"].get(gid, 0.0)
-                w += (b_p + 2 * b_g) * n_block / hw.mem_bw + 3 * TENSORS_PER_BLOCK * launch
         # the embedding, head, final norms and MTP projections outside the blocks have main-grad hooks too
         sp = stage_params(cfg, st)
         n_other = sp.total - sum(sp.by_block.values())
         for _ in st.mtp:
             add("mtp head", mtp_extra_cost(cfg, d, rf))
         if st.has_loss and measured and "head" in measured:  # final norm + logits + cross-entropy timed on a GPU
-            mf, mb = measured["head"]
-            hc = head_cost(cfg, d, rf)
-            share = hc.bwd_weight.gpu / (hc.bwd_input.gpu + hc.bwd_weight.gpu)
-            f += mf / p.tp
-            b += mb * (1 - share) / p.tp
-            w += mb * share / p.tp
-            parts["head+loss"] = parts.get("head+loss", 0.0) + (mf + mb) / p.tp
-            if hook:  # the measured backward has no main-grad hooks
-                w += (b_p + 2 * b_g) * n_other / hw.mem_bw + 3 * 3 * launch
+            add_measured("head+loss", measured["head"], head_cost(cfg, d, rf), n_other, 3)
         elif st.has_loss:
             add("head+loss", head_cost(cfg, d, rf), n_other, 3)
         elif n_other and hook:
