@@ -20,7 +20,7 @@ import torch
 
 def layouts(m: int, g: int) -> dict[str, torch.Tensor]:
     """name -> [G] int64 rows per expert, each summing to m."""
-    from moetrain.ops.autoselect import skewed_offs
+    from moetrain.kernels.timing import skewed_offs
 
     def even(rows: int, groups: int) -> torch.Tensor:
         out = torch.full((groups,), rows // groups, dtype=torch.int64)

@@ -52,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moetrain.kernels import cuda_device
 from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
 
 from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
@@ -327,28 +328,17 @@ def _wgrad_kernel(
         ki = tl.where(last, 0, ki + 1)
 
 
-_DEVICE_PROPS: dict = {}  # device index -> (SM count, major compute capability), asked once per device
-
-
-def _device_props(device: torch.device) -> tuple[int, int]:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _DEVICE_PROPS:
-        props = torch.cuda.get_device_properties(index)
-        _DEVICE_PROPS[index] = (props.multi_processor_count, props.major)
-    return _DEVICE_PROPS[index]
-
-
 def _num_programs(device: torch.device) -> int:
     if device.type != "cuda":
         return INTERPRETER_PROGRAMS
-    return _device_props(device)[0]
+    return cuda_device.sm_count(device)
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
     """TMA descriptors need Hopper+, a 16-byte aligned base and 16-byte aligned leading strides."""
     t0 = tensors[0]
     if t0.device.type == "cuda":
-        if _device_props(t0.device)[1] < 9:
+        if cuda_device.capability_major(t0.device) < 9:
             return False
     elif not interpreting():
         return False

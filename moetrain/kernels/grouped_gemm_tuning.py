@@ -14,7 +14,7 @@ import dataclasses
 import torch
 import triton
 
-from moetrain.kernels import disk_cache
+from moetrain.kernels import cuda_device, disk_cache
 from moetrain.kernels.timing import in_turns, median_ms
 
 
@@ -90,7 +90,6 @@ _BEST: dict = {}  # autotune cache: key -> GemmConfig
 CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 CONFIG_CACHE_VERSION = 1
 _DISK: dict | None = None  # the file's entries, read once per process
-_DEVICE_NAMES: dict = {}
 _SHIM_DONE = False
 
 
@@ -156,16 +155,9 @@ def _disk_entries() -> dict:
     return _DISK
 
 
-def _device_name(device: torch.device) -> str:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _DEVICE_NAMES:
-        _DEVICE_NAMES[index] = torch.cuda.get_device_name(index)
-    return _DEVICE_NAMES[index]
-
-
 def disk_key(key: tuple) -> str:
     """The file's key of an in-memory key: devices by their GPU's name, plus the triton version."""
-    parts = [_device_name(k) if isinstance(k, torch.device) else str(k).removeprefix("torch.") for k in key]
+    parts = [cuda_device.device_name(k) if isinstance(k, torch.device) else str(k).removeprefix("torch.") for k in key]
     return "|".join(parts + [f"triton {triton.__version__}"])
 
 

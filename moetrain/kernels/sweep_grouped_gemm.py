@@ -37,9 +37,8 @@ import time
 
 import torch
 
-from moetrain.ops.autoselect import skewed_offs
-
 from moetrain.errors import UserError
+from moetrain.kernels.timing import skewed_offs
 
 # name: (routed rows M, experts G, hidden H, expert intermediate I)
 SHAPES = {  # the many-small-experts shapes first: they decide the 1.1x claim

@@ -1,4 +1,5 @@
-"""Median time of a GPU op with CUDA events, for picking kernels and backends at run time.
+"""Median time of a GPU op with CUDA events, for picking kernels and backends at run time: candidates timed
+in turns, and a skewed routing to time them on besides the caller's.
 
 Plain torch (no triton import). Not triton.testing.do_bench: its 256 MB L2-flush buffer lands in the
 first training step's peak memory (measured: +0.2 GiB on a small model's 0.33 GiB projection), and
@@ -23,6 +24,17 @@ def median_ms(run, warmup: int = 3, reps: int = 10) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+def skewed_offs(m: int, g: int, seed: int, device: torch.device) -> torch.Tensor:
+    """[G] int32 group ends of m rows over g groups with shares drawn from Dirichlet(0.3) (the benchmarks'
+    skewed routing, and the second routing auto times grouped GEMMs on; a fixed draw per seed), built on
+    the host and copied to ``device``."""
+    gen = torch.Generator().manual_seed(seed)
+    shares = torch._standard_gamma(torch.full((g,), 0.3), generator=gen)
+    counts = torch.floor(shares / shares.sum() * m).long()
+    counts[torch.argmax(counts)] += m - counts.sum()  # exactly m rows
+    return torch.cumsum(counts, 0).to(torch.int32).to(device)
 
 
 def in_turns(candidates, time_one, rounds: int) -> tuple[dict, dict]:

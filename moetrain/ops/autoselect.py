@@ -4,7 +4,7 @@ The first time a (op kind, dtype, N, K, M/G bucket, device name) is seen on CUDA
 backend runs the op on the caller's own tensors and is timed with CUDA events, the candidates in
 turns over ROUNDS rounds (median); the fastest is recorded in a JSON file and reused by later
 calls and later processes. Elsewhere auto is the "loop" reference. The grouped GEMM kinds time each
-candidate on the caller's routing and on a skewed one of the same rows (skewed_offs) together: the
+candidate on the caller's routing and on a skewed one of the same rows (kernels.timing.skewed_offs) together: the
 key cannot see skew (reading the counts would sync), routing at the first call is near-uniform and
 skews later in training, and torch's GEMMs lose more to skew than ours (bench moe, DeepSeek-V3:
 the choice made on uniform routing ran 11% slower than triton on skewed).
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from moetrain.kernels import disk_cache  # plain Python, no triton
+from moetrain.kernels import cuda_device, disk_cache  # plain Python / torch, no triton
 from moetrain.kernels.host import rows_bucket  # plain Python, no triton
 
 # The backends "auto" may choose, per op kind: only those whose GPU tests have passed on real
@@ -82,16 +82,6 @@ def triton_available() -> bool:
 
 # Candidates are timed in turns over ROUNDS rounds and compared by their median (kernels.timing.in_turns).
 ROUNDS = 3
-
-
-def skewed_offs(m: int, g: int, seed: int, device: torch.device) -> torch.Tensor:
-    """[G] int32 group ends of m rows over g groups with shares drawn from Dirichlet(0.3) (the benchmarks'
-    skewed routing; a fixed draw per seed), built on the host and copied to ``device``."""
-    gen = torch.Generator().manual_seed(seed)
-    shares = torch._standard_gamma(torch.full((g,), 0.3), generator=gen)
-    counts = torch.floor(shares / shares.sum() * m).long()
-    counts[torch.argmax(counts)] += m - counts.sum()  # exactly m rows
-    return torch.cumsum(counts, 0).to(torch.int32).to(device)
 
 
 def time_backend(backend: str, run) -> float:
@@ -161,15 +151,9 @@ def measures(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-_DEVICE_NAMES: dict[int, str] = {}
-
-
 def device_name(device: torch.device) -> str:
-    """The GPU's name (part of every cache key), looked up once per device: auto asks on every GEMM call."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _DEVICE_NAMES:
-        _DEVICE_NAMES[index] = torch.cuda.get_device_name(index)
-    return _DEVICE_NAMES[index]
+    """The GPU's name, part of every cache key (a module attribute so tests can fake a GPU)."""
+    return cuda_device.device_name(device)
 
 
 def capturing() -> bool:

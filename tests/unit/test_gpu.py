@@ -169,3 +169,13 @@ def test_bench_moe_rows_on_a_small_shape():
     assert all(r["ms"] > 0 for r in rows)
     assert [r["vs_gemms"] for r in rows if r["contender"] == FLOOR] == [1.0]
     assert all(r["rel_err"] < 2e-2 for r in rows if r["contender"] != FLOOR)
+
+
+def test_cuda_device_properties_match_torch():
+    from moetrain.kernels import cuda_device
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    assert cuda_device.device_name(dev) == torch.cuda.get_device_name(dev)
+    assert cuda_device.device_name(torch.device("cuda")) == torch.cuda.get_device_name()
+    assert cuda_device.sm_count(dev) == torch.cuda.get_device_properties(dev).multi_processor_count
+    assert cuda_device.capability_major(dev) == torch.cuda.get_device_capability(dev)[0]
