@@ -38,7 +38,7 @@ import time
 import torch
 
 from moetrain.errors import UserError
-from moetrain.kernels.timing import skewed_offs
+from moetrain.kernels.timing import in_turns, skewed_offs
 
 # name: (routed rows M, experts G, hidden H, expert intermediate I)
 SHAPES = {  # the many-small-experts shapes first: they decide the 1.1x claim
@@ -191,11 +191,9 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
             final["ours"] = lambda i: run_ours(gg, op, inputs[i], offs, best_cfg, out)
         if op in OPS:
             final["auto"] = auto
-        times = {name: [] for name in final}
-        for _ in range(FINAL_ROUNDS):
-            for name, fn in final.items():
-                times[name].append(bench(fn, sets))
-        med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+        med, failed = in_turns(list(final), lambda name: bench(final[name], sets), FINAL_ROUNDS)
+        if failed:  # each of these already ran above: a failure here is a real error, not a config that does not fit
+            raise next(iter(failed.values()))
         row["search_torch_ms"] = row["torch_ms"]
         row["torch_ms"] = med["torch"]
         row["torch_tflops"] = flops / med["torch"] / 1e9
