@@ -174,9 +174,12 @@ def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict
             end.record()
             end.synchronize()
             results[name].append(start.elapsed_time(end))
-    # spread: half the range of the repetitions over their median, in % (how far one number can be trusted)
-    return {name: (statistics.median(t), peaks[name], 50 * (max(t) - min(t)) / statistics.median(t))
-            for name, t in results.items()}
+    out = {}
+    for name, t in results.items():
+        med = statistics.median(t)
+        # spread: half the range of the repetitions over their median, in % (how far one number can be trusted)
+        out[name] = (med, peaks[name], 50 * (max(t) - min(t)) / med)
+    return out
 
 
 def _fwd_bwd(fn, args):
@@ -215,9 +218,13 @@ class Graphed:
 
     def replay(self, args) -> None:
         if args is not self.args:  # new inputs (each phase of the benchmark makes its own): capture again
-            self.graph = self.out = self.grads = None
+            self.release()
             self._capture(args)
         self.graph.replay()
+
+    def release(self) -> None:
+        """Drop the graph, its outputs and gradients (the graph's private memory pool goes with them)."""
+        self.graph = self.out = self.grads = self.args = None
 
     def _capture(self, args) -> None:
         self.args = args
@@ -274,8 +281,7 @@ def print_auto_choices() -> None:
 def _drop_graph(contenders: dict, name: str) -> None:
     """A graphed contender that ran out of memory at capture: its private pool keeps the layer's weight
     gradients (DeepSeek-V3: 22 GB) beside the other graphs' pools. Left out of the table, said so."""
-    fn = contenders.pop(name)
-    fn.graph = fn.out = fn.grads = fn.args = None
+    contenders.pop(name).release()
     torch.cuda.empty_cache()
     print(f"    {name}: out of GPU memory capturing the graph, left out of this shape's table "
           "(fewer --backends, or no --graphs, at this shape)", flush=True)
