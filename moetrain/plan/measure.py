@@ -86,23 +86,15 @@ def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "
         mode = block_mode(cfg, layer_id)
         blk.set_recompute(mode)
         x = torch.randn(B, S, H, device=dev, dtype=dtype, requires_grad=True)
-        stamps = []
-        # No synchronisation inside the loop: as in training, the host runs ahead of the GPU.
-        for it in range(warmup + iters):
-            e0 = stamp()
-            y, aux = checkpoint(blk, x, cos, sin) if mode == "full" else blk(x, cos, sin)
-            e1 = stamp()
+
+        def forward(blk=blk, x=x, mode=mode):
+            return checkpoint(blk, x, cos, sin) if mode == "full" else blk(x, cos, sin)
+
+        def backward(out):
+            y, aux = out
             (y.float().square().mean() + aux).backward()
-            e2 = stamp()
-            if it >= warmup:
-                stamps.append((e0, e1, e2))
-            blk.zero_grad(set_to_none=True)
-            x.grad = None
-        if cuda:
-            torch.cuda.synchronize()
-        fwd = [elapsed(a, b) for a, b, _ in stamps]
-        bwd = [elapsed(b, c) for _, b, c in stamps]
-        out[kind] = (statistics.median(fwd), statistics.median(bwd))
+
+        out[kind] = _median_fwd_bwd(forward, backward, (blk,), x, warmup, iters, stamp, elapsed)
         del blk, x
         if cuda:
             torch.cuda.empty_cache()
@@ -131,19 +123,29 @@ def _measure_head(c: Config, dev, dtype, warmup: int, iters: int, stamp, elapsed
     head.to(dtype)
     x = torch.randn(B, S, H, device=dev, dtype=dtype, requires_grad=True)
     labels = torch.randint(0, V, (B, S), device=dev)
+    return _median_fwd_bwd(lambda: cross_entropy(torch.nn.functional.linear(norm(x), head.weight), labels),
+                           lambda loss: loss.backward(), (norm, head), x, warmup, iters, stamp, elapsed)
+
+
+def _median_fwd_bwd(forward, backward, modules, x, warmup: int, iters: int, stamp, elapsed) -> tuple[float, float]:
+    """Median (forward, backward) seconds of ``backward(forward())`` after ``warmup`` calls; gradients of
+    ``modules`` and ``x`` dropped after each call. No synchronisation inside the loop: as in training,
+    the host runs ahead of the GPU."""
+    import torch
+
     stamps = []
     for it in range(warmup + iters):
         e0 = stamp()
-        loss = cross_entropy(torch.nn.functional.linear(norm(x), head.weight), labels)
+        out = forward()
         e1 = stamp()
-        loss.backward()
+        backward(out)
         e2 = stamp()
         if it >= warmup:
             stamps.append((e0, e1, e2))
-        norm.zero_grad(set_to_none=True)
-        head.zero_grad(set_to_none=True)
+        for module in modules:
+            module.zero_grad(set_to_none=True)
         x.grad = None
-    if dev.type == "cuda":
+    if x.is_cuda:
         torch.cuda.synchronize()
     return (statistics.median(elapsed(a, b) for a, b, _ in stamps),
             statistics.median(elapsed(b, e) for _, b, e in stamps))
