@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Next session, call A (< 9 min): GPU tests; the weight-gradient-under-skew experiment (bench/NOTES.md, "Open");
 # the MoE layer at the three smaller shapes (balanced; the 3% targets), with the bf16 router weight and skew-aware auto.
-set -uo pipefail
-out="${1:-${OUT:-/tmp/moetrain-out}}"
-mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-filter() { grep -Ev "Warning|warn|softmax|Inductor|important use"; }
+source scripts/device_common.sh "$@"
 echo "== GPU tests"
 timeout -k 10 160 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 | tee "$out/gpu_tests.log" \
   | grep -E "passed|failed|FAILED|Error" | tail -8

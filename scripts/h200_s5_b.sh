@@ -2,11 +2,7 @@
 # Next session, call B (< 9 min): where the roofline's ~10% bias on fp32-main-grad configs comes from (the script's
 # step beside the real trainer's, same process, then two validation configs in the same call), and the MoE layer at
 # DeepSeek-V3 and its EP8 rank view, both routings.
-set -uo pipefail
-out="${1:-${OUT:-/tmp/moetrain-out}}"
-mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-filter() { grep -Ev "Warning|warn|softmax|Inductor|important use"; }
+source scripts/device_common.sh "$@"
 echo "== calibration with the trainer's own step"
 timeout -k 10 150 python3 scripts/plan_calibrate.py --trainer --json "$out/calibrate.json" cal-qwen3-2l cal-qwen3-bf16-s1k \
   cal-llama-2l 2>&1 | filter | cut -c1-220 | grep -v "^    layer\|^    head" | tail -14
