@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Next session, call A (< 9 min): GPU tests; the weight-gradient-under-skew experiment (bench/NOTES.md, "Open");
-# the MoE layer at the three smaller shapes (balanced; the 3% targets), with the bf16 router weight and skew-aware auto.
+# Session 5, call A (< 9.5 min): GPU tests; the weight gradient under skew, in bands of 1/4/8/16 dw row tiles
+# (bench/NOTES.md, "Open"); the MoE layer at the two shapes of the 3% targets, with the bf16 router weight.
 source scripts/device_common.sh "$@"
 echo "== GPU tests"
-timeout -k 10 160 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 | tee "$out/gpu_tests.log" \
+timeout -k 10 170 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 | tee "$out/gpu_tests.log" \
   | grep -E "passed|failed|FAILED|Error" | tail -8
 echo "== weight gradient by routing layout (DeepSeek-V3 FC1, then FC2)"
-timeout -k 10 90 python3 scripts/wgrad_skew.py 2>&1 | filter | tee "$out/wgrad_skew.log" | tail -7
-timeout -k 10 60 python3 scripts/wgrad_skew.py --n 7168 --k 2048 2>&1 | filter | tee -a "$out/wgrad_skew.log" | tail -6
-echo "== MoE layer, Qwen3 / Mixtral / GPT-OSS"
-timeout -k 10 240 python3 -m moetrain bench moe --shapes qwen3-30b-a3b,mixtral-8x7b,gpt-oss-20b --routing balanced \
+timeout -k 10 110 python3 scripts/wgrad_skew.py 2>&1 | filter | tee "$out/wgrad_skew.log" | tail -7
+timeout -k 10 80 python3 scripts/wgrad_skew.py --n 7168 --k 2048 2>&1 | filter | tee -a "$out/wgrad_skew.log" | tail -6
+echo "== MoE layer, Mixtral / GPT-OSS"
+timeout -k 10 180 python3 -m moetrain bench moe --shapes mixtral-8x7b,gpt-oss-20b --routing balanced \
   --reps 5 --warmup 2 --backends triton,auto --json "$out/bench_moe.json" 2>&1 | filter | grep -v "^  " \
-  | tee "$out/bench_moe.log" | tail -30
+  | tee "$out/bench_moe.log" | tail -20

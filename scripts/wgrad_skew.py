@@ -4,7 +4,8 @@ spread over the experts in different ways, ours against torch._grouped_mm in tur
     python scripts/wgrad_skew.py [--n 4096] [--k 7168] [--groups 256] [--rows 65536]
 
 Layouts of the same M rows over G experts: balanced (M/G each), skewed (Dirichlet(0.3), the benchmarks'
-skew), one expert with half the rows and the rest balanced, and all rows in G/8 experts. If the loss comes
+skew), one expert with half the rows and the rest balanced, and all rows in G/8 experts; ours in bands of
+1, 4, 8 and 16 dw row tiles (1: the tile order before bands). If the loss comes
 from re-reading a big expert's rows from HBM once per output tile (bench/NOTES.md, "Open: our
 weight-gradient kernel under skew"), the layouts with big experts lose far more than their extra partial
 row chunks explain; the table prints both.
@@ -13,6 +14,7 @@ row chunks explain; the table prints both.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 
 import torch
@@ -44,6 +46,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("scripts/wgrad_skew.py times GPU kernels: no CUDA device visible")
     from moetrain.kernels import grouped_gemm as kernels
+    from moetrain.kernels import grouped_gemm_tuning as tuning
     from moetrain.kernels.timing import in_turns, median_ms
 
     m, g, n, k = args.rows, args.groups, args.n, args.k
@@ -51,23 +54,33 @@ def main(argv=None) -> int:
     dy = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     flops = 2.0 * m * n * k
-    print(f"wgrad dw [{g}, {n}, {k}] over {m} rows, bf16; ms (TFLOP/s)")
-    print(f"{'layout':16s} {'max rows':>8s} {'chunks/64':>9s} {'torch':>16s} {'ours':>16s} {'ours/torch':>10s}")
+    all_layouts = layouts(m, g)
+    # the tile config the autotuner picks on balanced routing, in bands of 1 (the order before bands), 4, 8, 16 dw
+    # row tiles: if big groups lose to L2 misses, wider bands win there and cost nothing on balanced routing
+    balanced = torch.cumsum(all_layouts["balanced"], 0).to(torch.int32).cuda()
+    kernels.grouped_gemm_wgrad(dy, x, balanced)
+    picked = next(v for key, v in tuning._BEST.items() if key[0] == "wgrad")
+    bands = (1, 4, 8, 16)
+    print(f"wgrad dw [{g}, {n}, {k}] over {m} rows, bf16; ms (TFLOP/s); tile config {picked}, bands of dw row tiles")
+    print(f"{'layout':16s} {'max rows':>8s} {'chunks/64':>9s} {'torch':>14s} "
+          + " ".join(f"{'g' + str(b):>14s}" for b in bands) + f" {'best/torch':>10s}")
     base_chunks = None
-    for name, counts in layouts(m, g).items():
+    for name, counts in all_layouts.items():
         offs = torch.cumsum(counts, 0).to(torch.int32).cuda()
-        runs = {"torch": lambda: torch._grouped_mm(dy.t(), x, offs=offs),
-                "ours": lambda: kernels.grouped_gemm_wgrad(dy, x, offs)}
-        runs["ours"]()  # autotunes this bucket's config
+        runs = {"torch": lambda: torch._grouped_mm(dy.t(), x, offs=offs)}
+        for b in bands:
+            cfg = dataclasses.replace(picked, group_m=b)
+            runs[f"g{b}"] = lambda cfg=cfg: kernels.grouped_gemm_wgrad(dy, x, offs, config=cfg)
         times, failed = in_turns(list(runs), lambda c: median_ms(runs[c], warmup=2, reps=5), 3)
         for c, err in failed.items():
             print(f"  {c} failed: {type(err).__name__}: {err}"[:200])
         chunks = int(sum(max(math.ceil(int(r) / 64), 1) for r in counts))
         base_chunks = base_chunks or chunks
-        cell = lambda c: f"{times[c]:7.3f} ({flops / times[c] / 1e9:5.0f})" if c in times else "failed"  # noqa: E731
-        ratio = times["ours"] / times["torch"] if len(times) == 2 else float("nan")
-        print(f"{name:16s} {int(counts.max()):8d} {chunks / base_chunks:9.2f} {cell('torch'):>16s} {cell('ours'):>16s} "
-              f"{ratio:10.2f}", flush=True)
+        cell = lambda c: f"{times[c]:6.3f} ({flops / times[c] / 1e9:4.0f})" if c in times else "failed"  # noqa: E731
+        ours = [times[c] for c in times if c != "torch"]
+        ratio = min(ours) / times["torch"] if ours and "torch" in times else float("nan")
+        print(f"{name:16s} {int(counts.max()):8d} {chunks / base_chunks:9.2f} {cell('torch'):>14s} "
+              + " ".join(f"{cell('g' + str(b)):>14s}" for b in bands) + f" {ratio:10.2f}", flush=True)
     return 0
 
 

@@ -28,7 +28,8 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
   TMA store that the hardware clips at the group's end (see RAGGED below).
 - wgrad (`_wgrad_kernel`): the tiles are the BLOCK_M x BLOCK_N tiles of every dw[g]; the
   reduction runs over the group's rows (variable K), so the (tile, row chunk) loop is flattened
-  by hand into one pipelined loop. TMA path: dy and x by ragged descriptors (rows past the
+  by hand into one pipelined loop. Tiles run in bands of GROUP_N dw row tiles (config group_m),
+  column-major inside a band, so the programs at work on one big group share its rows in L2. TMA path: dy and x by ragged descriptors (rows past the
   group's end read as zeros), dw by a 3-D TMA store.
 - forward / wgrad with gather_rows: the rows of x are read through an index array (x_perm never
   exists) by pointer loads (Hopper TMA has no row gather); the other operands still use TMA.
@@ -249,12 +250,15 @@ def _wgrad_kernel(
     BLOCK_M: tl.constexpr,  # dw tile rows (over N)
     BLOCK_N: tl.constexpr,  # dw tile columns (over K)
     BLOCK_K: tl.constexpr,  # reduction step (over the group's rows)
+    GROUP_N: tl.constexpr,  # dw row tiles per L2 band (1: row-major tiles, each band one dw row of tiles)
     BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr, GATHER: tl.constexpr,
 ):
     pid = tl.program_id(0)
     out_dtype = dw_ptr.dtype.element_ty
     tiles_k = (K + BLOCK_N - 1) // BLOCK_N
-    per_group = ((N + BLOCK_M - 1) // BLOCK_M) * tiles_k
+    tiles_n = (N + BLOCK_M - 1) // BLOCK_M
+    per_group = tiles_n * tiles_k
+    band = GROUP_N * tiles_k
 
     # This program's iteration count: per group, (its tiles that are ours) x (row chunks, at
     # least 1 so that an empty group still stores its zero tile). Tiles are group-major.
@@ -285,8 +289,14 @@ def _wgrad_kernel(
         if ki == 0:
             g = tile // per_group
             local = tile - g * per_group
-            n0 = (local // tiles_k) * BLOCK_M
-            k0 = (local % tiles_k) * BLOCK_N
+            # Bands of GROUP_N dw row tiles, column-major inside a band: the programs working at once
+            # on a big group read GROUP_N column blocks of dy and ~P / GROUP_N of x, not all of x_g
+            # (which, past L2's size, would come from HBM again for every dw row of tiles).
+            first_n = (local // band) * GROUP_N
+            band_rows = tl.minimum(tiles_n - first_n, GROUP_N)
+            in_band = local - (local // band) * band
+            n0 = (first_n + in_band % band_rows) * BLOCK_M
+            k0 = (in_band // band_rows) * BLOCK_N
             row0 = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
             row_end = tl.load(offs_ptr + g)
             row0 = tl.minimum(tl.maximum(row0, 0), M)
@@ -536,7 +546,7 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
         _wgrad_kernel[(nprog,)](
             dy, dy_desc, x, x_desc, gather_rows if gather_rows is not None else offs, out, dw_desc, offs, M, N, K, G,
             dy.stride(0), x.stride(0), out.stride(0), out.stride(1), nprog,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_G=_block_g(G),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=cfg.group_m, BLOCK_G=_block_g(G),
             USE_TMA=use_tma, PRECISION=_precision(dy.dtype), GATHER=gather_rows is not None,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )

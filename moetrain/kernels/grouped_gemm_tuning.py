@@ -24,7 +24,7 @@ class GemmConfig:
 
     forward / dgrad: BLOCK_M rows x BLOCK_N output columns per tile, BLOCK_K reduction step,
     GROUP_M row tiles per L2 band. wgrad: BLOCK_M (over N) x BLOCK_N (over K) tiles of dw[g],
-    BLOCK_K group rows per reduction step. use_tma: TMA descriptors (else masked pointer loads).
+    BLOCK_K group rows per reduction step, GROUP_M dw row tiles per L2 band (1: plain row-major order). use_tma: TMA descriptors (else masked pointer loads).
     programs_per_sm: persistent programs per SM; 2 lets one program's epilogue overlap the
     other's main loop (the config must then fit two blocks' shared memory and registers).
     """
@@ -43,7 +43,9 @@ class GemmConfig:
         kind = "tma" if self.use_tma else "ptr"
         two = "/x2" if self.programs_per_sm == 2 else ""
         split = "/split" if self.tail_split else ""
-        return f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}{split}"
+        band = "" if self.group_m == 8 else f"/g{self.group_m}"
+        return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}{split}"
+                f"{band}")
 
 
 def tail_config(body: GemmConfig) -> GemmConfig:

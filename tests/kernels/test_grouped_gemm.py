@@ -96,6 +96,18 @@ def test_forward_dgrad_wgrad_match_fp64(name, offs, m, cfg):
             assert torch.equal(dw[gi], torch.zeros_like(dw[gi])), f"empty group {gi} not zero"
 
 
+@pytest.mark.parametrize("band", [1, 2, 3])
+def test_wgrad_tile_bands_cover_every_tile(band):
+    # dw[g] of 5 x 2 tiles of 16 x 16 in bands of 1, 2 or 3 tile rows (3 leaves a short last band), by
+    # 2 programs: every tile written once, in any order.
+    offs, m, n, k = [30, 30, 71], 75, 80, 24
+    x, _, dy, offs_t = make(offs, m, n, k, seed=23)
+    cfg = gg.GemmConfig(16, 16, 16, 1, 4, use_tma=True, group_m=band)
+    dw = gg.grouped_gemm_wgrad(dy, x, offs_t, config=cfg, out=poisoned(len(offs), n, k), num_programs=2)
+    assert rel_err(dw, gg.grouped_gemm_wgrad_ref(dy.double(), x.double(), offs_t)) < FP32_BOUND
+    assert torch.equal(dw[1], torch.zeros_like(dw[1]))  # the empty group
+
+
 @pytest.mark.parametrize("cfg", CONFIGS[:2], ids=str)
 def test_forward_gather_rows_matches_permuted_copy(cfg):
     # The fused-expert forward: A rows read through an index array (repeats: top-k copies).
