@@ -52,6 +52,16 @@ def cmd_perf(args) -> int:
     from moetrain.plan.perf import project_perf
     from moetrain.plan.report import perf_json, perf_table
 
+    if args.host_probe:
+        import dataclasses
+
+        from moetrain.plan.host import probe_us, scaled_launch_overhead_us  # imports torch (CPU work only)
+
+        try:
+            launch = scaled_launch_overhead_us(hw, probe_us())
+        except ValueError as err:
+            raise UserError(f"--host-probe: {err}") from None
+        hw = dataclasses.replace(hw, launch_overhead_us=launch)
     measured = None
     if args.measure:
         from moetrain.plan.measure import measure_blocks  # imports torch
@@ -110,6 +120,9 @@ def register(commands, add_config_source) -> None:
     _common(p)
     p.add_argument("--measure", action="store_true",
                    help="time one block of each kind and the head + loss forward+backward on the local GPU instead of the roofline")
+    p.add_argument("--host-probe", action="store_true",
+                   help="time a fixed piece of eager PyTorch work on this CPU and charge kernel launches at this host's "
+                        "speed (for host-bound configs; run it on a node like the ones that will train)")
     p.add_argument("--dp-overlap", type=float, default=0.5, metavar="F",
                    help="fraction of data-parallel gradient/parameter communication hidden behind compute (default 0.5)")
     p.add_argument("--timeline", metavar="FILE", help="write the pipeline timeline as JSON (per rank, per micro-batch)")
@@ -123,8 +136,9 @@ def register(commands, add_config_source) -> None:
                    help=f"subset of the built-in validation configs ({', '.join(CONFIG_NAMES)})")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--out", metavar="DIR", default="runs/plan-validate", help="per-config JSON files go here")
-    p.add_argument("--steps", type=int, default=10,
-                   help="training steps per config (default 10: step times of one config varied by 10%% between steps)")
+    p.add_argument("--steps", type=int, default=20,
+                   help="training steps per config (default 20: the median of the 18 after warm-up; "
+                        "a host-bound config's steps varied by up to 40%%)")
     p.add_argument("--hardware", metavar="NAME|FILE", default="h200-sxm", help="profile used for the projection")
     p.add_argument("--no-measure", action="store_true", help="skip the --measure mode time projection")
     p.set_defaults(func=cmd_validate)
