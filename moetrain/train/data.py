@@ -382,6 +382,35 @@ class DataIterator:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
+class BatchAhead:
+    """A DataIterator read one micro-batch ahead: the trainer fetches the next micro-batch right after it
+    has launched a backward pass, so the host's data work (the synthetic chain costs ~1 us a token on a CPU
+    core: ~9 ms for 2 x 4096 tokens) runs while the GPU computes instead of leaving it idle at the start
+    of the next step. ``state_dict()`` is the position of the first micro-batch not yet taken, so a
+    checkpoint never skips the batch held ahead.
+    """
+
+    def __init__(self, data: DataIterator, micro_batch_size: int):
+        self.data, self.micro_batch_size = data, micro_batch_size
+        self._ahead = None
+        self._state_before_ahead = None
+
+    def fetch_ahead(self) -> None:
+        """Read the next micro-batch now (no-op when one is already held)."""
+        if self._ahead is None:
+            self._state_before_ahead = self.data.state_dict()
+            self._ahead = self.data.next_batch(self.micro_batch_size)
+
+    def take(self):
+        """(input_ids [B,S], labels [B,S]) CPU int64: the batch held ahead, else read now."""
+        self.fetch_ahead()
+        batch, self._ahead = self._ahead, None
+        return batch
+
+    def state_dict(self) -> dict:
+        return self._state_before_ahead if self._ahead is not None else self.data.state_dict()
+
+
 def build_data(cfg, vocab_size: Optional[int] = None, split: str = "train",
                dp_rank: int = 0, dp_size: int = 1) -> DataIterator:
     """The iterator for `split` as configured by cfg.data.* and cfg.train.{seq_length, seed}.

@@ -106,7 +106,7 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     from moetrain.config.load import dump_config
     from moetrain.models import build_model
     from moetrain.models.accounting import count_params, train_flops_per_token
-    from moetrain.train.data import build_data
+    from moetrain.train.data import BatchAhead, build_data
 
     check_single_device(cfg)
     device = resolve_device(cfg)
@@ -146,6 +146,7 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
         ckpt.set_rng_state(trainer_state["rng"])
 
     accum = cfg.grad_accum_steps
+    batches = BatchAhead(train_data, t.micro_batch_size)
     tokens_per_step = t.global_batch_size * t.seq_length
     flops_per_token = train_flops_per_token(cfg, t.seq_length)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -163,7 +164,7 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
             out_dir, step,
             model_state=model.state_dict(), optimizer_state=optimizer.state_dict(),
             trainer_state={"step": step, "skipped_in_row": skipped_in_row,
-                           "data": train_data.state_dict(), "rng": ckpt.rng_state()},
+                           "data": batches.state_dict(), "rng": ckpt.rng_state()},
             config_yaml=config_yaml, keep_last=cfg.checkpoint.keep_last)
 
     last_saved = start_step if resume_from is not None else None
@@ -188,11 +189,12 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 model.reset_moe_stats()
                 sums = torch.zeros(4, device=device)  # loss, lm_loss, aux_loss, mtp_loss
                 for _ in range(accum):
-                    input_ids, labels = train_data.next_batch(t.micro_batch_size)
+                    input_ids, labels = batches.take()
                     input_ids = input_ids.to(device, non_blocking=True)
                     labels = labels.to(device, non_blocking=True)
                     out = model(input_ids, labels)
                     (out.loss / accum).backward()
+                    batches.fetch_ahead()  # host data work while the GPU runs this backward
                     mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=device)
                     sums += torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp]) / accum
                 # Peak memory of forward + backward alone (the optimizer step may add its own temporaries).

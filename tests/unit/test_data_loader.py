@@ -10,7 +10,7 @@ import torch
 from moetrain.config.schema import Config
 from moetrain.errors import UserError
 from moetrain.train import data as data_mod
-from moetrain.train.data import DataIterator, SyntheticData, TokenDataset, build_data
+from moetrain.train.data import BatchAhead, DataIterator, SyntheticData, TokenDataset, build_data
 from moetrain.train.tokenize import prepare
 
 EOS = 256
@@ -175,6 +175,25 @@ def test_resume_gives_same_batches(dataset, kind):
         assert torch.equal(x, rx) and torch.equal(y, ry)
     if kind == "tokens":
         assert state["epoch"] >= 1
+
+
+def test_batch_ahead_yields_the_same_batches_and_resumes_at_the_first_untaken():
+    plain = DataIterator(SyntheticData(50, 16, seed=5))
+    want = [plain.next_batch(3) for _ in range(4)]
+    ahead = BatchAhead(DataIterator(SyntheticData(50, 16, seed=5)), 3)
+    got = [ahead.take()]
+    ahead.fetch_ahead()  # holds batch 1
+    assert ahead.state_dict() == {"epoch": 0, "index": 3, "source": ahead.data.source.describe()}
+    got += [ahead.take(), ahead.take()]  # batch 1 held, batch 2 read on demand
+    ahead.fetch_ahead()
+    ahead.fetch_ahead()  # still batch 3
+    state = json.loads(json.dumps(ahead.state_dict()))
+    assert state["index"] == 9
+    resumed = DataIterator(SyntheticData(50, 16, seed=5))
+    resumed.load_state_dict(state)
+    got += [ahead.take(), resumed.next_batch(3)]
+    for (x, y), (wx, wy) in zip(got, want + [want[3]]):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
 
 
 def test_resume_refuses_changed_data(dataset):
