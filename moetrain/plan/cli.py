@@ -68,7 +68,7 @@ def cmd_perf(args) -> int:
 
         measured = measure_blocks(cfg)
     rep = project_perf(cfg, hw, attention=args.attention, moe_imbalance=args.moe_imbalance,
-                       dp_overlap=args.dp_overlap, measured=measured)
+                       dp_overlap=args.dp_overlap, measured=measured, measured_hooks=measured is not None)
     if args.timeline or args.png:
         from moetrain.plan.perf import timeline_of
 

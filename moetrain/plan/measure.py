@@ -33,7 +33,8 @@ def _local_config(cfg: Config) -> Config:
 
 def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "cuda") -> dict[str, tuple[float, float]]:
     """{"dense"|"moe"|"head": (forward seconds, backward seconds)} for the block kinds of ``cfg`` and its
-    head + loss (vocab / tp columns are timed whole; the projection divides by tp as for blocks).
+    head + loss (vocab / tp columns are timed whole; the projection divides by tp as for blocks). The
+    backward includes the trainer's main-gradient hooks (moetrain.train.optim) where the config has them.
     ``device="cpu"`` (tests only) times with the host clock in fp32."""
     import time
 
@@ -85,6 +86,7 @@ def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "
         blk.to(dtype).train()
         mode = block_mode(cfg, layer_id)
         blk.set_recompute(mode)
+        hooks = _main_grad_hooks(c, blk)
         x = torch.randn(B, S, H, device=dev, dtype=dtype, requires_grad=True)
 
         def forward(blk=blk, x=x, mode=mode):
@@ -95,7 +97,9 @@ def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "
             (y.float().square().mean() + aux).backward()
 
         out[kind] = _median_fwd_bwd(forward, backward, (blk,), x, warmup, iters, stamp, elapsed)
-        del blk, x
+        for handle in hooks:
+            handle.remove()
+        del blk, x, hooks
         if cuda:
             torch.cuda.empty_cache()
     out["head"] = _measure_head(c, dev, dtype, warmup, iters, stamp, elapsed)
@@ -121,10 +125,25 @@ def _measure_head(c: Config, dev, dtype, warmup: int, iters: int, stamp, elapsed
         head.weight.normal_(0.0, m.init_std)
     norm.to(dtype)
     head.to(dtype)
+    hooks = _main_grad_hooks(c, norm) + _main_grad_hooks(c, head)
     x = torch.randn(B, S, H, device=dev, dtype=dtype, requires_grad=True)
     labels = torch.randint(0, V, (B, S), device=dev)
-    return _median_fwd_bwd(lambda: cross_entropy(torch.nn.functional.linear(norm(x), head.weight), labels),
-                           lambda loss: loss.backward(), (norm, head), x, warmup, iters, stamp, elapsed)
+    try:
+        return _median_fwd_bwd(lambda: cross_entropy(torch.nn.functional.linear(norm(x), head.weight), labels),
+                               lambda loss: loss.backward(), (norm, head), x, warmup, iters, stamp, elapsed)
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+
+def _main_grad_hooks(c: Config, module) -> list:
+    """The trainer's main-gradient hooks on ``module``'s parameters (optim.main_grads_dtype differing from the
+    parameter dtype): the timed backward then includes their accumulation kernels and host time, as in a
+    training step. Returns the hook handles."""
+    from moetrain.train.optim import DTYPES, attach_main_grad
+
+    grad_dtype = DTYPES[c.optim.main_grads_dtype]
+    return [attach_main_grad(p, grad_dtype)[1] for p in module.parameters() if p.requires_grad and p.dtype != grad_dtype]
 
 
 def _median_fwd_bwd(forward, backward, modules, x, warmup: int, iters: int, stamp, elapsed) -> tuple[float, float]:

@@ -75,7 +75,8 @@ def _phase(c: Cost, launch: float) -> float:
     return c.time(launch)
 
 
-def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None, dp_extra: dict) -> list[StageTime]:
+def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None, dp_extra: dict,
+                measured_hooks: bool = False) -> list[StageTime]:
     p, m = cfg.parallel, cfg.model
     launch = hw.launch_overhead_us * 1e-6
     b_p, b_g = DTYPE_BYTES[cfg.precision.dtype], DTYPE_BYTES[cfg.optim.main_grads_dtype]
@@ -106,7 +107,8 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
         def add_measured(name: str, times: tuple[float, float], bc: BlockCost, n_params: float,
                          n_tensors: int) -> None:
             """Forward and backward seconds measured on a GPU (``plan perf --measure``), the backward split
-            into B and W as the model splits it, plus the main-grad hooks the measurement did not run."""
+            into B and W as the model splits it, plus the main-grad hooks where the measurement did not run
+            them (``measured_hooks``: it did)."""
             nonlocal f, b, w
             mf, mb = times
             model_b = _phase(bc.bwd_input, launch) + _phase(bc.bwd_weight, launch)
@@ -115,7 +117,7 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
             b += mb * (1 - share) / p.tp
             w += mb * share / p.tp
             parts[name] = parts.get(name, 0.0) + (mf + mb) / p.tp
-            if hook:
+            if hook and not measured_hooks:
                 w += (b_p + 2 * b_g) * n_params / hw.mem_bw + 3 * n_tensors * launch
 
         if st.has_embedding:
@@ -194,7 +196,7 @@ def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str,
 
 
 def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: float = 1.0, dp_overlap: float = 0.5,
-                 measured: dict | None = None) -> PerfReport:
+                 measured: dict | None = None, measured_hooks: bool = False) -> PerfReport:
     p, t = cfg.parallel, cfg.train
     layout = parse_layout(cfg)
     d = resolve_dims(cfg, attention, moe_imbalance, "cuda")
@@ -208,7 +210,7 @@ def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: flo
             sp.add(stage_params(cfg, st))
         ranks_params.append(sp)
         block_params.update(sp.by_block)
-    stimes = stage_times(cfg, hw, d, rf, layout, measured, {"block_params": block_params})
+    stimes = stage_times(cfg, hw, d, rf, layout, measured, {"block_params": block_params}, measured_hooks)
 
     # pipeline
     p2p_s = comm.p2p(d.b * d.Th * cfg.model.hidden_size, comm.group_link(hw, 2, p.tp * p.cp * p.dp)) \

@@ -68,8 +68,8 @@ class PrecisionAwareAdamW:
                        and (optim.decay_norms_biases_embeddings or wants_weight_decay(name, p))),
             )
             if grad_dtype != p.dtype:
-                slot.main_grad = torch.zeros_like(p, dtype=grad_dtype)
-                self._hooks.append(p.register_post_accumulate_grad_hook(_accumulate_into(slot.main_grad)))
+                slot.main_grad, handle = attach_main_grad(p, grad_dtype)
+                self._hooks.append(handle)
             self.slots.append(slot)
 
     def close(self) -> None:
@@ -187,6 +187,13 @@ class PrecisionAwareAdamW:
             elif "master" in entry:  # saved with master weights, resumed without: keep their precision
                 s.param.data.copy_(entry["master"])
 
+
+
+def attach_main_grad(param: torch.Tensor, grad_dtype: torch.dtype):
+    """A zeroed ``grad_dtype`` buffer shaped like ``param`` and the post-accumulate hook that adds each
+    gradient into it (and drops ``param.grad``); returns (buffer, hook handle: ``.remove()`` detaches)."""
+    main_grad = torch.zeros_like(param, dtype=grad_dtype)
+    return main_grad, param.register_post_accumulate_grad_hook(_accumulate_into(main_grad))
 
 
 def _accumulate_into(main_grad: torch.Tensor):

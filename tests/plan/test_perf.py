@@ -109,6 +109,36 @@ def test_measure_blocks_on_cpu_times_each_kind():
     assert set(out) == {"dense", "moe", "head"} and all(f > 0 and b > 0 for f, b in out.values())
 
 
+def test_measured_hooks_are_not_charged_twice():
+    # bf16 parameters with fp32 main grads: the model adds the hooks' traffic and launches to measured blocks
+    # unless the measurement ran them (measure_blocks does since session 5)
+    c = cfg("llama3-8b", "model.num_layers=2", "train.global_batch_size=1", "train.micro_batch_size=1")
+    blocks = {"dense": (0.010, 0.020), "head": (0.001, 0.002)}
+    without = project_perf(c, H200, measured=blocks)
+    timed = project_perf(c, H200, measured=blocks, measured_hooks=True)
+    per_block = (2 + 2 * 4) * 218.1e6 / H200.mem_bw  # bf16 grad read, fp32 main grad read + written
+    assert without.step_time_s - timed.step_time_s > 2 * per_block
+    fp32 = cfg("llama3-8b", "model.num_layers=2", "train.global_batch_size=1", "train.micro_batch_size=1",
+               "optim.main_grads_dtype=bf16")
+    assert project_perf(fp32, H200, measured=blocks).step_time_s == pytest.approx(
+        project_perf(fp32, H200, measured=blocks, measured_hooks=True).step_time_s)
+
+
+def test_measure_runs_the_trainers_main_grad_hooks():
+    torch = pytest.importorskip("torch")
+    from moetrain.plan.measure import _main_grad_hooks
+
+    lin = torch.nn.Linear(4, 3, bias=False).to(torch.bfloat16)
+    handles = _main_grad_hooks(cfg("tiny"), lin)  # fp32 main grads (the default) for bf16 parameters
+    assert len(handles) == 1
+    lin(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+    assert lin.weight.grad is None  # moved into the main-grad buffer by the hook
+    handles[0].remove()
+    lin(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+    assert lin.weight.grad is not None
+    assert _main_grad_hooks(cfg("tiny", "optim.main_grads_dtype=bf16"), lin) == []
+
+
 def test_measured_mode_uses_the_measured_head():
     c = cfg("llama3-8b", "model.num_layers=2", "train.global_batch_size=1", "train.micro_batch_size=1")
     blocks = {"dense": (0.010, 0.020)}
