@@ -60,23 +60,25 @@ def subprocess_runner(name: str, steps: int, measure: bool) -> dict:
 
 
 def worker(name: str, out: str, steps: int, measure: bool) -> None:
-    from moetrain.train.trainer import run
-
     from moetrain.plan.host import probe_us
+
+    # This host's speed at eager work (plan.host), first thing: as `plan perf --host-probe` measures it (on a
+    # lent H200 host the same probe read 1.4-1.6x slower after the trainer's imports and steps: recorded too).
+    probe_first = probe_us()
+    from moetrain.train.trainer import run
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = validation_config(name, steps, tmp)
-        probes = [probe_us()]  # this host's speed at eager work, before and after the steps (plan.host)
         started = time.perf_counter()
         res = run(cfg, show_progress=False)
         wall = time.perf_counter() - started
-        probes.append(probe_us())
+        probe_after = probe_us()
     recs = res.records
     times = [r["step_time_s"] for r in recs]
     result = {"config": name, "peak_mem_gib": max(r["peak_mem_gib"] for r in recs),
               "peak_mem_gib_per_step": [r["peak_mem_gib"] for r in recs],
               "step_time_s": statistics.median(times[2:] if len(times) > 2 else times), "step_times_s": times,
-              "train_wall_s": wall, "host_probe_us": statistics.mean(probes), "host_probes_us": probes}
+              "train_wall_s": wall, "host_probe_us": probe_first, "host_probe_after_us": probe_after}
     if measure:
         import gc
 
