@@ -109,6 +109,7 @@ def compare(name: str, measured: dict, hardware) -> dict:
 
     cfg = validation_config(name, 1, "unused")
     probe = measured.get("host_probe_us")
+    profile_roofline_s = project_perf(cfg, hardware, dp_overlap=0.0).step_time_s  # the profile's launch cost
     if probe and hardware.host_probe_us:  # the launch cost of the host the worker ran on (plan.host)
         hardware = dataclasses.replace(hardware, launch_overhead_us=scaled_launch_overhead_us(hardware, probe))
     mem = project_memory(cfg, hardware)
@@ -117,7 +118,8 @@ def compare(name: str, measured: dict, hardware) -> dict:
            "proj_time_measured_s": None, "meas_mem_gib": measured.get("peak_mem_gib"),
            "meas_time_s": measured.get("step_time_s"), "error": measured.get("error"),
            "peak_phase": mem.peak.phase, "host_bound_pct": 100 * roof.host_bound_fraction,
-           "host_probe_us": probe, "launch_overhead_us": hardware.launch_overhead_us}
+           "host_probe_us": probe, "launch_overhead_us": hardware.launch_overhead_us,
+           "proj_time_roofline_profile_s": profile_roofline_s}
     blocks = measured.get("measured_blocks")
     if blocks:
         row["proj_time_measured_s"] = project_perf(
