@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (As run. The host probe it calls, moetrain/plan/host.py, was removed after call D: it did not track host-bound steps.)
 # Session 5, call B (< 9.5 min): this host's eager speed (plan.host probe) beside host-bound and GPU-bound steps:
 # calibration with the trainer's own step (cal-tiny is host-bound; the rest look for the roofline's ~10% low bias on
 # fp32-main-grad configs), three validation configs (the workers record the probe), the MoE layer at DeepSeek-V3.

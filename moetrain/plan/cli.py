@@ -52,16 +52,6 @@ def cmd_perf(args) -> int:
     from moetrain.plan.perf import project_perf
     from moetrain.plan.report import perf_json, perf_table
 
-    if args.host_probe:
-        import dataclasses
-
-        from moetrain.plan.host import probe_us, scaled_launch_overhead_us  # imports torch (CPU work only)
-
-        try:
-            launch = scaled_launch_overhead_us(hw, probe_us())
-        except ValueError as err:
-            raise UserError(f"--host-probe: {err}") from None
-        hw = dataclasses.replace(hw, launch_overhead_us=launch)
     measured = None
     if args.measure:
         from moetrain.plan.measure import measure_blocks  # imports torch
@@ -120,9 +110,6 @@ def register(commands, add_config_source) -> None:
     _common(p)
     p.add_argument("--measure", action="store_true",
                    help="time one block of each kind and the head + loss forward+backward on the local GPU instead of the roofline")
-    p.add_argument("--host-probe", action="store_true",
-                   help="time a fixed piece of eager PyTorch work on this CPU and charge kernel launches at this host's "
-                        "speed (for host-bound configs; run it on a node like the ones that will train)")
     p.add_argument("--dp-overlap", type=float, default=0.5, metavar="F",
                    help="fraction of data-parallel gradient/parameter communication hidden behind compute (default 0.5)")
     p.add_argument("--timeline", metavar="FILE", help="write the pipeline timeline as JSON (per rank, per micro-batch)")

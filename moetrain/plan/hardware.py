@@ -7,8 +7,7 @@ aliases such as ``h200`` work too) or the path of a user's own YAML file with th
 Keys (units in the name): peak_tflops {bf16, fp16, fp8, tf32, fp32} dense TFLOP/s; hbm_gib
 usable device memory; hbm_tbps memory bandwidth; gpus_per_node; intra_node_gbps and
 inter_node_gbps per GPU per direction (GB/s); intra/inter_node_latency_us per collective step;
-launch_overhead_us host time to launch one eager kernel, on a host whose moetrain.plan.host probe took
-host_probe_us (optional: lets a plan rescale it to the local host); gemm_efficiency and hbm_efficiency the
+launch_overhead_us host time to launch one eager kernel; gemm_efficiency and hbm_efficiency the
 fractions of the peaks that large GEMMs and copies really reach; optional ``measured`` numbers.
 
 Pure Python; no torch.
@@ -44,7 +43,6 @@ class Hardware:
     intra_node_latency_us: float = 5.0
     inter_node_latency_us: float = 10.0
     launch_overhead_us: float = 12.0
-    host_probe_us: float = 0.0  # plan.host.probe_us() on the host where launch_overhead_us was fitted (0: unknown)
     gemm_efficiency: float = 0.75
     hbm_efficiency: float = 0.85
     measured: dict[str, float] = field(default_factory=dict)

@@ -6,9 +6,7 @@ time (roofline, and --measure mode: blocks timed on this GPU), then runs the rea
 config, so that each starts with an empty allocator and nothing leaks between configs -- and
 compares: peak memory = the largest ``peak_mem_gib`` (torch.cuda.max_memory_allocated, reset
 each step) over the steps; step time = the median ``step_time_s`` over the steps after the
-first two. The worker also probes the host's speed at eager work (moetrain.plan.host) before and
-after the steps; with a profile that records its own host's probe, both projections charge kernel
-launches at this host's speed. Prints a progress line per config, a table at the end, writes ``<out>/<config>.json``
+first two. Prints a progress line per config, a table at the end, writes ``<out>/<config>.json``
 and ``<out>/summary.json``.
 
     python -m moetrain.plan.validate --worker NAME --out FILE [--steps N] [--measure]
@@ -17,7 +15,6 @@ is the subprocess side.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import subprocess
@@ -60,11 +57,6 @@ def subprocess_runner(name: str, steps: int, measure: bool) -> dict:
 
 
 def worker(name: str, out: str, steps: int, measure: bool) -> None:
-    from moetrain.plan.host import probe_us
-
-    # This host's speed at eager work (plan.host), first thing: as `plan perf --host-probe` measures it (on a
-    # lent H200 host the same probe read 1.4-1.6x slower after the trainer's imports and steps: recorded too).
-    probe_first = probe_us()
     from moetrain.train.trainer import run
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,13 +64,12 @@ def worker(name: str, out: str, steps: int, measure: bool) -> None:
         started = time.perf_counter()
         res = run(cfg, show_progress=False)
         wall = time.perf_counter() - started
-        probe_after = probe_us()
     recs = res.records
     times = [r["step_time_s"] for r in recs]
     result = {"config": name, "peak_mem_gib": max(r["peak_mem_gib"] for r in recs),
               "peak_mem_gib_per_step": [r["peak_mem_gib"] for r in recs],
               "step_time_s": statistics.median(times[2:] if len(times) > 2 else times), "step_times_s": times,
-              "train_wall_s": wall, "host_probe_us": probe_first, "host_probe_after_us": probe_after}
+              "train_wall_s": wall}
     if measure:
         import gc
 
@@ -103,23 +94,16 @@ def _err(proj: float | None, meas: float | None) -> float | None:
 
 def compare(name: str, measured: dict, hardware) -> dict:
     """Projections for config ``name`` next to a worker's measurements (the table row)."""
-    from moetrain.plan.host import scaled_launch_overhead_us
     from moetrain.plan.memory import project_memory
     from moetrain.plan.perf import project_perf
 
     cfg = validation_config(name, 1, "unused")
-    probe = measured.get("host_probe_us")
-    profile_roofline_s = project_perf(cfg, hardware, dp_overlap=0.0).step_time_s  # the profile's launch cost
-    if probe and hardware.host_probe_us:  # the launch cost of the host the worker ran on (plan.host)
-        hardware = dataclasses.replace(hardware, launch_overhead_us=scaled_launch_overhead_us(hardware, probe))
     mem = project_memory(cfg, hardware)
     roof = project_perf(cfg, hardware, dp_overlap=0.0)
     row = {"config": name, "proj_mem_gib": mem.peak_gib, "proj_time_roofline_s": roof.step_time_s,
            "proj_time_measured_s": None, "meas_mem_gib": measured.get("peak_mem_gib"),
            "meas_time_s": measured.get("step_time_s"), "error": measured.get("error"),
-           "peak_phase": mem.peak.phase, "host_bound_pct": 100 * roof.host_bound_fraction,
-           "host_probe_us": probe, "launch_overhead_us": hardware.launch_overhead_us,
-           "proj_time_roofline_profile_s": profile_roofline_s}
+           "peak_phase": mem.peak.phase, "host_bound_pct": 100 * roof.host_bound_fraction}
     blocks = measured.get("measured_blocks")
     if blocks:
         row["proj_time_measured_s"] = project_perf(
@@ -155,9 +139,7 @@ def table(rows: list[dict]) -> str:
     host = [r for r in ok if (r.get("host_bound_pct") or 0) >= 100 * HOST_BOUND_WARN]
     if host:
         lines.append("host-bound (projected step waiting on kernel launches; its time follows the host CPU): "
-                     + ", ".join(f"{r['config']} {r['host_bound_pct']:.0f}%" for r in host)
-                     + "".join(f"; launches charged {r['launch_overhead_us']:.1f} us (host probe {r['host_probe_us']:.0f} us)"
-                               for r in host[:1] if r.get("host_probe_us")))
+                     + ", ".join(f"{r['config']} {r['host_bound_pct']:.0f}%" for r in host))
     return "\n".join(lines)
 
 
