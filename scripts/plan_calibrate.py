@@ -255,7 +255,7 @@ def projected(name: str) -> dict:
     return out
 
 
-def trainer_step(name: str, steps: int = 8, device: str = "cuda") -> dict:
+def trainer_step(name: str, steps: int = 16, device: str = "cuda") -> dict:
     """The real trainer (moetrain.train.trainer.run) on the same config in this process: its median step
     (host clock, synchronised) beside the script's CUDA-event step, to find what the script does not time."""
     import statistics
@@ -270,7 +270,7 @@ def trainer_step(name: str, steps: int = 8, device: str = "cuda") -> dict:
             f"train.device={device}", f"train.out_dir={tmp}", f"train.steps={steps}", f"train.log_interval={steps}",
             "checkpoint.save_final=false", "optim.warmup_steps=1", "train.eval_interval=0"])
         times = [r["step_time_s"] for r in run(cfg, show_progress=False).records]
-    return {"trainer_step_ms": 1e3 * statistics.median(times[3:] if len(times) > 3 else times)}
+    return {"trainer_step_ms": 1e3 * statistics.median(times[4:] if len(times) > 4 else times)}
 
 
 def main(argv=None) -> int:
