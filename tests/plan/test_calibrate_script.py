@@ -46,13 +46,13 @@ def test_trainer_step_is_the_median_of_the_trainers_steps_after_warmup(monkeypat
 
     def fake_run(cfg, show_progress):
         seen.update(steps=cfg.train.steps, device=cfg.train.device, preset=cfg.model.name)
-        times = [9.0, 9.0, 9.0, 0.5, 0.1, 0.3, 0.2, 0.4]  # three warm-up steps, then the median is 0.3 s
+        times = [9.0, 9.0, 9.0, 9.0, 0.5, 0.1, 0.3, 0.2, 0.4]  # four warm-up steps, then the median is 0.3 s
         return SimpleNamespace(records=[{"step_time_s": t} for t in times])
 
     monkeypatch.setattr(trainer, "run", fake_run)
-    out = load_script().trainer_step("cal-tiny", steps=8, device="cpu")
+    out = load_script().trainer_step("cal-tiny", steps=9, device="cpu")
     assert out["trainer_step_ms"] == pytest.approx(300.0)
-    assert seen == {"steps": 8, "device": "cpu", "preset": "tiny"}
+    assert seen == {"steps": 9, "device": "cpu", "preset": "tiny"}
 
 
 def test_trainer_step_runs_the_real_trainer():
