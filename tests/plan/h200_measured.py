@@ -56,8 +56,30 @@ H200_S4 = {
     "gpt-oss-20b-4l": (86.79, 0.1774, {"moe": (0.00814, 0.01051)}),
 }
 
+# Session 5, call E (scripts/h200_s5_e.sh): the trainer reads the next micro-batch while the GPU runs the backward
+# (its steps lost ~5-13 ms of data work against earlier sessions), measured blocks include the main-grad hooks
+# (measured_hooks). Same fields as H200_S3 plus the head timed alone. STEP_OVERHEAD_S was refitted (5 -> 1.4 ms) on
+# that call's calibration configs before these were compared.
+H200_S5 = {
+    "tiny-wide": (0.32, 0.0591, {"dense": (0.00237, 0.00303), "moe": (0.00512, 0.00552), "head": (0.00045, 0.00075)}),
+    "qwen3-4l": (70.47, 0.1406, {"moe": (0.00393, 0.01131), "head": (0.01511, 0.02038)}),
+    "qwen3-4l-selective": (69.34, 0.1477, {"moe": (0.00392, 0.01291), "head": (0.01508, 0.02037)}),
+    "qwen3-4l-full": (66.48, 0.1520, {"moe": (0.00384, 0.01465), "head": (0.01512, 0.02060)}),
+    "qwen3-bf16-state": (35.65, 0.1054, {"moe": (0.00358, 0.00802), "head": (0.01515, 0.02089)}),
+    "qwen3-accum-bf16-moments": (49.78, 0.2174, {"moe": (0.00224, 0.00727), "head": (0.00760, 0.01069)}),
+    "qwen3-fp32": (28.94, 0.1568, {"moe": (0.01311, 0.02261), "head": (0.02584, 0.05013)}),
+    "deepseek-v3-2l": (88.75, 0.2594, {"dense": (0.01029, 0.02425), "moe": (0.01091, 0.02617),
+                                       "head": (0.01369, 0.02588)}),
+    "deepseek-v3-2l-ids": (85.72, 0.2827, {"dense": (0.01032, 0.02572), "moe": (0.01091, 0.03682),
+                                           "head": (0.01425, 0.02797)}),
+    "llama3-8b-4l": (50.99, 0.1719, {"dense": (0.00733, 0.01630), "head": (0.01822, 0.02941)}),
+    "mixtral-8x7b-2l": (56.93, 0.1009, {"moe": (0.00604, 0.01785), "head": (0.00246, 0.00433)}),
+    "gpt-oss-20b-4l": (86.79, 0.1686, {"moe": (0.00830, 0.01353), "head": (0.00591, 0.01074)}),
+}
+
 # host-bound: its step time is the host's eager launch speed, which differed 1.4x between the lent machines
-# (0.054 / 0.065 / 0.076 s for the same code); a projection cannot be within 10% of all of them
+# (0.054 / 0.065 / 0.076 s for the same code; 0.059-0.072 s on three hosts in session 5); a projection cannot be within
+# 10% of all of them
 HOST_BOUND = ("tiny-wide",)
 
 # What these runs had that later code changed: the router's logits GEMM was the fp32 one (the planner
