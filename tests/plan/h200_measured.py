@@ -77,6 +77,24 @@ H200_S5 = {
     "gpt-oss-20b-4l": (86.79, 0.1686, {"moe": (0.00830, 0.01353), "head": (0.00591, 0.01074)}),
 }
 
+# Session 5, call F (scripts/h200_s5_f.sh): a fresh validate of the same code, another lent host (no refit between).
+H200_S5_F = {
+    "tiny-wide": (0.32, 0.0522, {"dense": (0.00248, 0.00414), "moe": (0.00479, 0.00639), "head": (0.00067, 0.00101)}),
+    "qwen3-4l": (70.47, 0.1362, {"moe": (0.00393, 0.01077), "head": (0.01494, 0.02029)}),
+    "qwen3-4l-selective": (69.34, 0.1495, {"moe": (0.00387, 0.01254), "head": (0.01496, 0.02064)}),
+    "qwen3-4l-full": (66.48, 0.1567, {"moe": (0.00384, 0.01438), "head": (0.01498, 0.02049)}),
+    "qwen3-bf16-state": (35.65, 0.1058, {"moe": (0.00364, 0.00778), "head": (0.01532, 0.02110)}),
+    "qwen3-accum-bf16-moments": (49.78, 0.2164, {"moe": (0.00224, 0.00724), "head": (0.00753, 0.01069)}),
+    "qwen3-fp32": (28.94, 0.1601, {"moe": (0.01413, 0.02349), "head": (0.02583, 0.04992)}),
+    "deepseek-v3-2l": (88.75, 0.2628, {"dense": (0.01033, 0.02415), "moe": (0.01096, 0.02610),
+                       "head": (0.01375, 0.02628)}),
+    "deepseek-v3-2l-ids": (85.72, 0.2855, {"dense": (0.01046, 0.02572), "moe": (0.01113, 0.03733),
+                           "head": (0.01470, 0.02915)}),
+    "llama3-8b-4l": (50.99, 0.1732, {"dense": (0.00737, 0.01641), "head": (0.01801, 0.02988)}),
+    "mixtral-8x7b-2l": (56.93, 0.1008, {"moe": (0.00607, 0.01789), "head": (0.00243, 0.00436)}),
+    "gpt-oss-20b-4l": (86.79, 0.1671, {"moe": (0.00821, 0.01343), "head": (0.00588, 0.01079)}),
+}
+
 # host-bound: its step time is the host's eager launch speed, which differed 1.4x between the lent machines
 # (0.054 / 0.065 / 0.076 s for the same code; 0.059-0.072 s on three hosts in session 5); a projection cannot be within
 # 10% of all of them
