@@ -11,8 +11,8 @@ from moetrain.plan.costs import KERNEL_FLOOR_S, Roofline
 from moetrain.plan.hardware import load_hardware
 from moetrain.plan.perf import optimizer_time, project_perf
 from h200_measured import (  # this directory is on sys.path (pytest, no __init__.py)
-    AS_MEASURED, H200 as MEASURED, H200_S3 as MEASURED_S3, H200_S4 as MEASURED_S4, H200_S5 as MEASURED_S5,
-    H200_S5_F as MEASURED_S5_F, HOST_BOUND)
+    H200 as MEASURED, H200_S3 as MEASURED_S3, H200_S4 as MEASURED_S4, H200_S5 as MEASURED_S5, H200_S5_F as MEASURED_S5_F,
+    HOST_BOUND)
 
 H200 = load_hardware("h200")
 
