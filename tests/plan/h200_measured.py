@@ -99,7 +99,3 @@ H200_S5_F = {
 # (0.054 / 0.065 / 0.076 s for the same code; 0.059-0.072 s on three hosts in session 5); a projection cannot be within
 # 10% of all of them
 HOST_BOUND = ("tiny-wide",)
-
-# What these runs had that later code changed: the router's logits GEMM was the fp32 one (the planner
-# follows moe.router_gemm), so replays project with it.
-AS_MEASURED = ("moe.router_gemm=fp32",)
