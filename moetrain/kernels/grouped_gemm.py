@@ -29,7 +29,10 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
 - wgrad (`_wgrad_kernel`): the tiles are the BLOCK_M x BLOCK_N tiles of every dw[g]; the
   reduction runs over the group's rows (variable K), so the (tile, row chunk) loop is flattened
   by hand into one pipelined loop. Tiles run in bands of GROUP_N dw row tiles (config group_m),
-  column-major inside a band, so the programs at work on one big group share its rows in L2. TMA path: dy and x by ragged descriptors (rows past the
+  column-major inside a band, so the programs at work on one big group share its rows in L2.
+  Configs with tma_store=False keep the TMA loads but store dw from registers: at DeepSeek-V3 dw is 15 GB,
+  about as much time in stores as in MMA, and a register store needs no shared-memory buffer (a stage
+  more) and no wait before the next tile's main loop. TMA path: dy and x by ragged descriptors (rows past the
   group's end read as zeros), dw by a 3-D TMA store.
 - forward / wgrad with gather_rows: the rows of x are read through an index array (x_perm never
   exists) by pointer loads (Hopper TMA has no row gather); the other operands still use TMA.
@@ -252,6 +255,7 @@ def _wgrad_kernel(
     BLOCK_K: tl.constexpr,  # reduction step (over the group's rows)
     GROUP_N: tl.constexpr,  # dw row tiles per L2 band (1: row-major tiles, each band one dw row of tiles)
     BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr, GATHER: tl.constexpr,
+    TMA_STORE: tl.constexpr,  # with USE_TMA: store dw by TMA (else from registers: no smem buffer, no store wait)
 ):
     pid = tl.program_id(0)
     out_dtype = dw_ptr.dtype.element_ty
@@ -326,7 +330,7 @@ def _wgrad_kernel(
         last = ki == nk - 1
         if last:
             c = acc.to(out_dtype)
-            if USE_TMA:
+            if USE_TMA and TMA_STORE:
                 dw_desc.store([g, n0, k0], c.reshape(1, BLOCK_M, BLOCK_N))
             else:
                 o_ptrs = (dw_ptr + g.to(tl.int64) * stride_dwg + n0.to(tl.int64) * stride_dwn
@@ -547,7 +551,7 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
             dy, dy_desc, x, x_desc, gather_rows if gather_rows is not None else offs, out, dw_desc, offs, M, N, K, G,
             dy.stride(0), x.stride(0), out.stride(0), out.stride(1), nprog,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=cfg.group_m, BLOCK_G=_block_g(G),
-            USE_TMA=use_tma, PRECISION=_precision(dy.dtype), GATHER=gather_rows is not None,
+            USE_TMA=use_tma, PRECISION=_precision(dy.dtype), GATHER=gather_rows is not None, TMA_STORE=cfg.tma_store,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 

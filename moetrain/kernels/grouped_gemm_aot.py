@@ -47,7 +47,7 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
                "dw_ptr": ptr, "dw_desc": desc(1, bm, bn), "offs_ptr": "*i32"}
         ints = ["M", "N", "K", "G", "stride_dym", "stride_xm", "stride_dwg", "stride_dwn", "NUM_PROGS"]
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=config.group_m, BLOCK_G=_block_g(num_groups),
-                      USE_TMA=tma, PRECISION="tf32", GATHER=gather)
+                      USE_TMA=tma, PRECISION="tf32", GATHER=gather, TMA_STORE=config.tma_store)
     else:
         raise ValueError(f"unknown op {op!r}; valid: fwd, fwd_gather, dgrad, wgrad, wgrad_gather")
     sig.update({name: "i32" for name in ints})

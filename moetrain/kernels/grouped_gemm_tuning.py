@@ -38,14 +38,16 @@ class GemmConfig:
     group_m: int = 8
     programs_per_sm: int = 1
     tail_split: bool = False  # forward / dgrad: remainders of <= half a tile go to a half-height launch
+    tma_store: bool = True  # wgrad with use_tma: dw stored by TMA (False: TMA loads, stores from registers)
 
     def __str__(self) -> str:
         kind = "tma" if self.use_tma else "ptr"
         two = "/x2" if self.programs_per_sm == 2 else ""
         split = "/split" if self.tail_split else ""
         band = "" if self.group_m == 8 else f"/g{self.group_m}"
+        store = "" if self.tma_store or not self.use_tma else "/rstore"
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}{split}"
-                f"{band}")
+                f"{band}{store}")
 
 
 def tail_config(body: GemmConfig) -> GemmConfig:
@@ -109,7 +111,12 @@ def interpreting() -> bool:
 # shared memory, no spills, wgmma, pipelined) and timed by `moetrain bench gemm`, but not yet run on a GPU by
 # the correctness tests, so the run-time autotuner does not pick them. Promote them once they have.
 TRIAL_ROWGROUP_CONFIGS: tuple = ()
-TRIAL_WGRAD_CONFIGS: tuple = ()
+TRIAL_WGRAD_CONFIGS: tuple = (
+    # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
+    GemmConfig(128, 256, 64, 4, 8, tma_store=False),
+    GemmConfig(128, 256, 64, 3, 8, tma_store=False),
+    GemmConfig(128, 128, 64, 4, 4, tma_store=False),
+)
 
 
 def configs_for(op: str, trial: bool = True) -> tuple:
