@@ -29,7 +29,8 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
 - wgrad (`_wgrad_kernel`): the tiles are the BLOCK_M x BLOCK_N tiles of every dw[g]; the
   reduction runs over the group's rows (variable K), so the (tile, row chunk) loop is flattened
   by hand into one pipelined loop. Tiles run in bands of GROUP_N dw row tiles (config group_m),
-  column-major inside a band, so the programs at work on one big group share its rows in L2.
+  column-major inside a band (1: row-major); on DeepSeek-V3's layouts, big experts included, bands
+  of 1-16 timed within noise of each other (bench/NOTES.md, session 5).
   Configs with tma_store=False keep the TMA loads but store dw from registers: at DeepSeek-V3 dw is 15 GB,
   about as much time in stores as in MMA, and a register store needs no shared-memory buffer (a stage
   more) and no wait before the next tile's main loop. TMA path: dy and x by ragged descriptors (rows past the
@@ -294,8 +295,7 @@ def _wgrad_kernel(
             g = tile // per_group
             local = tile - g * per_group
             # Bands of GROUP_N dw row tiles, column-major inside a band: the programs working at once
-            # on a big group read GROUP_N column blocks of dy and ~P / GROUP_N of x, not all of x_g
-            # (which, past L2's size, would come from HBM again for every dw row of tiles).
+            # on one group read GROUP_N column blocks of dy and ~P / GROUP_N of x's (GROUP_N = 1: all of x_g)
             first_n = (local // band) * GROUP_N
             band_rows = tl.minimum(tiles_n - first_n, GROUP_N)
             in_band = local - (local // band) * band

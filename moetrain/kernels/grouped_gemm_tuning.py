@@ -24,7 +24,9 @@ class GemmConfig:
 
     forward / dgrad: BLOCK_M rows x BLOCK_N output columns per tile, BLOCK_K reduction step,
     GROUP_M row tiles per L2 band. wgrad: BLOCK_M (over N) x BLOCK_N (over K) tiles of dw[g],
-    BLOCK_K group rows per reduction step, GROUP_M dw row tiles per L2 band (1: plain row-major order). use_tma: TMA descriptors (else masked pointer loads).
+    BLOCK_K group rows per reduction step, GROUP_M dw row tiles per band (1: row-major order).
+    use_tma: TMA descriptors (else masked pointer loads); tma_store (wgrad): dw by TMA store, else
+    from registers.
     programs_per_sm: persistent programs per SM; 2 lets one program's epilogue overlap the
     other's main loop (the config must then fit two blocks' shared memory and registers).
     """
