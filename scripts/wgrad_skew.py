@@ -1,14 +1,13 @@
-"""Why our grouped weight-gradient kernel loses ~75% to skewed routing (GPU): the same rows and FLOPs
-spread over the experts in different ways, ours against torch._grouped_mm in turns.
+"""Our grouped weight-gradient kernel against torch._grouped_mm (GPU) on the same rows and FLOPs spread over the
+experts in different ways, in turns.
 
     python scripts/wgrad_skew.py [--n 4096] [--k 7168] [--groups 256] [--rows 65536]
 
 Layouts of the same M rows over G experts: balanced (M/G each), skewed (Dirichlet(0.3), the benchmarks'
 skew), one expert with half the rows and the rest balanced, and all rows in G/8 experts; ours in bands of
-1, 4, 8 and 16 dw row tiles (1: the tile order before bands). If the loss comes
-from re-reading a big expert's rows from HBM once per output tile (bench/NOTES.md, "Open: our
-weight-gradient kernel under skew"), the layouts with big experts lose far more than their extra partial
-row chunks explain; the table prints both.
+1, 4, 8 and 16 dw row tiles (1: the tile order before bands). Written to test whether big experts thrash L2
+(session 4's hypothesis for a 75% loss under skew); session 5 measured 17% (torch 13%) and no big-expert
+penalty, bands within noise (bench/NOTES.md).
 """
 
 from __future__ import annotations
