@@ -155,6 +155,9 @@ class TrainConfig:
     manual_gc: bool = doc(False, "Disable automatic Python GC and collect every manual_gc_interval steps.")
     manual_gc_interval: int = doc(50, "Steps between manual garbage collections.")
     compile: bool = doc(False, "torch.compile each decoder layer.")
+    cuda_graph: bool = doc(False, "Replay each micro-batch's forward + backward from one CUDA graph after two eager "
+                                  "steps (for host-bound steps: small models, small micro-batches). CUDA only; not "
+                                  "with recompute, compile or moe.backend=reference.")
     max_skipped_steps: int = doc(5, "Abort after this many consecutive steps with a non-finite loss or grad.")
     tensorboard: bool = doc(False, "Also write TensorBoard scalars under out_dir/tensorboard.")
 
@@ -398,6 +401,18 @@ class Config:
                 raise ConfigError(
                     f"train.recompute_layer_ids has {bad}: valid ids are 0..{total - 1} "
                     f"(decoder layers then MTP depths)")
+        if t.cuda_graph:
+            clash = [what for what, on in (
+                (f"train.recompute={t.recompute}", t.recompute != "none"),
+                ("train.recompute_layer_ids", bool(t.recompute_layer_ids)),
+                ("train.compile", t.compile),
+                ("moe.backend=reference", self.is_moe and self.moe.backend == "reference"),
+            ) if on]
+            if clash:
+                raise ConfigError(
+                    f"train.cuda_graph does not combine with {', '.join(clash)} (recompute re-runs the forward inside "
+                    "the backward, compile has its own graphs, the reference expert loop reads expert counts on the "
+                    "host); turn one of them off")
         if o.decay_steps is not None and o.decay_steps < 1:
             raise ConfigError(f"optim.decay_steps = {o.decay_steps}: must be positive or null")
         if self.profile.enabled and self.profile.end_step < self.profile.start_step:

@@ -40,6 +40,9 @@ def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "
 
     import torch
 
+    if cfg.train.cuda_graph:
+        raise UserError("plan perf --measure times blocks eagerly and cannot stand for train.cuda_graph's replays yet; "
+                        "drop --measure (the roofline models train.cuda_graph)")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("plan perf --measure needs a CUDA GPU and none is available; "
                         "run without --measure for the CPU-only roofline projection")

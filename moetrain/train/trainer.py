@@ -107,6 +107,7 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     from moetrain.models import build_model
     from moetrain.models.accounting import count_params, train_flops_per_token
     from moetrain.train.data import BatchAhead, build_data
+    from moetrain.train.graphed_step import WARMUP_STEPS as GRAPH_WARMUP_STEPS, GraphedStep
 
     check_single_device(cfg)
     device = resolve_device(cfg)
@@ -147,6 +148,13 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
 
     accum = cfg.grad_accum_steps
     batches = BatchAhead(train_data, t.micro_batch_size)
+    graphed = None
+    if t.cuda_graph:
+        slots = optimizer.slots
+        graphed = GraphedStep(model, [s.param for s in slots], [s.main_grad is not None for s in slots], accum,
+                              t.micro_batch_size, t.seq_length, device,
+                              reset=lambda: (optimizer.zero_grad(), model.reset_moe_stats()))
+    graph_from_step = start_step + GRAPH_WARMUP_STEPS + 1
     tokens_per_step = t.global_batch_size * t.seq_length
     flops_per_token = train_flops_per_token(cfg, t.seq_length)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -176,6 +184,9 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 f"{t.micro_batch_size} x {t.seq_length} tokens per step; output in {out_dir}")
             if resume_from is not None:
                 display.log(f"resumed from {resume_from} at step {start_step}")
+            if graphed is not None:
+                display.log(f"train.cuda_graph: {GRAPH_WARMUP_STEPS} eager steps, then each micro-batch's forward + "
+                            "backward replays from one CUDA graph (captured on the next step)")
             if device.type == "cuda" and cfg.is_moe and cfg.moe.backend in ("auto", "triton"):
                 display.log("the first step compiles and tunes the MoE kernels for these shapes (Triton configs, and "
                             "with moe.backend=auto each GEMM against torch._grouped_mm, cached on disk): it is slower")
@@ -190,6 +201,10 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 sums = torch.zeros(4, device=device)  # loss, lm_loss, aux_loss, mtp_loss
                 for _ in range(accum):
                     input_ids, labels = batches.take()
+                    if graphed is not None and step >= graph_from_step:
+                        sums += graphed.run(input_ids, labels) / accum  # captured on its first call
+                        batches.fetch_ahead()
+                        continue
                     input_ids = input_ids.to(device, non_blocking=True)
                     labels = labels.to(device, non_blocking=True)
                     out = model(input_ids, labels)

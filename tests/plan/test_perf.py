@@ -197,3 +197,21 @@ def test_host_bound_share_is_reported_and_warned():
     assert tiny.to_dict()["host_bound_fraction"] == tiny.host_bound_fraction
     assert "host-bound" in perf_table(cfg("tiny"), tiny, H200)
     assert "host-bound" not in perf_table(cfg("qwen3-30b-a3b"), big, H200)
+
+
+def test_cuda_graph_takes_the_host_out_of_the_captured_phases():
+    eager = project_perf(cfg("tiny"), H200)
+    graphed = project_perf(cfg("tiny", "train.cuda_graph=true"), H200)
+    assert eager.host_bound_fraction > 0.5 and graphed.host_bound_fraction == pytest.approx(0.0, abs=1e-9)
+    assert graphed.step_time_s < 0.3 * eager.step_time_s
+    big = cfg("qwen3-30b-a3b", "model.num_layers=2", "train.seq_length=4096")
+    assert project_perf(cfg("qwen3-30b-a3b", "model.num_layers=2", "train.seq_length=4096", "train.cuda_graph=true"),
+                        H200).step_time_s <= project_perf(big, H200).step_time_s
+
+
+def test_measure_refuses_cuda_graph_configs():
+    pytest.importorskip("torch")
+    from moetrain.plan.measure import measure_blocks
+
+    with pytest.raises(UserError, match="cannot stand for train.cuda_graph"):
+        measure_blocks(cfg("tiny", "train.cuda_graph=true"), device="cpu")
