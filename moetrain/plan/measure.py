@@ -34,15 +34,13 @@ def _local_config(cfg: Config) -> Config:
 def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "cuda") -> dict[str, tuple[float, float]]:
     """{"dense"|"moe"|"head": (forward seconds, backward seconds)} for the block kinds of ``cfg`` and its
     head + loss (vocab / tp columns are timed whole; the projection divides by tp as for blocks). The
-    backward includes the trainer's main-gradient hooks (moetrain.train.optim) where the config has them.
+    backward includes the trainer's main-gradient hooks (moetrain.train.optim) where the config has them;
+    with train.cuda_graph the forward and the backward are timed as CUDA-graph replays.
     ``device="cpu"`` (tests only) times with the host clock in fp32."""
     import time
 
     import torch
 
-    if cfg.train.cuda_graph:
-        raise UserError("plan perf --measure times blocks eagerly and cannot stand for train.cuda_graph's replays yet; "
-                        "drop --measure (the roofline models train.cuda_graph)")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("plan perf --measure needs a CUDA GPU and none is available; "
                         "run without --measure for the CPU-only roofline projection")
@@ -55,6 +53,7 @@ def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "
     c = _local_config(cfg)
     m = c.model
     dev = torch.device(device)
+    graphed = cfg.train.cuda_graph and device == "cuda"  # time replays, as train.cuda_graph runs them
     dtype = DTYPES[c.precision.dtype] if device == "cuda" else torch.float32
     cuda = device == "cuda"
 
@@ -99,19 +98,20 @@ def measure_blocks(cfg: Config, warmup: int = 3, iters: int = 8, device: str = "
             y, aux = out
             (y.float().square().mean() + aux).backward()
 
-        out[kind] = _median_fwd_bwd(forward, backward, (blk,), x, warmup, iters, stamp, elapsed)
+        out[kind] = _median_fwd_bwd(forward, backward, (blk,), x, warmup, iters, stamp, elapsed, graphed)
         for handle in hooks:
             handle.remove()
         del blk, x, hooks
         if cuda:
             torch.cuda.empty_cache()
-    out["head"] = _measure_head(c, dev, dtype, warmup, iters, stamp, elapsed)
+    out["head"] = _measure_head(c, dev, dtype, warmup, iters, stamp, elapsed, graphed)
     if cuda:
         torch.cuda.empty_cache()
     return out
 
 
-def _measure_head(c: Config, dev, dtype, warmup: int, iters: int, stamp, elapsed) -> tuple[float, float]:
+def _measure_head(c: Config, dev, dtype, warmup: int, iters: int, stamp, elapsed,
+                  graphed: bool = False) -> tuple[float, float]:
     """Final norm, logits (the output head) and the fp32 cross-entropy, as the model runs them."""
     import torch
 
@@ -133,7 +133,7 @@ def _measure_head(c: Config, dev, dtype, warmup: int, iters: int, stamp, elapsed
     labels = torch.randint(0, V, (B, S), device=dev)
     try:
         return _median_fwd_bwd(lambda: cross_entropy(torch.nn.functional.linear(norm(x), head.weight), labels),
-                               lambda loss: loss.backward(), (norm, head), x, warmup, iters, stamp, elapsed)
+                               lambda loss: loss.backward(), (norm, head), x, warmup, iters, stamp, elapsed, graphed)
     finally:
         for handle in hooks:
             handle.remove()
@@ -149,24 +149,46 @@ def _main_grad_hooks(c: Config, module) -> list:
     return [attach_main_grad(p, grad_dtype)[1] for p in module.parameters() if p.requires_grad and p.dtype != grad_dtype]
 
 
-def _median_fwd_bwd(forward, backward, modules, x, warmup: int, iters: int, stamp, elapsed) -> tuple[float, float]:
+def _median_fwd_bwd(forward, backward, modules, x, warmup: int, iters: int, stamp, elapsed,
+                    graphed: bool = False) -> tuple[float, float]:
     """Median (forward, backward) seconds of ``backward(forward())`` after ``warmup`` calls; gradients of
     ``modules`` and ``x`` dropped after each call. No synchronisation inside the loop: as in training,
-    the host runs ahead of the GPU."""
+    the host runs ahead of the GPU. ``graphed`` (train.cuda_graph, CUDA): the forward and the backward are
+    captured as two CUDA graphs sharing one memory pool and their replays are timed."""
     import torch
 
-    stamps = []
-    for it in range(warmup + iters):
-        e0 = stamp()
-        out = forward()
-        e1 = stamp()
-        backward(out)
-        e2 = stamp()
-        if it >= warmup:
-            stamps.append((e0, e1, e2))
+    def drop_grads():
         for module in modules:
             module.zero_grad(set_to_none=True)
         x.grad = None
+
+    run_forward, run_backward = forward, backward
+    if graphed:
+        # warm up on a side stream (lazily created per-stream state must exist before capture), then capture
+        side = torch.cuda.Stream(device=x.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(warmup, 1)):
+                backward(forward())
+                drop_grads()
+        torch.cuda.current_stream().wait_stream(side)
+        g_fwd, g_bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_fwd):
+            static_out = forward()
+        with torch.cuda.graph(g_bwd, pool=g_fwd.pool()):
+            backward(static_out)
+        run_forward, run_backward = g_fwd.replay, lambda _: g_bwd.replay()
+        drop_grads = lambda: None  # noqa: E731  (a replay rewrites the gradients the capture allocated)
+    stamps = []
+    for it in range(warmup + iters):
+        e0 = stamp()
+        out = run_forward()
+        e1 = stamp()
+        run_backward(out)
+        e2 = stamp()
+        if it >= warmup:
+            stamps.append((e0, e1, e2))
+        drop_grads()
     if x.is_cuda:
         torch.cuda.synchronize()
     return (statistics.median(elapsed(a, b) for a, b, _ in stamps),

@@ -3,7 +3,7 @@
 Each entry: (preset, dotted overrides). Together they cover dense and MoE models, GQA (with qk
 norm, sinks, sliding windows, biases) and MLA, shared experts, MTP, top-k 2..8, micro-batch
 1..16, sequence 512..4096, gradient accumulation, recompute none / selective / full / explicit
-ids, and precision variants (bf16 with fp32 state, bf16 state, fp32 master with bf16 moments,
+ids, a CUDA-graphed step, and precision variants (bf16 with fp32 state, bf16 state, fp32 master with bf16 moments,
 fp32). Depths and expert counts are reduced so that each fits one 140 GiB GPU and runs in
 seconds.
 """
@@ -16,6 +16,10 @@ _DS = ["model.num_layers=2", "moe.first_k_dense=1", "moe.num_experts=16", "train
 
 VALIDATION_CONFIGS: dict[str, tuple[str, list[str]]] = {
     "tiny-wide": ("tiny", ["train.seq_length=512", "train.micro_batch_size=16", "train.global_batch_size=16"]),
+    # the same step replayed from a CUDA graph (train.cuda_graph): no longer host-bound (added in session 5, not
+    # yet run)
+    "tiny-wide-graph": ("tiny", ["train.seq_length=512", "train.micro_batch_size=16", "train.global_batch_size=16",
+                                 "train.cuda_graph=true"]),
     "qwen3-4l": ("qwen3-30b-a3b", _QW),
     "qwen3-4l-selective": ("qwen3-30b-a3b", _QW + ["train.recompute=selective"]),
     "qwen3-4l-full": ("qwen3-30b-a3b", _QW + ["train.recompute=full"]),
