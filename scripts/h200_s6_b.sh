@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next session, call B (< 6 min): train.cuda_graph on the tiny configs (plan validate: eager vs graphed, projected vs
+# Next session, call B (< 8 min): train.cuda_graph on the tiny configs (plan validate: eager vs graphed, projected vs
 # measured; the GPU tests of call A check the graphed trainer against the eager one), then where a host-bound trainer
 # step spends the ~15 ms that the same step without the trainer's loop does not (plan_calibrate --trainer, session 5:
 # cal-tiny 64.9 vs 49.6 ms): profiler traces of two trainer steps (CPU + CUDA activity), tiny (host-bound) and a
@@ -16,3 +16,6 @@ timeout -k 10 150 python3 -m moetrain train --preset qwen3-30b-a3b model.num_lay
 find "$out" -name "trace_*.json" -exec gzip {} \;
 find "$out" -name "*.ckpt" -o -name "*.safetensors" | xargs -r rm -f
 ls -la "$out"/run_*/profile/
+echo "== the Mixtral layer's wall time vs its kernels (timeline per contender)"
+timeout -k 10 110 python3 -m moetrain bench moe --shapes mixtral-8x7b --routing balanced --reps 3 --warmup 1 \
+  --backends auto --no-compile --profile 2>&1 | filter | grep -E "timeline|ms of kernels|^mixtral" | cut -c1-400

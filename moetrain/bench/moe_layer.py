@@ -249,8 +249,11 @@ class Graphed:
 
 
 def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, calls: int = 2, top: int = 14) -> None:
-    """Each contender's CUDA kernels by total time, per forward+backward call."""
+    """Each contender's CUDA kernels by total time, per forward+backward call, and one call's timeline (GPU busy
+    and idle time, the largest idle gaps, allocations and synchronisations: moetrain.bench.gpu_timeline)."""
     from torch.profiler import ProfilerActivity, profile
+
+    from moetrain.bench.gpu_timeline import describe, profile_calls
 
     args = make_args()
     for name, fn in contenders.items():
@@ -266,6 +269,9 @@ def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, ca
         print(f"  [{s.name} {routing}] {name}: {total:.2f} ms of kernels per call", flush=True)
         for e in kernels[:top]:
             print(f"    {e.device_time_total / calls / 1e3:7.3f} ms  x{e.count // calls:<3d} {e.key[:90]}", flush=True)
+        # the second call's timeline (the first may still allocate): what of the wall time is not kernels
+        last = profile_calls(lambda fn=fn: _fwd_bwd(fn, args), calls=2)[-1]
+        print(f"    timeline: {describe(last)}", flush=True)
 
 
 def print_auto_choices() -> None:
