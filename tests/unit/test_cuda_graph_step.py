@@ -79,3 +79,34 @@ def test_measure_times_graph_replays_for_cuda_graph_configs():
     assert set(graphed) == set(eager) and all(f > 0 and b > 0 for f, b in graphed.values())
     # the tiny preset's blocks wait on the host when eager
     assert sum(map(sum, graphed.values())) < 0.5 * sum(map(sum, eager.values()))
+
+
+def test_trainer_hands_micro_batches_to_the_graph_after_the_warmup_steps(tmp_path, monkeypatch):
+    """The trainer's side of train.cuda_graph on the CPU: a stand-in for GraphedStep that runs the same forward +
+    backward eagerly. From step WARMUP_STEPS + 1 on every micro-batch goes through it, and the losses are the eager
+    run's."""
+    from moetrain.train import graphed_step
+    from moetrain.train.trainer import run
+
+    calls = []
+
+    class EagerStandIn:
+        def __init__(self, model, params, has_main_grad, accum, micro_batch_size, seq_length, device, reset):
+            self.model, self.accum = model, accum
+
+        def run(self, input_ids, labels):
+            calls.append(tuple(input_ids.shape))
+            out = self.model(input_ids, labels)
+            (out.loss / self.accum).backward()
+            mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros(())
+            return torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp])
+
+    common = ["train.device=cpu", "train.steps=5", "train.micro_batch_size=2", "train.global_batch_size=4",
+              "train.seq_length=16", "checkpoint.save_final=false"]
+    eager = run(load_config(overrides=[f"train.out_dir={tmp_path / 'e'}", *common]), show_progress=False).records
+    monkeypatch.setattr(graphed_step, "GraphedStep", EagerStandIn)
+    graphed = run(load_config(overrides=[f"train.out_dir={tmp_path / 'g'}", "train.cuda_graph=true", *common]),
+                  show_progress=False).records
+    assert calls == [(2, 16)] * 2 * (5 - graphed_step.WARMUP_STEPS)  # two micro-batches per step
+    assert [r["loss"] for r in graphed] == [r["loss"] for r in eager]
+    assert [r["grad_norm"] for r in graphed] == [r["grad_norm"] for r in eager]
