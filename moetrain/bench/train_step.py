@@ -8,6 +8,8 @@ Runs in one process on one GPU, same model shape, same synthetic batches, same F
 Contenders:
   moetrain (fp32 master)   bf16 params, fp32 master weights, fp32 main grads and Adam moments
   moetrain (bf16 state)    bf16 params updated in place, bf16 grads and Adam moments
+  moetrain (..., cuda graph)   with --cuda-graph: the fp32-master contender with train.cuda_graph (forward +
+                           backward replayed from one CUDA graph after two eager steps)
   hf transformers          the model class from transformers (grouped_mm experts, SDPA),
                            bf16 params, torch.optim.AdamW(fused=True) -- moments in bf16 too
 Each contender trains `--steps` steps; medians are taken over the steps after `--warmup`.
@@ -160,6 +162,8 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     parser.add_argument("--profile", action="store_true", help="print each contender's top GPU kernels")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="add the fp32-master contender with train.cuda_graph=true")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -173,6 +177,9 @@ def main(argv=None) -> None:
                   "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"]
     rows = [moetrain_run(args.preset, base, "moetrain (fp32 master)", args.steps, args.warmup, [], args.profile),
             moetrain_run(args.preset, base, "moetrain (bf16 state)", args.steps, args.warmup, bf16_state)]
+    if args.cuda_graph:
+        rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, cuda graph)", args.steps, args.warmup,
+                                 ["train.cuda_graph=true"], args.profile))
     if not args.no_peer:
         rows.append(hf_run(cfg, args.steps, args.warmup, args.profile))
         rows.append(moetrain_run(args.preset, base, "moetrain (bf16 state) again", args.steps, args.warmup,
