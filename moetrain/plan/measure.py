@@ -172,8 +172,6 @@ def _median_fwd_bwd(forward, backward, modules, x, warmup: int, iters: int, stam
                 backward(forward())
                 drop_grads()
         torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize(x.device)
-        torch.cuda.empty_cache()  # the side stream's cached blocks: no use to the graphs' pool (see train.graphed_step)
         g_fwd, g_bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(g_fwd):
             static_out = forward()

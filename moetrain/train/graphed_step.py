@@ -85,14 +85,11 @@ class GraphedStep:
         with torch.cuda.stream(side):
             self._forward_backward()
         torch.cuda.current_stream().wait_stream(side)
-        # the side stream's cached blocks (a micro-batch's activations) are no use to the graph's own pool, and
-        # memory cannot be handed back to the driver during a capture: return them now
-        torch.cuda.synchronize(self.input_ids.device)
-        torch.cuda.empty_cache()
         self.reset()
         for p in self._plain:
             p.grad = None  # the capture's backward allocates them in the graph's memory
         graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.input_ids.device)
         with torch.cuda.graph(graph):
             self.terms = self._forward_backward()
         self._plain_grads = [p.grad for p in self._plain]
