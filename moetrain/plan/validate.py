@@ -30,14 +30,14 @@ from moetrain.plan.validate_configs import CONFIG_NAMES, VALIDATION_CONFIGS
 WORKER_TIMEOUT_S = 180
 
 
-def validation_config(name: str, steps: int, out_dir: str, extra: tuple[str, ...] = ()):
-    """The config ``name`` as validate runs it; ``extra``: more dotted overrides (tests replaying older runs)."""
+def validation_config(name: str, steps: int, out_dir: str):
+    """The config ``name`` as validate runs it."""
     from moetrain.config.load import load_config
 
     preset, overrides = VALIDATION_CONFIGS[name]
     return load_config(preset=preset, overrides=overrides + [
         f"train.steps={steps}", "checkpoint.save_final=false", "train.device=cuda", f"train.out_dir={out_dir}",
-        "optim.warmup_steps=1", f"train.log_interval={steps}", "train.eval_interval=0", *extra])
+        "optim.warmup_steps=1", f"train.log_interval={steps}", "train.eval_interval=0"])
 
 
 def subprocess_runner(name: str, steps: int, measure: bool) -> dict:

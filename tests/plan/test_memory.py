@@ -128,5 +128,5 @@ def test_matches_h200_measurements(name):
     """Peak memory of the session-4 validation run (current code): within 2.1% there, 5% asked."""
     from moetrain.plan.validate import validation_config
 
-    proj = project_memory(validation_config(name, 6, "unused", ()), H200).peak_gib
+    proj = project_memory(validation_config(name, 6, "unused"), H200).peak_gib
     assert proj == pytest.approx(MEASURED_S4[name][0], rel=0.025)

@@ -161,7 +161,7 @@ def test_roofline_within_ten_percent_of_session5(name, run):
     calibration configs only. Earlier sessions' steps included the trainer's data work, ~5-13 ms a step."""
     from moetrain.plan.validate import validation_config
 
-    proj = project_perf(validation_config(name, 6, "unused", ()), H200).step_time_s
+    proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
     assert proj == pytest.approx({"E": MEASURED_S5, "F": MEASURED_S5_F}[run][name][1], rel=0.10)
 
 
@@ -169,7 +169,7 @@ def test_roofline_within_ten_percent_of_session5(name, run):
 def test_host_bound_projection_lies_within_the_hosts_spread(name):
     from moetrain.plan.validate import validation_config
 
-    proj = project_perf(validation_config(name, 6, "unused", ()), H200).step_time_s
+    proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
     steps = [run[name][1] for run in (MEASURED, MEASURED_S3, MEASURED_S4, MEASURED_S5, MEASURED_S5_F)]
     assert min(steps) < proj < max(steps)
 
@@ -182,7 +182,7 @@ def test_measured_mode_with_session5_blocks(name, run):
     from moetrain.plan.validate import validation_config
 
     _, step, blocks = {"E": MEASURED_S5, "F": MEASURED_S5_F}[run][name]
-    proj = project_perf(validation_config(name, 6, "unused", ()), H200, dp_overlap=0.0, measured=blocks,
+    proj = project_perf(validation_config(name, 6, "unused"), H200, dp_overlap=0.0, measured=blocks,
                         measured_hooks=True).step_time_s
     assert proj == pytest.approx(step, rel=0.10)
 
