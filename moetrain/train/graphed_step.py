@@ -31,6 +31,15 @@ from moetrain.errors import UserError
 WARMUP_STEPS = 2
 
 
+def forward_backward(model, input_ids: torch.Tensor, labels: torch.Tensor, accum: int) -> torch.Tensor:
+    """One micro-batch as the trainer runs it, eagerly or inside the graph: the forward, the backward of
+    loss / accum; returns the loss terms [4] fp32 (loss, lm_loss, aux_loss, mtp_loss; 0 without MTP)."""
+    out = model(input_ids, labels)
+    (out.loss / accum).backward()
+    mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=input_ids.device)
+    return torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp])
+
+
 class GraphedStep:
     """Forward + backward of one micro-batch as a CUDA graph (see the module doc)."""
 
@@ -55,10 +64,7 @@ class GraphedStep:
         self.terms: torch.Tensor | None = None  # [4] fp32: loss, lm_loss, aux_loss, mtp_loss of the last replay
 
     def _forward_backward(self) -> torch.Tensor:
-        out = self.model(self.input_ids, self.labels)
-        (out.loss / self.accum).backward()
-        mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=self.input_ids.device)
-        return torch.stack([out.loss.detach().float(), out.lm_loss.float(), out.aux_loss.float(), mtp.float()])
+        return forward_backward(self.model, self.input_ids, self.labels, self.accum)
 
     def run(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Copy the micro-batch (CPU or device [B, S] int64) into the static inputs, capture on the first

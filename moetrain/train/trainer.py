@@ -107,7 +107,7 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     from moetrain.models import build_model
     from moetrain.models.accounting import count_params, train_flops_per_token
     from moetrain.train.data import BatchAhead, build_data
-    from moetrain.train.graphed_step import WARMUP_STEPS as GRAPH_WARMUP_STEPS, GraphedStep
+    from moetrain.train.graphed_step import WARMUP_STEPS as GRAPH_WARMUP_STEPS, GraphedStep, forward_backward
 
     check_single_device(cfg)
     device = resolve_device(cfg)
@@ -202,16 +202,12 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 for _ in range(accum):
                     input_ids, labels = batches.take()
                     if graphed is not None and step >= graph_from_step:
-                        sums += graphed.run(input_ids, labels) / accum  # captured on its first call
-                        batches.fetch_ahead()
-                        continue
-                    input_ids = input_ids.to(device, non_blocking=True)
-                    labels = labels.to(device, non_blocking=True)
-                    out = model(input_ids, labels)
-                    (out.loss / accum).backward()
+                        terms = graphed.run(input_ids, labels)  # captured on its first call
+                    else:
+                        terms = forward_backward(model, input_ids.to(device, non_blocking=True),
+                                                 labels.to(device, non_blocking=True), accum)
                     batches.fetch_ahead()  # host data work while the GPU runs this backward
-                    mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=device)
-                    sums += torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp]) / accum
+                    sums += terms / accum
                 # Peak memory of forward + backward alone (the optimizer step may add its own temporaries).
                 peak_fwd_bwd = peak_memory_gib(device)
                 grad_norm = optimizer.grad_norm()

@@ -96,10 +96,7 @@ def test_trainer_hands_micro_batches_to_the_graph_after_the_warmup_steps(tmp_pat
 
         def run(self, input_ids, labels):
             calls.append(tuple(input_ids.shape))
-            out = self.model(input_ids, labels)
-            (out.loss / self.accum).backward()
-            mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros(())
-            return torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp])
+            return graphed_step.forward_backward(self.model, input_ids, labels, self.accum)
 
     common = ["train.device=cpu", "train.steps=5", "train.micro_batch_size=2", "train.global_batch_size=4",
               "train.seq_length=16", "checkpoint.save_final=false"]
