@@ -228,17 +228,20 @@ class Graphed:
 
     def _capture(self, args) -> None:
         self.args = args
+        from moetrain.train.graphed_step import on_side_stream
+
         x, router_w, forcing, w1, w2, K, grad_out = args
-        side = torch.cuda.Stream()  # warm-up off the capture stream (caches, autotuning, allocator)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+
+        def warm_up():  # off the capture stream (caches, autotuning, allocator)
             # the graph's own leaves (same storage), first used here: a leaf's gradient accumulator runs on the
             # stream of its first use, and one made on the legacy default stream (the caller's eager runs)
             # cannot join a capture
-            x, w1, w2 = (t.detach().requires_grad_() for t in (x, w1, w2))
+            leaves = tuple(t.detach().requires_grad_() for t in (x, w1, w2))
             for _ in range(2):
-                _fwd_bwd(self.fn, (x, router_w, forcing, w1, w2, K, grad_out))
-        torch.cuda.current_stream().wait_stream(side)
+                _fwd_bwd(self.fn, (leaves[0], router_w, forcing, leaves[1], leaves[2], K, grad_out))
+            return leaves
+
+        x, w1, w2 = on_side_stream(warm_up, x.device)
         for t in (x, w1, w2):
             t.grad = None  # the gradients the graph writes live in its own pool, kept by the tensors below
         self.graph = torch.cuda.CUDAGraph()

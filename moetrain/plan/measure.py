@@ -164,21 +164,20 @@ def _median_fwd_bwd(forward, backward, modules, x, warmup: int, iters: int, stam
 
     run_forward, run_backward = forward, backward
     if graphed:
-        # warm up on a side stream (lazily created per-stream state must exist before capture), then capture
-        side = torch.cuda.Stream(device=x.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        from moetrain.train.graphed_step import on_side_stream
+
+        def warm_up():
             for _ in range(max(warmup, 1)):
                 backward(forward())
                 drop_grads()
-        torch.cuda.current_stream().wait_stream(side)
+
+        on_side_stream(warm_up, x.device)  # off the capture, then capture
         g_fwd, g_bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(g_fwd):
             static_out = forward()
         with torch.cuda.graph(g_bwd, pool=g_fwd.pool()):
             backward(static_out)
         run_forward, run_backward = g_fwd.replay, lambda _: g_bwd.replay()
-        drop_grads = lambda: None  # noqa: E731  (a replay rewrites the gradients the capture allocated)
     stamps = []
     for it in range(warmup + iters):
         e0 = stamp()
@@ -188,7 +187,8 @@ def _median_fwd_bwd(forward, backward, modules, x, warmup: int, iters: int, stam
         e2 = stamp()
         if it >= warmup:
             stamps.append((e0, e1, e2))
-        drop_grads()
+        if not graphed:  # a replay rewrites the gradients the capture allocated: keep them
+            drop_grads()
     if x.is_cuda:
         torch.cuda.synchronize()
     return (statistics.median(elapsed(a, b) for a, b, _ in stamps),

@@ -37,7 +37,20 @@ def forward_backward(model, input_ids: torch.Tensor, labels: torch.Tensor, accum
     out = model(input_ids, labels)
     (out.loss / accum).backward()
     mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=input_ids.device)
-    return torch.stack([out.loss.detach().float(), out.lm_loss, out.aux_loss, mtp])
+    # detached: a tensor with a grad_fn would keep the micro-batch's autograd graph (its nodes) alive
+    return torch.stack([out.loss.float(), out.lm_loss, out.aux_loss, mtp]).detach()
+
+
+def on_side_stream(fn, device: torch.device):
+    """``fn()`` on a fresh CUDA stream, ordered after the current stream's work and before what follows;
+    returns its result. Warm-ups before a capture run there: torch's CUDA-graph notes ask for it (state
+    that libraries create lazily per stream, such as cuBLAS workspaces, must exist before capture)."""
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        result = fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    return result
 
 
 class GraphedStep:
@@ -83,14 +96,9 @@ class GraphedStep:
         return self.terms
 
     def _capture(self) -> None:
-        # One eager pass on a side stream first (as torch's CUDA-graph notes ask: state that libraries create
-        # lazily per stream, such as cuBLAS workspaces, must exist before capture). It accumulates gradients
-        # and MoE counts like a real micro-batch, so ``reset`` (zero_grad + MoE stats) undoes it.
-        side = torch.cuda.Stream(device=self.input_ids.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._forward_backward()
-        torch.cuda.current_stream().wait_stream(side)
+        # One eager pass off the capture first (``on_side_stream``). It accumulates gradients and MoE counts
+        # like a real micro-batch, so ``reset`` (zero_grad + MoE stats) undoes it.
+        on_side_stream(self._forward_backward, self.input_ids.device)
         self.reset()
         for p in self._plain:
             p.grad = None  # the capture's backward allocates them in the graph's memory
