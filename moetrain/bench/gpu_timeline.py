@@ -23,6 +23,7 @@ class CallTimeline:
     first_kernel_us: float  # from the call's start to its first kernel
     gaps: list[tuple[float, str]] = field(default_factory=list)  # (idle us, the kernel after it), largest first
     runtime: dict[str, tuple[int, float]] = field(default_factory=dict)  # name -> (count, host us)
+    kernels: dict[str, tuple[int, float]] = field(default_factory=dict)  # kernel name -> (count, GPU us)
 
     @property
     def idle_us(self) -> float:
@@ -48,7 +49,26 @@ def timeline(start_us: float, kernels: list[tuple[float, float, str]], min_gap_u
     busy += run_end - run_start
     last = max(e for _, e, _ in kernels)
     return CallTimeline(wall_us=last - start_us, busy_us=busy, first_kernel_us=kernels[0][0] - start_us,
-                        gaps=sorted(gaps, reverse=True))
+                        gaps=sorted(gaps, reverse=True), kernels=_tally((name, e - s) for s, e, name in kernels))
+
+
+def _tally(items) -> dict[str, tuple[int, float]]:
+    """name -> (count, total) of (name, amount) pairs."""
+    out: dict[str, tuple[int, float]] = {}
+    for name, amount in items:
+        n, t = out.get(name, (0, 0.0))
+        out[name] = (n + 1, t + amount)
+    return out
+
+
+def kernel_totals(calls: list[CallTimeline]) -> dict[str, tuple[float, float]]:
+    """kernel name -> (launches, GPU us) per call, averaged over ``calls``."""
+    merged: dict[str, tuple[float, float]] = {}
+    for call in calls:
+        for name, (n, t) in call.kernels.items():
+            count, total = merged.get(name, (0.0, 0.0))
+            merged[name] = (count + n / len(calls), total + t / len(calls))
+    return merged
 
 
 def profile_calls(run, calls: int = 2) -> list[CallTimeline]:
@@ -71,10 +91,8 @@ def profile_calls(run, calls: int = 2) -> list[CallTimeline]:
         inside = [e for e in events if start <= e.time_range.start <= end]
         kernels = [(e.time_range.start, e.time_range.end, e.name) for e in inside if e.device_type == DeviceType.CUDA]
         call = timeline(start, kernels)
-        for e in inside:
-            if e.device_type == DeviceType.CPU and e.name in RUNTIME_CALLS:
-                n, t = call.runtime.get(e.name, (0, 0.0))
-                call.runtime[e.name] = (n + 1, t + e.time_range.end - e.time_range.start)
+        call.runtime = _tally((e.name, e.time_range.end - e.time_range.start) for e in inside
+                              if e.device_type == DeviceType.CPU and e.name in RUNTIME_CALLS)
         out.append(call)
     return out
 

@@ -254,27 +254,20 @@ class Graphed:
 def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, calls: int = 2, top: int = 14) -> None:
     """Each contender's CUDA kernels by total time, per forward+backward call, and one call's timeline (GPU busy
     and idle time, the largest idle gaps, allocations and synchronisations: moetrain.bench.gpu_timeline)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from moetrain.bench.gpu_timeline import describe, profile_calls
+    from moetrain.bench.gpu_timeline import describe, kernel_totals, profile_calls
 
     args = make_args()
     for name, fn in contenders.items():
         if name == "per-expert loop" or isinstance(fn, (Graphed, GemmFloor)):  # a replay: its eager twin's kernels
             continue
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                _fwd_bwd(fn, args)
-            torch.cuda.synchronize()
-        kernels = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
-                         key=lambda e: -e.device_time_total)
-        total = sum(e.device_time_total for e in kernels) / calls / 1e3
+        timelines = profile_calls(lambda fn=fn: _fwd_bwd(fn, args), calls=calls)  # one profiled run serves both
+        kernels = sorted(kernel_totals(timelines).items(), key=lambda kv: -kv[1][1])
+        total = sum(us for _, (_, us) in kernels) / 1e3
         print(f"  [{s.name} {routing}] {name}: {total:.2f} ms of kernels per call", flush=True)
-        for e in kernels[:top]:
-            print(f"    {e.device_time_total / calls / 1e3:7.3f} ms  x{e.count // calls:<3d} {e.key[:90]}", flush=True)
-        # the second call's timeline (the first may still allocate): what of the wall time is not kernels
-        last = profile_calls(lambda fn=fn: _fwd_bwd(fn, args), calls=2)[-1]
-        print(f"    timeline: {describe(last)}", flush=True)
+        for kernel, (count, us) in kernels[:top]:
+            print(f"    {us / 1e3:7.3f} ms  x{round(count):<3d} {kernel[:90]}", flush=True)
+        # the last call's timeline (the first may still allocate): what of the wall time is not kernels
+        print(f"    timeline: {describe(timelines[-1])}", flush=True)
 
 
 def print_auto_choices() -> None:

@@ -1,7 +1,9 @@
 """bench moe --profile's timeline summary: busy time as the union of kernel intervals, idle gaps, on made-up
 kernels (the profiler itself runs on a GPU only)."""
 
-from moetrain.bench.gpu_timeline import CallTimeline, describe, timeline
+import pytest
+
+from moetrain.bench.gpu_timeline import CallTimeline, describe, kernel_totals, timeline
 
 
 def test_busy_time_is_the_union_and_gaps_are_listed_largest_first():
@@ -27,3 +29,24 @@ def test_describe_and_empty_calls():
                         runtime={"cudaMalloc": (2, 900.0)})
     line = describe(call)
     assert "idle 0.50" in line and "0.30 ms before gemm" in line and "cudaMalloc x2 (0.90 ms)" in line
+
+
+def test_kernel_totals_average_the_calls():
+    one = timeline(0.0, [(0.0, 10.0, "gemm"), (12.0, 14.0, "swiglu"), (20.0, 30.0, "gemm")])
+    two = timeline(0.0, [(0.0, 30.0, "gemm")])
+    assert one.kernels == {"gemm": (2, 20.0), "swiglu": (1, 2.0)}
+    assert kernel_totals([one, two]) == {"gemm": (1.5, 25.0), "swiglu": (0.5, 1.0)}
+
+
+@pytest.mark.gpu
+def test_profile_calls_finds_the_kernels_of_each_call():
+    import torch
+
+    from moetrain.bench.gpu_timeline import profile_calls
+
+    a = torch.randn(2048, 2048, device="cuda")
+    calls = profile_calls(lambda: a @ a @ a, calls=2)
+    assert len(calls) == 2
+    for call in calls:
+        assert sum(n for n, _ in call.kernels.values()) == 2  # two GEMMs per call
+        assert 0 < call.busy_us <= call.wall_us
