@@ -118,11 +118,9 @@ def test_router_parts_capture_in_a_cuda_graph(part):
             return ops.router_logits(x, w, impl="tensor_core").sum()
         return ops.route(x.float() @ w.float().t(), 4, impl="triton").topk_weight.square().sum()
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run().backward()
-    torch.cuda.current_stream().wait_stream(side)
+    from moetrain.train.graphed_step import on_side_stream
+
+    on_side_stream(lambda: run().backward(), x.device)
     want = x.grad.clone()
     x.grad = w.grad = None
     graph = torch.cuda.CUDAGraph()
