@@ -15,6 +15,7 @@ pytest.importorskip("triton", reason="the triton package is not installed")
 
 from moetrain import ops  # noqa: E402
 from moetrain.ops import autoselect  # noqa: E402
+from moetrain.train.graphed_step import on_side_stream  # noqa: E402
 
 BACKENDS = ("torch", "triton", "auto")
 
@@ -112,14 +113,13 @@ def test_cuda_graph_captures_layer_forward_backward_and_replays_new_routing(back
         idx, weight = route(static_x, router, static_forcing, K)
         return ops.moe_experts(static_x, idx, weight, w1, w2, backend=backend)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: Triton autotuning, auto's measurement, allocator
+    def warm_up():  # Triton autotuning, auto's measurement, allocator
         for _ in range(3):
             for p in params:
                 p.grad = None
             layer().backward(static_grad)
-    torch.cuda.current_stream().wait_stream(side)
+
+    on_side_stream(warm_up, static_x.device)
     for p in params:
         p.grad = None
     graph = torch.cuda.CUDAGraph()
