@@ -89,7 +89,10 @@ def profile_calls(run, calls: int = 2) -> list[CallTimeline]:
     out = []
     for start, end in ranges:
         inside = [e for e in events if start <= e.time_range.start <= end]
-        kernels = [(e.time_range.start, e.time_range.end, e.name) for e in inside if e.device_type == DeviceType.CUDA]
+        # GPU-side events are the kernels, memcpys / memsets, and (newer torch) our own "call i" range mirrored
+        # onto the GPU as an annotation spanning the call: not a kernel
+        kernels = [(e.time_range.start, e.time_range.end, e.name) for e in inside
+                   if e.device_type == DeviceType.CUDA and not e.name.startswith("call ")]
         call = timeline(start, kernels)
         call.runtime = _tally((e.name, e.time_range.end - e.time_range.start) for e in inside
                               if e.device_type == DeviceType.CPU and e.name in RUNTIME_CALLS)

@@ -210,9 +210,10 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         _linear(fw, bi, bw, rf, "mlp fc1", T, rows, H, b)
         _linear(fw, bi, bw, rf, "mlp fc2", T, H, F, b)
         fw.add("act", rf.mem(5 * b * T * F, 3), 4)
-    # elementwise backward ~ BWD_MEM x forward traffic (all non-GEMM, non-attention parts)
+    # elementwise backward ~ BWD_MEM x forward traffic (all non-GEMM, non-attention parts; the router's backward
+    # is costed above, so its forward is not scaled again here)
     mem_fwd = sum(v for k, v in fw.parts.items() if not k.startswith(("attn proj", "attention", "mlp fc",
-                                                                        "experts fc", "shared fc")))
+                                                                        "experts fc", "shared fc", "router")))
     mem_kernels = fw.kernels
     bi.add("elementwise", BWD_MEM * mem_fwd, (BWD_KERNELS - 1) * mem_kernels)
     if mode == "full":
