@@ -1,10 +1,9 @@
-"""Where the extra memory of the CUDA-graph capture step comes from (session 6 diagnostic, GPU only).
+"""The memory of the CUDA-graph capture step against the eager steps (session 6 diagnostic, GPU only).
 
 `plan validate` measured tiny-wide-graph at 0.41 GiB peak on the capture step and 0.20 GiB on every replay step,
-against 0.29-0.32 GiB for the eager steps and 0.31 projected. This runs the same trainer config for five steps
-with the capture instrumented: allocated bytes before / after the side-stream warm-up and the capture, the
-capture's own peak, and the graph pool's blocks by state after capture (a block freed during capture but held
-until it ends shows as pending-free / inactive-but-unreusable).
+against 0.29-0.32 GiB for the eager steps and 0.31 projected: a 64 MiB cuBLAS workspace each for the side stream
+of the warm-up and the capture's stream. This runs that trainer config for five steps and prints allocated bytes
+around the capture, the capture's own peak, and the memory blocks by pool and state after it.
 
     python scripts/graph_memory_probe.py [extra key=value overrides]
 """
@@ -40,33 +39,15 @@ def _pool_blocks() -> None:
 
 def main(overrides: list[str]) -> None:
     original = graphed_step.GraphedStep._capture
-    original_fb = graphed_step.forward_backward
 
     def capture(self) -> None:
-        _mem("capture step, before warm-up")
+        _mem("capture step, before capture")
         torch.cuda.reset_peak_memory_stats()
-        fb = lambda: original_fb(self.model, self.input_ids, self.labels, self.accum)  # noqa: E731
-        graphed_step.on_side_stream(fb, self.input_ids.device)
-        _mem("after side-stream warm-up")
-        self.reset()
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.reset_peak_memory_stats()
-        with torch.cuda.graph(graph):
-            self.terms = fb()
+        original(self)
         _mem("after capture (peak = capture's)")
         _pool_blocks()
-        self._plain_grads = [p.grad for p in self._plain]
-        self.graph = graph
-
-    def eager_fb(model, ids, labels, accum):
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        out = original_fb(model, ids, labels, accum)
-        _mem(f"eager micro-batch (from {before / GIB:.4f})")
-        return out
 
     graphed_step.GraphedStep._capture = capture
-    graphed_step.forward_backward = eager_fb  # the trainer imports it from there when it runs
     try:
         cfg = load_config(preset="tiny", overrides=[
             "train.seq_length=512", "train.micro_batch_size=16", "train.global_batch_size=16", "train.cuda_graph=true",
@@ -77,7 +58,6 @@ def main(overrides: list[str]) -> None:
             print(f"  step {r['step']}: peak {r['peak_mem_gib']:.4f} GiB, {r['step_time_s'] * 1e3:.1f} ms")
     finally:
         graphed_step.GraphedStep._capture = original
-        graphed_step.forward_backward = original_fb
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -333,8 +335,14 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
         grad_out = torch.randn(s.T, s.H, device=dev, generator=gen).to(bf)
         return x, router_w, forcing_logits(s, routing, dev), w1, w2, s.K, grad_out
 
+    started = time.perf_counter()
+
+    def progress(what: str) -> None:  # long phases (compiling, autotuning, the per-expert loop) say where they are
+        print(f"    [{s.name} {routing}, {time.perf_counter() - started:6.1f} s] {what}", file=sys.stderr, flush=True)
+
     contenders = {"reference eager": reference_layer}
     if compile_ref:
+        progress("compiling the reference")
         compiled = torch.compile(reference_layer)
         try:
             compiled(*make_args()[:6]).float().sum().backward()
@@ -351,8 +359,11 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     contenders[FLOOR] = GemmFloor(s, routing)
     # The first call of each contender (here) autotunes the Triton kernels and makes auto measure
     # and cache its choice for this shape; time_contenders then warms up again before timing.
+    progress(f"first call of {len(contenders)} contenders (autotuning, checking outputs)")
     errors = check_correct(contenders, make_args)
+    progress("timing")
     timed = time_contenders(contenders, make_args, warmup, reps)
+    progress("done")
     if profile:
         print_kernel_profile(s, routing, contenders, make_args)
     flops = layer_flops(s)

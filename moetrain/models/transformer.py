@@ -177,12 +177,13 @@ class MoETransformer(nn.Module):
         return [blk.mlp for _, blk in self.blocks() if blk.is_moe]
 
     @torch.no_grad()
-    def update_expert_bias(self, rate: float | None = None) -> None:
-        """Aux-loss-free balancing step on every MoE layer (rate defaults to moe.expert_bias_update_rate)."""
+    def update_expert_bias(self, rate: float | None = None, keep: torch.Tensor | None = None) -> None:
+        """Aux-loss-free balancing step on every MoE layer (rate defaults to moe.expert_bias_update_rate;
+        ``keep``: see MoELayer.update_expert_bias)."""
         if rate is None:
             rate = self.cfg.moe.expert_bias_update_rate
         for layer in self.moe_layers():
-            layer.update_expert_bias(rate)
+            layer.update_expert_bias(rate, keep)
 
     @torch.no_grad()
     def reset_moe_stats(self) -> None:

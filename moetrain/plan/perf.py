@@ -80,7 +80,7 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
                 measured_hooks: bool = False) -> list[StageTime]:
     p, m = cfg.parallel, cfg.model
     # train.cuda_graph replays each micro-batch's forward + backward (hooks included) from one graph: no host
-    # launch per kernel there (an assumption until validated on a GPU); the optimizer tail stays eager.
+    # launch per kernel there (the optimizer tail is a second graph: optimizer_time)
     launch = 0.0 if cfg.train.cuda_graph else hw.launch_overhead_us * 1e-6
     b_p, b_g = DTYPE_BYTES[cfg.precision.dtype], DTYPE_BYTES[cfg.optim.main_grads_dtype]
     hook = cfg.optim.main_grads_dtype != cfg.precision.dtype
@@ -178,11 +178,13 @@ def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str,
     master = cfg.precision.master_weights and b_p != 4
     b_t = 4 if master else b_p
     bw = hw.mem_bw
-    launch = hw.launch_overhead_us * 1e-6
+    eager_launch = hw.launch_overhead_us * 1e-6
+    # train.cuda_graph replays norm, clip, AdamW and the master copy as one graph (zero_grad stays eager)
+    launch = 0.0 if cfg.train.cuda_graph else eager_launch
     separate = o.main_grads_dtype != cfg.precision.dtype
     # each part: GPU time or host launch time, whichever is longer (the host runs ahead)
     # zero_grad drops param.grad (host only) and zeroes separate main grads with one multi-tensor op
-    out = {"zero_grad": max(b_g * n_local / bw, 3 * launch) if separate else 0.0,
+    out = {"zero_grad": max(b_g * n_local / bw, 3 * eager_launch) if separate else 0.0,
            "grad_norm_clip": max(3 * b_g * n_local / bw, 3 * launch)}
     fused = b_t == b_g == b_m == b_v
     if fused:

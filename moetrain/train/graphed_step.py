@@ -1,15 +1,23 @@
-"""``train.cuda_graph``: each micro-batch's forward + backward replayed from one CUDA graph.
+"""``train.cuda_graph``: a training step as two CUDA graph replays per micro-batch and step.
 
 Why: a step whose kernels are short waits on the host. The tiny preset's step on an H200 is ~1,500 eager
-launches, each waiting on Python (52-72 ms a step on the hosts we were lent, a few ms of GPU work), and an
-MoE layer launches ~30 kernels, some of them short. A replay launches the whole forward + backward at once.
+launches, each waiting on Python (38-72 ms a step on the hosts we were lent, a few ms of GPU work), and an
+MoE layer launches ~30 kernels, some of them short. A replay launches a whole captured sequence at once.
 
-What is captured (on the step after ``WARMUP_STEPS`` eager ones, which autotune the Triton kernels, let
-moe.backend=auto time its choices and settle the allocator): ``model(input_ids, labels)``, the backward
-of ``loss / accum``, and the step's loss terms gathered into one static fp32 [4] tensor (loss, lm, aux, mtp).
-The inputs are static [B, S] int64 buffers on the device that each micro-batch is copied into. Eager as
-before: zero_grad, the grad norm, the one host sync for metrics, clipping, the optimizer step, the
-expert-bias update, evaluation. Parameters and the MoE counts are updated in place, so replays see them.
+Two graphs, captured on the step after ``WARMUP_STEPS`` eager ones (which autotune the Triton kernels, let
+moe.backend=auto time its choices and settle the allocator):
+- the micro-batch: ``model(input_ids, labels)``, the backward of ``loss / accum``, and the loss terms added
+  into a static fp32 [4] sum (loss, lm, aux, mtp; divided by accum). The inputs are static [B, S] int64
+  buffers on the device that each micro-batch is copied into. Replayed once per micro-batch.
+- the step tail: the global grad norm, the decision to skip (a non-finite loss or norm), clipping, the
+  AdamW update (``PrecisionAwareAdamW.step_on_device``: learning rate from a device scalar, clip and skip
+  inside torch's fused kernel), the expert-bias update (masked on a skipped step), and one static fp32 vector
+  for the host: [loss terms (4), grad norm, skipped, load imbalance per MoE layer]. Replayed once per step.
+The host per step: zero the gradients and MoE counts and the loss sum, copy each micro-batch in, set the
+learning rate, replay, and one read of that vector (the step's only sync) for metrics and the skip count.
+With the tail captured, the host's speed hardly enters the step: eagerly the optimizer, norm and clip alone
+are ~100 launches, which left the step of tiny-wide-graph with only the micro-batch captured at 6.2 / 7.3 ms
+on two hosts whose GPU work was the same (session 6). Evaluation and checkpoints stay eager.
 
 Gradients: where a parameter has a separate main-grad buffer (optim.main_grads_dtype differs from its
 dtype) the hook captured with the backward adds each replay's gradient into it, so micro-batches
@@ -17,12 +25,22 @@ accumulate as in eager mode. A parameter without one gets its gradient written (
 replay, into the buffer the capture allocated; the step hands that buffer back as ``param.grad``, and
 with such parameters a step may hold only one micro-batch.
 
+Streams: the whole run, eager steps included, runs on one non-default stream (``loop_stream``) and the graph
+is captured on it. The eager steps are then the warm-up torch asks for before a capture, on the capture's own
+stream, and lazily made per-stream state exists once: cuBLAS keeps a 64 MiB workspace per stream, so warming up
+on a side stream and capturing on a third (torch.cuda.graph's default) held three of them and put the capture
+step's peak 0.1 GiB above the eager steps' (tiny-wide-graph on the H200, session 6).
+
 Capturing does not run the work: the capture step replays right after capturing. A host sync, a
 host read of routing-dependent values or a CPU tensor inside the forward fails the capture loudly.
-Shapes: [micro_batch_size, seq_length] are fixed for a run; the graph is captured once.
+Shapes: [micro_batch_size, seq_length] are fixed for a run; each graph is captured once. Every parameter's
+update must take the fused AdamW path (one dtype for it, its gradient and both moments): the explicit
+mixed-precision path reads the step count on the host.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -53,58 +71,124 @@ def on_side_stream(fn, device: torch.device):
     return result
 
 
-class GraphedStep:
-    """Forward + backward of one micro-batch as a CUDA graph (see the module doc)."""
+@contextlib.contextmanager
+def loop_stream(device: torch.device, enabled: bool = True):
+    """Run the block on a fresh non-default CUDA stream (ordered after the current stream's work, and the current
+    stream after the block's); a no-op when not ``enabled`` or off CUDA. The graphed trainer runs its loop here."""
+    if not enabled or device.type != "cuda":
+        yield
+        return
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        torch.cuda.current_stream(device).wait_stream(stream)
 
-    def __init__(self, model, params: list[torch.nn.Parameter], has_main_grad: list[bool], accum: int,
-                 micro_batch_size: int, seq_length: int, device: torch.device, reset):
-        plain = [p for p, main in zip(params, has_main_grad) if not main]
+
+class GraphedStep:
+    """A training step's forward + backward and its update as CUDA graphs (see the module doc).
+
+    Per step: ``begin_step()``; ``run(ids, labels)`` per micro-batch; ``finish(lr)`` -> the host vector."""
+
+    def __init__(self, model, optimizer, accum: int, micro_batch_size: int, seq_length: int, device: torch.device,
+                 clip_grad: float, expert_bias_rate: float | None):
+        slots = optimizer.slots
+        plain = [s.param for s in slots if s.main_grad is None]
         if plain and accum > 1:
             raise UserError(
                 f"train.cuda_graph with {accum} micro-batches per step needs separate main grads for every parameter "
                 f"({len(plain)} have none: optim.main_grads_dtype equals their dtype), since a replay writes "
                 "their gradients rather than adding to them; use one micro-batch per step "
                 "(train.global_batch_size = micro_batch_size x dp) or fp32 main grads")
-        if device.type != "cuda":
-            raise UserError(f"train.cuda_graph needs a CUDA device (training runs on {device}); "
-                            "set train.cuda_graph=false")
-        self.model, self.accum, self.reset = model, accum, reset
+        explicit = optimizer.explicit_slots()
+        if explicit:
+            raise UserError(
+                f"train.cuda_graph captures the optimizer step, which needs one dtype for each parameter's update "
+                f"target, gradient and both Adam moments ({len(explicit)} parameters mix them, e.g. {explicit[0]}); "
+                "set optim.exp_avg_dtype / optim.exp_avg_sq_dtype / optim.main_grads_dtype to the master weights' "
+                "dtype, or train.cuda_graph=false")
+        self._require_cuda(device)
+        self.model, self.optimizer, self.accum = model, optimizer, accum
+        self.clip_grad, self.expert_bias_rate = clip_grad, expert_bias_rate
         self._plain = plain
         self._plain_grads: list[torch.Tensor | None] = []
         self.input_ids = torch.zeros(micro_batch_size, seq_length, dtype=torch.int64, device=device)
         self.labels = torch.zeros_like(self.input_ids)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.terms: torch.Tensor | None = None  # [4] fp32: loss, lm_loss, aux_loss, mtp_loss of the last replay
+        self.sums = torch.zeros(4, device=device)  # loss terms over the step's micro-batches, / accum
+        self.lr = torch.zeros((), dtype=torch.float32, device=device)
+        self.host: torch.Tensor | None = None  # the tail's output vector (static)
+        self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
 
-    def _forward_backward(self) -> torch.Tensor:
-        return forward_backward(self.model, self.input_ids, self.labels, self.accum)
+    @staticmethod
+    def _require_cuda(device: torch.device) -> None:
+        if device.type != "cuda":
+            raise UserError(f"train.cuda_graph needs a CUDA device (training runs on {device}); "
+                            "set train.cuda_graph=false")
 
-    def run(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Copy the micro-batch (CPU or device [B, S] int64) into the static inputs, capture on the first
-        call (which must be a step's first micro-batch: capturing calls ``reset``), replay; returns the loss
-        terms [4] fp32 (a static tensor: use before the next call)."""
+    # ---- what the graphs hold -----------------------------------------------------------
+
+    def _micro_batch(self) -> None:
+        terms = forward_backward(self.model, self.input_ids, self.labels, self.accum)
+        self.sums.add_(terms / self.accum)
+
+    @torch.no_grad()
+    def _tail(self) -> None:
+        norm = self.optimizer.grad_norm().to(self.sums.device)
+        keep = (torch.isfinite(self.sums[0]) & torch.isfinite(norm)).float()
+        self.optimizer.step_on_device(self.lr, norm, keep, self.clip_grad)
+        if self.expert_bias_rate is not None:
+            self.model.update_expert_bias(self.expert_bias_rate, keep)
+        imbalance = self.model.load_imbalance()
+        parts = [self.sums, norm.reshape(1), (1.0 - keep).reshape(1)]
+        self.host = torch.cat(parts + ([imbalance.float()] if imbalance is not None else []))
+
+    # ---- per step -----------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """Zero the loss sum (the trainer zeroes gradients and MoE counts, as eagerly)."""
+        self.sums.zero_()
+
+    def run(self, input_ids: torch.Tensor, labels: torch.Tensor) -> None:
+        """One micro-batch: copy it (CPU or device [B, S] int64) into the static inputs, replay the micro-batch
+        graph (captured on the first call, on the current stream: the one the warm-up steps ran on)."""
         if tuple(input_ids.shape) != tuple(self.input_ids.shape):
             raise ValueError(f"micro-batch {tuple(input_ids.shape)} differs from the captured "
                              f"{tuple(self.input_ids.shape)}")
         self.input_ids.copy_(input_ids, non_blocking=True)
         self.labels.copy_(labels, non_blocking=True)
-        if self.graph is None:
-            self._capture()
-        self.graph.replay()
+        first = "micro_batch" not in self._graphs
+        if first:
+            for p in self._plain:
+                p.grad = None  # the capture's backward allocates them in the graph's memory
+        self._launch("micro_batch", self._micro_batch)
+        if first:
+            self._plain_grads = [p.grad for p in self._plain]
         for p, g in zip(self._plain, self._plain_grads):
-            p.grad = g
-        return self.terms
+            if p.grad is None:  # a replay wrote into the captured buffer behind autograd's back
+                p.grad = g
 
-    def _capture(self) -> None:
-        # One eager pass off the capture first (``on_side_stream``). It accumulates gradients and MoE counts
-        # like a real micro-batch, so ``reset`` (zero_grad + MoE stats) undoes it.
-        on_side_stream(self._forward_backward, self.input_ids.device)
-        self.reset()
-        for p in self._plain:
-            p.grad = None  # the capture's backward allocates them in the graph's memory
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(self.input_ids.device)
-        with torch.cuda.graph(graph):
-            self.terms = self._forward_backward()
-        self._plain_grads = [p.grad for p in self._plain]
-        self.graph = graph
+    def finish(self, lr: float) -> torch.Tensor:
+        """The step's update at learning rate ``lr``; returns the fp32 vector [loss, lm_loss, aux_loss, mtp_loss,
+        grad norm, skipped (1.0 / 0.0), load imbalance per MoE layer] (static: read it before the next step)."""
+        self.optimizer.device_step_counter(self.lr.device)  # made before the capture
+        self.lr.fill_(lr)
+        self._launch("tail", self._tail)
+        return self.host
+
+    def _launch(self, name: str, fn) -> None:
+        """Replay graph ``name``, capturing ``fn`` into it on first use."""
+        graph = self._graphs.get(name)
+        if graph is None:
+            stream = torch.cuda.current_stream(self.input_ids.device)
+            if stream == torch.cuda.default_stream(self.input_ids.device):
+                raise RuntimeError("GraphedStep captures on the current stream, which must not be the default one: "
+                                   "run the loop inside graphed_step.loop_stream")
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize(self.input_ids.device)
+            # each graph its own memory pool: the tail's output must survive the next micro-batch's capture
+            with torch.cuda.graph(graph, stream=stream):
+                fn()
+            self._graphs[name] = graph
+        graph.replay()

@@ -52,6 +52,7 @@ class PrecisionAwareAdamW:
         # torch's fused AdamW kernel (CPU and CUDA); fused=False forces the explicit path.
         self.fused = fused and hasattr(torch, "_fused_adamw_")
         self.step_count = 0
+        self._device_step: torch.Tensor | None = None  # step_on_device's counter
         grad_dtype = DTYPES[optim.main_grads_dtype]
         self.slots: list[_Slot] = []
         self._hooks = []
@@ -137,6 +138,61 @@ class PrecisionAwareAdamW:
         if with_master:  # multi-tensor copy (and cast) of the updated master weights into the parameters
             torch._foreach_copy_([s.param.data for s in with_master], [s.master for s in with_master])
 
+    # ---- the whole update on the device (train.cuda_graph captures it) ---------------
+
+    def explicit_slots(self) -> list[str]:
+        """Names of the parameters whose update takes the explicit per-tensor path (mixed-precision state)."""
+        out = []
+        for s in self.slots:
+            target = s.master if s.master is not None else s.param
+            grad_dtype = s.main_grad.dtype if s.main_grad is not None else s.param.dtype
+            if not (self.fused and target.dtype == grad_dtype == s.exp_avg.dtype == s.exp_avg_sq.dtype):
+                out.append(s.name)
+        return out
+
+    def device_step_counter(self, device: torch.device) -> torch.Tensor:
+        """The fp32 step counter [] that ``step_on_device`` reads and advances, made from ``step_count`` on first
+        use (make it before a capture: made inside one, every replay would start it afresh)."""
+        if self._device_step is None:
+            self._device_step = torch.full((), float(self.step_count), dtype=torch.float32, device=device)
+        return self._device_step
+
+    @torch.no_grad()
+    def step_on_device(self, lr: torch.Tensor, norm: torch.Tensor, keep: torch.Tensor, clip: float) -> None:
+        """``step(lr)`` with no host in the loop: the learning rate is a device scalar, the gradients are
+        clipped to global norm ``clip`` (0: off) by the fused kernel's grad_scale, and nothing moves where
+        ``keep`` (fp32 []: 1 apply, 0 skip, e.g. a non-finite gradient) is 0: the kernel's found_inf. The
+        host-side ``step_count`` is the caller's to advance (``count_step``) once it has read ``keep``.
+        Needs every parameter on the fused path (``explicit_slots()`` empty)."""
+        if self.explicit_slots():
+            raise RuntimeError(f"step_on_device needs the fused AdamW path for every parameter; "
+                               f"explicit: {self.explicit_slots()[:5]}")
+        step_t = self.device_step_counter(lr.device)
+        step_t.add_(keep)
+        found_inf = 1.0 - keep
+        # grads / grad_scale = grads * min(1, clip / (norm + 1e-6)): the eager path's clip
+        grad_scale = (norm + 1e-6).div(clip).clamp(min=1.0) if clip > 0 else None
+        fused: dict[tuple, list[tuple[_Slot, torch.Tensor, torch.Tensor]]] = {}
+        for s, grad in zip(self.slots, self.grads()):
+            if grad is None:
+                continue
+            target = s.master if s.master is not None else s.param.data
+            fused.setdefault((target.device, target.dtype, s.decay), []).append((s, target, grad))
+        for (_, _, decay), items in fused.items():
+            torch._fused_adamw_(
+                [t for _, t, _ in items], [g for _, _, g in items], [s.exp_avg for s, _, _ in items],
+                [s.exp_avg_sq for s, _, _ in items], [], [step_t] * len(items),
+                lr=lr, beta1=self.cfg.beta1, beta2=self.cfg.beta2,
+                weight_decay=self.cfg.weight_decay if decay else 0.0, eps=self.cfg.eps,
+                amsgrad=False, maximize=False, grad_scale=grad_scale, found_inf=found_inf)
+        with_master = [s for s in self.slots if s.master is not None]
+        if with_master:  # unchanged masters on a skipped step: the copy is a no-op then
+            torch._foreach_copy_([s.param.data for s in with_master], [s.master for s in with_master])
+
+    def count_step(self) -> None:
+        """Advance the host-side step count after an applied ``step_on_device``."""
+        self.step_count += 1
+
     def _step_explicit(self, s: _Slot, target: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
         c = self.cfg
         bias1 = 1.0 - c.beta1 ** self.step_count
@@ -177,6 +233,7 @@ class PrecisionAwareAdamW:
             missing, extra = sorted(names - saved)[:5], sorted(saved - names)[:5]
             raise ValueError(f"optimizer state does not match the model: missing {missing}, unexpected {extra}")
         self.step_count = int(state["step"])
+        self._device_step = None  # made afresh from step_count
         for s in self.slots:
             entry = state["params"][s.name]
             s.exp_avg.copy_(entry["exp_avg"])

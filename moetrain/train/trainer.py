@@ -107,7 +107,8 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     from moetrain.models import build_model
     from moetrain.models.accounting import count_params, train_flops_per_token
     from moetrain.train.data import BatchAhead, build_data
-    from moetrain.train.graphed_step import WARMUP_STEPS as GRAPH_WARMUP_STEPS, GraphedStep, forward_backward
+    from moetrain.train.graphed_step import WARMUP_STEPS as GRAPH_WARMUP_STEPS
+    from moetrain.train.graphed_step import GraphedStep, forward_backward, loop_stream
 
     check_single_device(cfg)
     device = resolve_device(cfg)
@@ -150,10 +151,8 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     batches = BatchAhead(train_data, t.micro_batch_size)
     graphed = None
     if t.cuda_graph:
-        slots = optimizer.slots
-        graphed = GraphedStep(model, [s.param for s in slots], [s.main_grad is not None for s in slots], accum,
-                              t.micro_batch_size, t.seq_length, device,
-                              reset=lambda: (optimizer.zero_grad(), model.reset_moe_stats()))
+        graphed = GraphedStep(model, optimizer, accum, t.micro_batch_size, t.seq_length, device, o.clip_grad,
+                              cfg.moe.expert_bias_update_rate if cfg.is_moe and cfg.moe.expert_bias else None)
     graph_from_step = start_step + GRAPH_WARMUP_STEPS + 1
     tokens_per_step = t.global_batch_size * t.seq_length
     flops_per_token = train_flops_per_token(cfg, t.seq_length)
@@ -177,7 +176,9 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
 
     last_saved = start_step if resume_from is not None else None
     try:
-        with _StopFlag() as stop, ProgressDisplay(t.steps, start_step, show_progress) as display:
+        # train.cuda_graph: eager steps, capture and replays on one stream of their own (graphed_step.loop_stream)
+        with _StopFlag() as stop, ProgressDisplay(t.steps, start_step, show_progress) as display, \
+                loop_stream(device, graphed is not None):
             display.log(
                 f"{cfg.model.name}: {counts.total / 1e6:,.2f}M params ({counts.active / 1e6:,.2f}M active) on "
                 f"{device_name or device.type}, {str(dtype).replace('torch.', '')}; {accum} micro-batch(es) of "
@@ -186,7 +187,7 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 display.log(f"resumed from {resume_from} at step {start_step}")
             if graphed is not None:
                 display.log(f"train.cuda_graph: {GRAPH_WARMUP_STEPS} eager steps, then each micro-batch's forward + "
-                            "backward replays from one CUDA graph (captured on the next step)")
+                            "backward and each step's update replay from CUDA graphs (captured on the next step)")
             if device.type == "cuda" and cfg.is_moe and cfg.moe.backend in ("auto", "triton"):
                 display.log("the first step compiles and tunes the MoE kernels for these shapes (Triton configs, and "
                             "with moe.backend=auto each GEMM against torch._grouped_mm, cached on disk): it is slower")
@@ -198,33 +199,44 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 lr = lr_at(step - 1, o, t.steps)
                 optimizer.zero_grad()
                 model.reset_moe_stats()
-                sums = torch.zeros(4, device=device)  # loss, lm_loss, aux_loss, mtp_loss
-                for _ in range(accum):
-                    input_ids, labels = batches.take()
-                    if graphed is not None and step >= graph_from_step:
-                        terms = graphed.run(input_ids, labels)  # captured on its first call
-                    else:
+                on_graph = graphed is not None and step >= graph_from_step
+                if on_graph:  # forward, backward and the update replayed (graphs captured on first use)
+                    graphed.begin_step()
+                    for _ in range(accum):
+                        graphed.run(*batches.take())
+                        batches.fetch_ahead()  # host data work while the GPU runs this backward
+                    peak_fwd_bwd = peak_memory_gib(device)
+                    # One host sync per step for everything we log; the update has been applied (or skipped).
+                    host = graphed.finish(lr).tolist()
+                    finite = host[5] == 0.0
+                    host = host[:5] + host[6:]  # loss terms, norm, imbalance per MoE layer
+                else:
+                    sums = torch.zeros(4, device=device)  # loss, lm_loss, aux_loss, mtp_loss
+                    for _ in range(accum):
+                        input_ids, labels = batches.take()
                         terms = forward_backward(model, input_ids.to(device, non_blocking=True),
                                                  labels.to(device, non_blocking=True), accum)
-                    batches.fetch_ahead()  # host data work while the GPU runs this backward
-                    sums += terms / accum
-                # Peak memory of forward + backward alone (the optimizer step may add its own temporaries).
-                peak_fwd_bwd = peak_memory_gib(device)
-                grad_norm = optimizer.grad_norm()
-                moe_layers = model.moe_layers()
-                imbalance = (torch.stack([layer.load_imbalance() for layer in moe_layers])
-                             if moe_layers else torch.zeros(0, device=device))
-                # One host sync per step for everything we log.
-                host = torch.cat([sums, grad_norm.reshape(1).to(device), imbalance.float()]).tolist()
+                        batches.fetch_ahead()  # host data work while the GPU runs this backward
+                        sums += terms / accum
+                    # Peak memory of forward + backward alone (the optimizer step may add its own temporaries).
+                    peak_fwd_bwd = peak_memory_gib(device)
+                    grad_norm = optimizer.grad_norm()
+                    imbalance = model.load_imbalance()
+                    # One host sync per step for everything we log.
+                    host = torch.cat([sums, grad_norm.reshape(1).to(device)]
+                                     + ([imbalance.float()] if imbalance is not None else [])).tolist()
+                    finite = math.isfinite(host[0]) and math.isfinite(host[4])
                 loss, lm_loss, aux_loss, mtp_loss, norm = host[:5]
-                finite = math.isfinite(loss) and math.isfinite(norm)
                 if finite:
                     skipped_in_row = 0
-                    if o.clip_grad > 0 and norm > o.clip_grad:
-                        optimizer.scale_grads(o.clip_grad / (norm + 1e-6))
-                    optimizer.step(lr)
-                    if cfg.moe.expert_bias:
-                        model.update_expert_bias(cfg.moe.expert_bias_update_rate)
+                    if on_graph:
+                        optimizer.count_step()
+                    else:
+                        if o.clip_grad > 0 and norm > o.clip_grad:
+                            optimizer.scale_grads(o.clip_grad / (norm + 1e-6))
+                        optimizer.step(lr)
+                        if cfg.moe.expert_bias:
+                            model.update_expert_bias(cfg.moe.expert_bias_update_rate)
                 else:
                     skipped_in_row += 1
                     display.log(f"[yellow]step {step}: non-finite loss ({loss}) or grad norm ({norm}); step skipped "

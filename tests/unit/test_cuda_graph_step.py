@@ -35,12 +35,74 @@ def test_trainer_refuses_a_graph_on_the_cpu(tmp_path):
         run(cfg, show_progress=False)
 
 
+def _optimizer(*overrides):
+    from moetrain.models import build_model
+    from moetrain.train.optim import PrecisionAwareAdamW
+
+    cfg = load_config(overrides=["train.device=cpu", *overrides])
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    return model, PrecisionAwareAdamW(model.named_parameters(), cfg.optim, cfg.precision.master_weights)
+
+
 def test_accumulation_needs_main_grads_for_every_parameter():
     from moetrain.train.graphed_step import GraphedStep
 
-    p = torch.nn.Parameter(torch.zeros(2))
+    model, opt = _optimizer("optim.main_grads_dtype=fp32")
+    opt.slots[0].main_grad = None  # one parameter without a main grad
     with pytest.raises(UserError, match="needs separate main grads for every parameter"):
-        GraphedStep(None, [p], [False], 2, 1, 8, torch.device("cpu"), reset=lambda: None)
+        GraphedStep(model, opt, 2, 1, 8, torch.device("cpu"), 1.0, None)
+
+
+def test_graph_refuses_mixed_precision_optimizer_state():
+    from moetrain.train.graphed_step import GraphedStep
+
+    model, opt = _optimizer("optim.exp_avg_dtype=bf16")  # fp32 master weights, bf16 first moment
+    with pytest.raises(UserError, match="captures the optimizer step, which needs one dtype"):
+        GraphedStep(model, opt, 1, 1, 8, torch.device("cpu"), 1.0, None)
+
+
+def _fill_grads(opt, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for s in opt.slots:
+        g = torch.randn(s.param.shape, generator=gen) * 0.1
+        if s.main_grad is not None:
+            s.main_grad.copy_(g)
+        else:
+            s.param.grad = g.to(s.param.dtype)
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.5, 1e6])
+def test_step_on_device_matches_the_eager_clip_and_step(clip):
+    _, eager = _optimizer()
+    _, device = _optimizer()
+    for step in range(3):
+        for opt in (eager, device):
+            _fill_grads(opt, step)
+        norm = eager.grad_norm()
+        if clip > 0 and norm.item() > clip:
+            eager.scale_grads(clip / (norm.item() + 1e-6))
+        eager.step(1e-3)
+        device.step_on_device(torch.tensor(1e-3), device.grad_norm(), torch.tensor(1.0), clip)
+        device.count_step()
+    assert device.step_count == eager.step_count == 3
+    moved = 0
+    for a, b in zip(eager.slots, device.slots):
+        torch.testing.assert_close(b.param, a.param, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(b.exp_avg_sq, a.exp_avg_sq, rtol=1e-5, atol=1e-12)
+        moved += int(a.exp_avg.abs().sum() > 0)
+    assert moved == len(eager.slots)
+
+
+def test_step_on_device_skips_when_told():
+    _, opt = _optimizer()
+    _fill_grads(opt, 0)
+    before = [(s.exp_avg.clone(), s.exp_avg_sq.clone(), s.param.detach().clone()) for s in opt.slots]
+    counter = opt.device_step_counter(torch.device("cpu")).clone()
+    opt.step_on_device(torch.tensor(1e-3), opt.grad_norm(), torch.tensor(0.0), 1.0)
+    assert torch.equal(opt.device_step_counter(torch.device("cpu")), counter)
+    for s, (avg, avg_sq, param) in zip(opt.slots, before):
+        assert torch.equal(s.exp_avg, avg) and torch.equal(s.exp_avg_sq, avg_sq) and torch.equal(s.param, param)
 
 
 def _train(tmp_path, name, *overrides):
@@ -55,7 +117,9 @@ def _train(tmp_path, name, *overrides):
 @pytest.mark.parametrize("extra", [
     [],  # fp32 main grads: the captured hooks accumulate
     ["train.micro_batch_size=4", "train.global_batch_size=8"],  # two micro-batches per step
-    ["optim.main_grads_dtype=bf16", "precision.master_weights=false"],  # no main grads: replays write param.grad
+    # no main grads (replays write param.grad), bf16 moments (the captured update needs one dtype per parameter)
+    ["optim.main_grads_dtype=bf16", "precision.master_weights=false", "optim.exp_avg_dtype=bf16",
+     "optim.exp_avg_sq_dtype=bf16"],
 ])
 def test_graphed_steps_match_eager_ones(tmp_path, extra):
     eager = _train(tmp_path, "eager", *extra)
@@ -81,29 +145,34 @@ def test_measure_times_graph_replays_for_cuda_graph_configs():
     assert sum(map(sum, graphed.values())) < 0.5 * sum(map(sum, eager.values()))
 
 
-def test_trainer_hands_micro_batches_to_the_graph_after_the_warmup_steps(tmp_path, monkeypatch):
-    """The trainer's side of train.cuda_graph on the CPU: a stand-in for GraphedStep that runs the same forward +
-    backward eagerly. From step WARMUP_STEPS + 1 on every micro-batch goes through it, and the losses are the eager
-    run's."""
+@pytest.mark.parametrize("clip", ["1.0", "0.01"])  # 0.01: every step clipped
+def test_trainer_hands_steps_to_the_graphs_after_the_warmup_steps(tmp_path, monkeypatch, clip):
+    """The trainer's side of train.cuda_graph on the CPU: GraphedStep with the graphs replaced by direct calls of
+    what they capture (the micro-batch, the step tail with the update on the device). From step WARMUP_STEPS + 1
+    every micro-batch and step goes through it, and losses and norms are the eager run's."""
     from moetrain.train import graphed_step
     from moetrain.train.trainer import run
 
     calls = []
 
-    class EagerStandIn:
-        def __init__(self, model, params, has_main_grad, accum, micro_batch_size, seq_length, device, reset):
-            self.model, self.accum = model, accum
+    class EagerStandIn(graphed_step.GraphedStep):
+        @staticmethod
+        def _require_cuda(device):
+            pass
 
-        def run(self, input_ids, labels):
-            calls.append(tuple(input_ids.shape))
-            return graphed_step.forward_backward(self.model, input_ids, labels, self.accum)
+        def _launch(self, name, fn):
+            calls.append(name)
+            fn()
 
-    common = ["train.device=cpu", "train.steps=5", "train.micro_batch_size=2", "train.global_batch_size=4",
-              "train.seq_length=16", "checkpoint.save_final=false"]
+    # one micro-batch a step: on the CPU the model is fp32, so its gradients are the parameters' own (no main
+    # grads), which a graph cannot accumulate (the GPU test runs two micro-batches with fp32 main grads)
+    common = ["train.device=cpu", "train.steps=5", "train.micro_batch_size=2", "train.global_batch_size=2",
+              "train.seq_length=16", "checkpoint.save_final=false", f"optim.clip_grad={clip}"]
     eager = run(load_config(overrides=[f"train.out_dir={tmp_path / 'e'}", *common]), show_progress=False).records
     monkeypatch.setattr(graphed_step, "GraphedStep", EagerStandIn)
     graphed = run(load_config(overrides=[f"train.out_dir={tmp_path / 'g'}", "train.cuda_graph=true", *common]),
                   show_progress=False).records
-    assert calls == [(2, 16)] * 2 * (5 - graphed_step.WARMUP_STEPS)  # two micro-batches per step
-    assert [r["loss"] for r in graphed] == [r["loss"] for r in eager]
-    assert [r["grad_norm"] for r in graphed] == [r["grad_norm"] for r in eager]
+    assert calls == ["micro_batch", "tail"] * (5 - graphed_step.WARMUP_STEPS)
+    assert [r["loss"] for r in graphed] == pytest.approx([r["loss"] for r in eager], rel=1e-5)
+    assert [r["grad_norm"] for r in graphed] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-4)
+    assert [r["load_imbalance"] for r in graphed] == [r["load_imbalance"] for r in eager]

@@ -68,14 +68,16 @@ class MoELayer(nn.Module):
         return y.view(B, S, H), aux
 
     @torch.no_grad()
-    def update_expert_bias(self, rate: float) -> None:
+    def update_expert_bias(self, rate: float, keep: torch.Tensor | None = None) -> None:
         """expert_bias += rate * sign(mean count - count): overloaded experts down, underloaded up.
-        No-op without moe.expert_bias. The counts are kept (for metrics) until ``reset_stats``."""
+        No-op without moe.expert_bias. The counts are kept (for metrics) until ``reset_stats``.
+        ``keep`` (fp32 [], optional): 1 apply, 0 leave the bias (a skipped step decided on the device)."""
         bias = self.router.expert_bias
         if bias is None:
             return
         counts = self.tokens_per_expert
-        bias.add_(rate * torch.sign(counts.mean() - counts))
+        step = rate * torch.sign(counts.mean() - counts)
+        bias.add_(step if keep is None else step * keep)
 
     @torch.no_grad()
     def reset_stats(self) -> None:
