@@ -126,13 +126,14 @@ def reference_layer(x, router_w, forcing, w1, w2, K, per_expert_loop: bool = Fal
     token_of_row = order // K
     xs = x[token_of_row]
     if per_expert_loop:
-        # one split (its backward is one cat), not a slice per expert: each slice's backward writes a zeroed
-        # [M, H] gradient, which at 256 experts took the loop to ~6 s per call at DeepSeek-V3
+        # one split of the rows and one unbind of each weight (each backward is one cat / stack), not an index
+        # per expert: each indexed piece's backward writes a zeroed gradient of the whole tensor (w1 alone is
+        # 15 GB at DeepSeek-V3), which took the loop to ~6 s per call there
         pieces = []
-        for e, rows in enumerate(xs.split(counts.tolist())):
-            h = rows @ w1[e].t()
+        for rows, w1_e, w2_e in zip(xs.split(counts.tolist()), w1.unbind(0), w2.unbind(0)):
+            h = rows @ w1_e.t()
             g, u = h.chunk(2, dim=-1)
-            pieces.append((F.silu(g) * u) @ w2[e].t())
+            pieces.append((F.silu(g) * u) @ w2_e.t())
         ys = torch.cat(pieces)
     else:
         h = torch._grouped_mm(xs, w1.transpose(-2, -1), offs=offs)

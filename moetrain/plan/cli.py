@@ -116,11 +116,12 @@ def register(commands, add_config_source) -> None:
     p.add_argument("--png", metavar="FILE", help="render the pipeline timeline as a PNG (needs matplotlib)")
     p.set_defaults(func=cmd_perf)
 
-    from moetrain.plan.validate_configs import CONFIG_NAMES
+    from moetrain.plan.validate_configs import ALL_CONFIGS, CALIBRATION_CONFIGS, CONFIG_NAMES
 
     p = plan.add_parser("validate", help="run the real trainer on the local GPU and compare with the projection")
-    p.add_argument("--configs", nargs="+", metavar="NAME", choices=CONFIG_NAMES, default=None,
-                   help=f"subset of the built-in validation configs ({', '.join(CONFIG_NAMES)})")
+    p.add_argument("--configs", nargs="+", metavar="NAME", choices=list(ALL_CONFIGS), default=None,
+                   help=f"subset of the built-in validation configs ({', '.join(CONFIG_NAMES)}; default: all), or "
+                        f"calibration configs ({', '.join(CALIBRATION_CONFIGS)})")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--out", metavar="DIR", default="runs/plan-validate", help="per-config JSON files go here")
     p.add_argument("--steps", type=int, default=20,

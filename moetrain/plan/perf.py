@@ -39,6 +39,10 @@ from moetrain.plan.simulator import simulate
 FUSED_ADAMW = 0.75  # fraction of the copy bandwidth the fused AdamW kernel streams at (H200 fit)
 STEP_OVERHEAD_S = 1.4e-3  # per step: host sync for metrics, loss bookkeeping; the median of (trainer - script step) on
 # the GPU-bound calibration configs once the trainer read data ahead (session 5: +2.2, -2.5, +1.4 ms; it was 5 ms)
+# train.cuda_graph: the same per-step host time with forward, backward and the update replayed from graphs (the host
+# then does metrics, zero_grad, the input copies and the replays): fitted to the calibration configs cal-tiny-graph
+# and cal-qwen3-2l-graph (validate_configs.CALIBRATION_CONFIGS)
+STEP_OVERHEAD_GRAPH_S = 1.4e-3
 TENSORS_PER_BLOCK = 11  # parameter tensors per block (hooks, zero_grad, explicit AdamW launch per tensor)
 
 
@@ -248,7 +252,7 @@ def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: flo
         exposed = (1.0 - dp_overlap) * g
         n_tensors = TENSORS_PER_BLOCK * max(len(sp.by_block), 1) + 3
         opt = optimizer_time(cfg, hw, n_opt, n_tensors)
-        tail = exposed + sum(opt.values()) + STEP_OVERHEAD_S
+        tail = exposed + sum(opt.values()) + (STEP_OVERHEAD_GRAPH_S if cfg.train.cuda_graph else STEP_OVERHEAD_S)
         tails.append(tail)
         stg = layout.stages_of_rank(r)
         per_rank.append({

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from moetrain.errors import UserError
-from moetrain.plan.validate_configs import CONFIG_NAMES, VALIDATION_CONFIGS
+from moetrain.plan.validate_configs import ALL_CONFIGS, CONFIG_NAMES
 
 WORKER_TIMEOUT_S = 180
 
@@ -34,7 +34,7 @@ def validation_config(name: str, steps: int, out_dir: str):
     """The config ``name`` as validate runs it."""
     from moetrain.config.load import load_config
 
-    preset, overrides = VALIDATION_CONFIGS[name]
+    preset, overrides = ALL_CONFIGS[name]
     return load_config(preset=preset, overrides=overrides + [
         f"train.steps={steps}", "checkpoint.save_final=false", "train.device=cuda", f"train.out_dir={out_dir}",
         "optim.warmup_steps=1", f"train.log_interval={steps}", "train.eval_interval=0"])
@@ -182,7 +182,7 @@ def _main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description="plan validate worker (one config)")
-    ap.add_argument("--worker", required=True, choices=CONFIG_NAMES)
+    ap.add_argument("--worker", required=True, choices=list(ALL_CONFIGS))
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--measure", action="store_true")
