@@ -42,7 +42,7 @@ STEP_OVERHEAD_S = 1.4e-3  # per step: host sync for metrics, loss bookkeeping; t
 # train.cuda_graph: the same per-step host time with forward, backward and the update replayed from graphs (the host
 # then does metrics, zero_grad, the input copies and the replays): fitted to the calibration configs cal-tiny-graph
 # and cal-qwen3-2l-graph (validate_configs.CALIBRATION_CONFIGS)
-STEP_OVERHEAD_GRAPH_S = 1.4e-3
+STEP_OVERHEAD_GRAPH_S = 0.9e-3  # cal-tiny-graph 0.83, cal-qwen3-2l-graph 1.02 ms (measured mode, session 6)
 TENSORS_PER_BLOCK = 11  # parameter tensors per block (hooks, zero_grad, explicit AdamW launch per tensor)
 
 

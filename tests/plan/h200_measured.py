@@ -95,7 +95,33 @@ H200_S5_F = {
     "gpt-oss-20b-4l": (86.79, 0.1671, {"moe": (0.00821, 0.01343), "head": (0.00588, 0.01079)}),
 }
 
+# Session 6, call C (scripts/h200_s6_c.sh): the full validate after the router fix (its forward no longer scaled into
+# the elementwise backward), same trainer as session 5 for these eager configs; another lent host (a fast one: tiny-wide
+# 38.6 ms). H200_S6_GRAPHS: train.cuda_graph with the update captured and one stream (calls D and E, two hosts),
+# after STEP_OVERHEAD_GRAPH_S was fitted on the calibration configs cal-tiny-graph / cal-qwen3-2l-graph (call E).
+# H200_S6_TINY_WIDE_STEPS: the eager tiny-wide on hosts D and E.
+H200_S6 = {
+    "tiny-wide": (0.32, 0.03855, {"dense": (0.001433, 0.002699), "moe": (0.003858, 0.004374), "head": (0.0006233, 0.0007556)}),
+    "qwen3-4l": (70.47, 0.1418, {"moe": (0.004039, 0.01116), "head": (0.01504, 0.0205)}),
+    "qwen3-4l-selective": (69.34, 0.1524, {"moe": (0.004015, 0.01291), "head": (0.01509, 0.02067)}),
+    "qwen3-4l-full": (66.48, 0.1624, {"moe": (0.003914, 0.01464), "head": (0.0151, 0.0206)}),
+    "qwen3-bf16-state": (35.65, 0.107, {"moe": (0.003703, 0.007921), "head": (0.01532, 0.02112)}),
+    "qwen3-accum-bf16-moments": (49.78, 0.2137, {"moe": (0.00227, 0.007402), "head": (0.007582, 0.01069)}),
+    "qwen3-fp32": (28.94, 0.1641, {"moe": (0.01377, 0.02396), "head": (0.02584, 0.04998)}),
+    "deepseek-v3-2l": (88.75, 0.2633, {"dense": (0.01047, 0.02451), "moe": (0.01074, 0.02639), "head": (0.01384, 0.02606)}),
+    "deepseek-v3-2l-ids": (85.72, 0.2865, {"dense": (0.01052, 0.02575), "moe": (0.01111, 0.0372), "head": (0.01464, 0.02907)}),
+    "llama3-8b-4l": (50.99, 0.1751, {"dense": (0.007358, 0.01629), "head": (0.0182, 0.02955)}),
+    "mixtral-8x7b-2l": (56.93, 0.1024, {"moe": (0.006135, 0.01826), "head": (0.002458, 0.004327)}),
+    "gpt-oss-20b-4l": (86.79, 0.1676, {"moe": (0.008083, 0.01308), "head": (0.005963, 0.01094)}),
+}
+H200_S6_GRAPHS = {
+    ("D", "tiny-wide-graph"): (0.32, 0.005938, {"dense": (0.0001906, 0.0004381), "moe": (0.0003883, 0.0006264), "head": (7.278e-05, 0.0001054)}),
+    ("E", "tiny-wide-graph"): (0.32, 0.005942, {"dense": (0.000191, 0.0004432), "moe": (0.0003892, 0.0006297), "head": (7.358e-05, 0.0001049)}),
+    ("E", "qwen3-4l-graph"): (70.47, 0.1384, {"moe": (0.003767, 0.0105), "head": (0.01505, 0.02054)}),
+}
+H200_S6_TINY_WIDE_STEPS = (0.05561, 0.04429)
+
 # host-bound: its step time is the host's eager launch speed, which differed 1.4x between the lent machines
-# (0.054 / 0.065 / 0.076 s for the same code; 0.059-0.072 s on three hosts in session 5); a projection cannot be within
-# 10% of all of them
+# (0.054 / 0.065 / 0.076 s for the same code; 0.059-0.072 s on three hosts in session 5; 0.039 / 0.056 / 0.044 s in
+# session 6); a projection cannot be within 10% of all of them
 HOST_BOUND = ("tiny-wide",)

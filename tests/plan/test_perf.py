@@ -12,6 +12,7 @@ from moetrain.plan.hardware import load_hardware
 from moetrain.plan.perf import optimizer_time, project_perf
 from h200_measured import (  # this directory is on sys.path (pytest, no __init__.py)
     H200 as MEASURED, H200_S3 as MEASURED_S3, H200_S4 as MEASURED_S4, H200_S5 as MEASURED_S5, H200_S5_F as MEASURED_S5_F,
+    H200_S6 as MEASURED_S6, H200_S6_GRAPHS as MEASURED_S6_GRAPHS, H200_S6_TINY_WIDE_STEPS,
     HOST_BOUND)
 
 H200 = load_hardware("h200")
@@ -170,8 +171,31 @@ def test_host_bound_projection_lies_within_the_hosts_spread(name):
     from moetrain.plan.validate import validation_config
 
     proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
-    steps = [run[name][1] for run in (MEASURED, MEASURED_S3, MEASURED_S4, MEASURED_S5, MEASURED_S5_F)]
+    steps = [run[name][1] for run in (MEASURED, MEASURED_S3, MEASURED_S4, MEASURED_S5, MEASURED_S5_F, MEASURED_S6)]
+    steps += list(H200_S6_TINY_WIDE_STEPS)
     assert min(steps) < proj < max(steps)
+
+
+S6_GPU_BOUND = [(None, n) for n in MEASURED_S6 if n not in HOST_BOUND] + list(MEASURED_S6_GRAPHS)
+
+
+def _s6(key):
+    return MEASURED_S6[key[1]] if key[0] is None else MEASURED_S6_GRAPHS[key]
+
+
+@pytest.mark.parametrize("key", S6_GPU_BOUND, ids=lambda k: f"{k[0] or 'C'}-{k[1]}")
+def test_session6_within_ten_percent_in_both_modes(key):
+    """Session 6: the eager configs of the full run (call C) and train.cuda_graph's configs on two hosts (D, E; the
+    graphed step's host constant fitted on calibration configs only). Roofline and measured mode."""
+    from moetrain.plan.validate import validation_config
+
+    _, step, blocks = _s6(key)
+    cfg = validation_config(key[1], 6, "unused")
+    roof = project_perf(cfg, H200).step_time_s
+    meas = project_perf(cfg, H200, dp_overlap=0.0, measured=blocks, measured_hooks=True).step_time_s
+    assert roof == pytest.approx(step, rel=0.10)
+    assert meas == pytest.approx(step, rel=0.10)
+
 
 
 @pytest.mark.parametrize("run", ["E", "F"])
