@@ -155,9 +155,10 @@ class TrainConfig:
     manual_gc: bool = doc(False, "Disable automatic Python GC and collect every manual_gc_interval steps.")
     manual_gc_interval: int = doc(50, "Steps between manual garbage collections.")
     compile: bool = doc(False, "torch.compile each decoder layer.")
-    cuda_graph: bool = doc(False, "Replay each micro-batch's forward + backward from one CUDA graph after two eager "
-                                  "steps (for host-bound steps: small models, small micro-batches). CUDA only; not "
-                                  "with recompute, compile or moe.backend=reference.")
+    cuda_graph: bool = doc(False, "After two eager steps, replay each micro-batch's forward + backward and each "
+                                  "step's update (norm, clip, AdamW) from CUDA graphs (for host-bound steps: small "
+                                  "models, small micro-batches). CUDA only; not with recompute, compile or "
+                                  "moe.backend=reference; the optimizer state in one dtype per parameter.")
     max_skipped_steps: int = doc(5, "Abort after this many consecutive steps with a non-finite loss or grad.")
     tensorboard: bool = doc(False, "Also write TensorBoard scalars under out_dir/tensorboard.")
 
@@ -413,6 +414,17 @@ class Config:
                     f"train.cuda_graph does not combine with {', '.join(clash)} (recompute re-runs the forward inside "
                     "the backward, compile has its own graphs, the reference expert loop reads expert counts on the "
                     "host); turn one of them off")
+            # the captured update is torch's fused AdamW: updated tensor, gradient and both moments in one dtype
+            target = "fp32" if self.precision.master_weights and self.precision.dtype != "fp32" else self.precision.dtype
+            state = {"optim.main_grads_dtype": o.main_grads_dtype, "optim.exp_avg_dtype": o.exp_avg_dtype,
+                     "optim.exp_avg_sq_dtype": o.exp_avg_sq_dtype}
+            odd = [f"{k}={v}" for k, v in state.items() if v != target]
+            if odd:
+                raise ConfigError(
+                    f"train.cuda_graph captures the optimizer step, which needs the weights it updates ({target}: "
+                    f"precision.dtype={self.precision.dtype}, master_weights={self.precision.master_weights}), their "
+                    f"gradients and both Adam moments in one dtype; {', '.join(odd)} differ: set them to {target} or "
+                    "train.cuda_graph=false")
         if o.decay_steps is not None and o.decay_steps < 1:
             raise ConfigError(f"optim.decay_steps = {o.decay_steps}: must be positive or null")
         if self.profile.enabled and self.profile.end_step < self.profile.start_step:

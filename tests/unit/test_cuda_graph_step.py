@@ -22,6 +22,13 @@ def test_config_refuses_what_a_graph_cannot_hold(override, named):
         load_config(overrides=["train.cuda_graph=true", override])
 
 
+@pytest.mark.parametrize("override", ["optim.exp_avg_dtype=bf16", "optim.main_grads_dtype=bf16",
+                                      "precision.master_weights=false"])
+def test_config_refuses_optimizer_state_the_captured_update_cannot_take(override):
+    with pytest.raises(ConfigError, match="train.cuda_graph captures the optimizer step"):
+        load_config(overrides=["train.cuda_graph=true", override])
+
+
 def test_config_accepts_the_fused_and_torch_expert_paths():
     for backend in ("auto", "triton", "torch"):
         assert load_config(overrides=["train.cuda_graph=true", f"moe.backend={backend}"]).train.cuda_graph
