@@ -82,7 +82,7 @@ def perf_table(cfg, rep, hw) -> str:
     if rep.host_bound_fraction >= HOST_BOUND_WARN:
         con.print(f"[yellow]host-bound: {rep.host_bound_fraction:.0%} of the step is the GPU waiting on eager kernel "
                   f"launches ({hw.launch_overhead_us:.1f} us each). That part follows the host CPU, not the GPU: "
-                  "plan validate's tiny-wide measured 0.037-0.076 s on nine H200 hosts. train.cuda_graph=true "
+                  "plan validate's tiny-wide measured 0.037-0.076 s on ten H200 hosts. train.cuda_graph=true "
                   "replays the step instead (tiny-wide: 0.0059 s on two hosts), or larger micro-batches or "
                   "sequences move the step onto the GPU.[/yellow]")
     top = sorted(((k[8:], v) for k, v in rep.breakdown.items() if k.startswith("compute:")), key=lambda kv: -kv[1])
