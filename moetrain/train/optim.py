@@ -128,12 +128,20 @@ class PrecisionAwareAdamW:
                 self._step_explicit(s, target, grad, lr)
         for (device, _, decay), items in fused.items():
             step_t = torch.full((), float(self.step_count), dtype=torch.float32, device=device)
-            torch._fused_adamw_(
-                [t for _, t, _ in items], [g for _, _, g in items], [s.exp_avg for s, _, _ in items],
-                [s.exp_avg_sq for s, _, _ in items], [], [step_t] * len(items),
-                lr=lr, beta1=self.cfg.beta1, beta2=self.cfg.beta2,
-                weight_decay=self.cfg.weight_decay if decay else 0.0, eps=self.cfg.eps,
-                amsgrad=False, maximize=False)
+            self._fused_adamw(items, step_t, lr, decay)
+        self._copy_masters()
+
+    def _fused_adamw(self, items: list[tuple[_Slot, torch.Tensor, torch.Tensor]], step_t: torch.Tensor,
+                     lr: float | torch.Tensor, decay: bool, **scale_and_skip) -> None:
+        """torch's fused AdamW over (slot, updated tensor, gradient) of one device, dtype and decay group."""
+        torch._fused_adamw_(
+            [t for _, t, _ in items], [g for _, _, g in items], [s.exp_avg for s, _, _ in items],
+            [s.exp_avg_sq for s, _, _ in items], [], [step_t] * len(items),
+            lr=lr, beta1=self.cfg.beta1, beta2=self.cfg.beta2,
+            weight_decay=self.cfg.weight_decay if decay else 0.0, eps=self.cfg.eps,
+            amsgrad=False, maximize=False, **scale_and_skip)
+
+    def _copy_masters(self) -> None:
         with_master = [s for s in self.slots if s.master is not None]
         if with_master:  # multi-tensor copy (and cast) of the updated master weights into the parameters
             torch._foreach_copy_([s.param.data for s in with_master], [s.master for s in with_master])
@@ -179,15 +187,8 @@ class PrecisionAwareAdamW:
             target = s.master if s.master is not None else s.param.data
             fused.setdefault((target.device, target.dtype, s.decay), []).append((s, target, grad))
         for (_, _, decay), items in fused.items():
-            torch._fused_adamw_(
-                [t for _, t, _ in items], [g for _, _, g in items], [s.exp_avg for s, _, _ in items],
-                [s.exp_avg_sq for s, _, _ in items], [], [step_t] * len(items),
-                lr=lr, beta1=self.cfg.beta1, beta2=self.cfg.beta2,
-                weight_decay=self.cfg.weight_decay if decay else 0.0, eps=self.cfg.eps,
-                amsgrad=False, maximize=False, grad_scale=grad_scale, found_inf=found_inf)
-        with_master = [s for s in self.slots if s.master is not None]
-        if with_master:  # unchanged masters on a skipped step: the copy is a no-op then
-            torch._foreach_copy_([s.param.data for s in with_master], [s.master for s in with_master])
+            self._fused_adamw(items, step_t, lr, decay, grad_scale=grad_scale, found_inf=found_inf)
+        self._copy_masters()  # a skipped step leaves the masters as they were: the copy changes nothing then
 
     def count_step(self) -> None:
         """Advance the host-side step count after an applied ``step_on_device``."""
