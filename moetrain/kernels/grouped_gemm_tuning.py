@@ -189,6 +189,11 @@ def _to_disk(key: tuple, best: GemmConfig, times: dict) -> None:
                                _valid_entry, "grouped GEMM config cache")
 
 
+def tuned_configs() -> dict:
+    """This process's autotuner choices so far: key -> GemmConfig (a copy; bench gemm reports what auto ran)."""
+    return dict(_BEST)
+
+
 def pick_config(key: tuple, candidates: tuple, config, run):
     """Explicit config, cached winner (this process, then the disk cache), or time the candidates in turns
     (median of CUDA-event timings) and record the winner in both."""

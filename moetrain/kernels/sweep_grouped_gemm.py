@@ -182,9 +182,17 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
             def auto(i, op=op):
                 return grouped_gemm_op(op, "auto", *op_inputs(op, inputs[i]), offs, (g, n, k))
 
+            from moetrain.kernels.grouped_gemm_tuning import tuned_configs
+
+            tuned_before = tuned_configs()
             auto(0)
             key = autoselect.cache_key(f"grouped_gemm_{op}", a0.dtype, n, k, m, g, autoselect.device_name(a0.device))
             row["auto_choice"] = autoselect.lookup(key)
+            # what auto compared: its own medians per backend, and the config the autotuner gave its triton run
+            # (when that differs from the sweep's best, auto judged a different kernel than the "ours" column)
+            row["auto_own_ms"] = autoselect.entries().get(key, {}).get("ms")
+            row["auto_triton_config"] = ", ".join(sorted({str(c) for k_, c in tuned_configs().items()
+                                                          if k_ not in tuned_before})) or None
         final = {"torch": lambda i: torch_op(op, *op_inputs(op, inputs[i]), offs)}
         if best is not None:
             best_cfg = next(c for c in gg.configs_for(op) if str(c) == best["config"])
@@ -205,6 +213,10 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
         results.append(row)
         ours = f"{best['tflops']:.0f} TF/s ({best['config']})" if best else "no valid config"
         log(f"{label} {op}: torch {row['torch_tflops']:.0f} TF/s, ours {ours}", t0)
+        if row.get("auto_own_ms"):
+            own = ", ".join(f"{b} {t:.3f}" if t is not None else f"{b} failed" for b, t in row["auto_own_ms"].items())
+            print(f"    auto picked {row['auto_choice']} on its own timing ({own} ms; triton config "
+                  f"{row['auto_triton_config'] or 'tuned earlier'})", flush=True)
         print("    " + ", ".join(f"{c['config']} {c['tflops']:.0f}" for c in good), flush=True)
         want = out = None  # free this op's outputs before the next op allocates its own
 
