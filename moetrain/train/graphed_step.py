@@ -59,18 +59,6 @@ def forward_backward(model, input_ids: torch.Tensor, labels: torch.Tensor, accum
     return torch.stack([out.loss.float(), out.lm_loss, out.aux_loss, mtp]).detach()
 
 
-def on_side_stream(fn, device: torch.device):
-    """``fn()`` on a fresh CUDA stream, ordered after the current stream's work and before what follows;
-    returns its result. Warm-ups before a capture run there: torch's CUDA-graph notes ask for it (state
-    that libraries create lazily per stream, such as cuBLAS workspaces, must exist before capture)."""
-    side = torch.cuda.Stream(device=device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        result = fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    return result
-
-
 @contextlib.contextmanager
 def loop_stream(device: torch.device, enabled: bool = True):
     """Run the block on a fresh non-default CUDA stream (ordered after the current stream's work, and the current
@@ -85,6 +73,14 @@ def loop_stream(device: torch.device, enabled: bool = True):
             yield
     finally:
         torch.cuda.current_stream(device).wait_stream(stream)
+
+
+def on_side_stream(fn, device: torch.device):
+    """``fn()`` on a fresh CUDA stream (``loop_stream``); returns its result. Warm-ups before a capture on
+    torch.cuda.graph's own stream run there (measure, bench moe): torch's CUDA-graph notes ask for it (state
+    that libraries create lazily per stream, such as cuBLAS workspaces, must exist before capture)."""
+    with loop_stream(device):
+        return fn()
 
 
 class GraphedStep:
