@@ -231,3 +231,19 @@ def test_cuda_graph_takes_the_host_out_of_the_captured_phases():
     big = cfg("qwen3-30b-a3b", "model.num_layers=2", "train.seq_length=4096")
     assert project_perf(cfg("qwen3-30b-a3b", "model.num_layers=2", "train.seq_length=4096", "train.cuda_graph=true"),
                         H200).step_time_s <= project_perf(big, H200).step_time_s
+
+
+def test_a_graphed_update_costs_its_gpu_time_and_the_graph_step_overhead():
+    """train.cuda_graph captures norm, clip and AdamW: no launch floor there (tiny's eager AdamW is launch-bound),
+    and the step's host time is STEP_OVERHEAD_GRAPH_S instead of STEP_OVERHEAD_S."""
+    from moetrain.plan import perf
+
+    eager_cfg, graph_cfg = cfg("tiny"), cfg("tiny", "train.cuda_graph=true")
+    n = 1e6
+    eager_opt = perf.optimizer_time(eager_cfg, H200, n, 100)
+    graph_opt = perf.optimizer_time(graph_cfg, H200, n, 100)
+    assert graph_opt["adamw"] < eager_opt["adamw"] and graph_opt["grad_norm_clip"] < eager_opt["grad_norm_clip"]
+    assert graph_opt["zero_grad"] == eager_opt["zero_grad"]  # zero_grad stays eager
+    graphed = project_perf(graph_cfg, H200)
+    tail = graphed.breakdown["tail_max"]
+    assert tail == pytest.approx(graphed.per_rank[0]["optimizer_s"] + perf.STEP_OVERHEAD_GRAPH_S)
