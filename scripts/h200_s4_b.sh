@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # Session 4, call B (< 9 min), after refitting the roofline to call A's calibration data: a fresh plan validate
 # (out of sample), then the MoE layer at DeepSeek-V3 and Qwen3 (tensor-core router GEMM, auto's routing kernel).
-set -uo pipefail
-out="${1:-${OUT:-/tmp/moetrain-out}}"
-mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/device_common.sh "$@"
 echo "== graphed contender test (own leaves)"
 timeout -k 10 90 python3 -m pytest -q -p no:cacheprovider -rf tests/unit/test_gpu.py -k "graphed or bench_moe_rows" 2>&1 \
   | tee "$out/gpu_graph.log" | grep -E "passed|failed|FAILED|Error" | tail -4

@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # Session 4, call C (< 6 min): the two GPU tests call A failed (a stale cache-key list; a CUDA graph capture of our
 # layer's backward), the router parts under capture, then planner calibration with each layer and the head timed alone.
-set -uo pipefail
-out="${1:-${OUT:-/tmp/moetrain-out}}"
-mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/device_common.sh "$@"
 echo "== GPU tests"
 timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_moe_fused_gpu.py \
   "tests/unit/test_gpu.py::test_bench_graphed_contender_replays_the_eager_result" \

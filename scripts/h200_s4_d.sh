@@ -2,11 +2,7 @@
 # Session 4, call D (< 9 min): the MoE layer at DeepSeek-V3 (no graphs: three graphed contenders' private pools hold
 # 22 GB of weight gradients each there) and Qwen3 (with graphs: what host gaps cost), the tensor-core router GEMM and
 # auto's routing kernel inside; then the grouped GEMMs of both shapes, torch / our best / auto timed interleaved.
-set -uo pipefail
-out="${1:-${OUT:-/tmp/moetrain-out}}"
-mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-filter() { grep -Ev "Warning|warn|softmax|Inductor|important use"; }
+source scripts/device_common.sh "$@"
 echo "== MoE layer, DeepSeek-V3"
 timeout -k 10 200 python3 -m moetrain bench moe --shapes deepseek-v3 --routing balanced,skewed --reps 5 --warmup 2 \
   --backends triton,auto --json "$out/bench_moe_dsv3.json" 2>&1 | filter | tee "$out/bench_moe_dsv3.log" | tail -16

@@ -2,13 +2,9 @@
 # Session 4, call E (< 6 min): every GPU test again (the routing kernel's written-out backward, auto timing each
 # grouped GEMM on the caller's and a skewed routing), the routing kernel tests on the GPU, then the DeepSeek-V3 layer
 # (where auto's uniform-routing choice lost 11% to triton on skewed routing), without the compiled reference.
-set -uo pipefail
-out="${1:-${OUT:-/tmp/moetrain-out}}"
-mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/device_common.sh "$@"
 echo "== GPU tests"
-timeout -k 10 160 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 | tee "$out/gpu_tests.log" \
-  | grep -E "passed|failed|FAILED|Error" | tail -8
+gpu_tests 160
 timeout -k 10 60 python3 -m pytest -q tests/kernels/test_route.py -p no:cacheprovider -rf 2>&1 | tee "$out/route_tests.log" \
   | grep -E "passed|failed|FAILED|Error" | tail -4
 echo "== MoE layer, DeepSeek-V3"

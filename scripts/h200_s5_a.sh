@@ -3,8 +3,7 @@
 # (bench/NOTES.md, "Open"); the MoE layer at the two shapes of the 3% targets, with the bf16 router weight.
 source scripts/device_common.sh "$@"
 echo "== GPU tests"
-timeout -k 10 170 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 | tee "$out/gpu_tests.log" \
-  | grep -E "passed|failed|FAILED|Error" | tail -8
+gpu_tests 170
 echo "== weight gradient by routing layout (DeepSeek-V3 FC1, then FC2)"
 timeout -k 10 110 python3 scripts/wgrad_skew.py 2>&1 | filter | tee "$out/wgrad_skew.log" | tail -7
 timeout -k 10 80 python3 scripts/wgrad_skew.py --n 7168 --k 2048 2>&1 | filter | tee -a "$out/wgrad_skew.log" | tail -6

@@ -4,8 +4,7 @@
 # the DeepSeek-V3 layer under skew (session 5's call B ran out of time on the per-expert loop, fixed since).
 source scripts/device_common.sh "$@"
 echo "== GPU tests"
-timeout -k 10 170 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 | tee "$out/gpu_tests.log" \
-  | grep -E "passed|failed|FAILED|Error" | tail -8
+gpu_tests 170
 echo "== grouped GEMMs"
 timeout -k 10 230 python3 -m moetrain bench gemm --shapes dsv3,qwen3 --ops fwd,dgrad,wgrad --routing balanced,skewed \
   --budget 200 --json "$out/bench_gemm.json" 2>&1 | filter | tee "$out/bench_gemm.log" | grep -v "^    " | tail -30

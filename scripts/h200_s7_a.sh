@@ -4,8 +4,7 @@
 # contaminated by torch mirroring our call range onto the GPU): Qwen3 (1.45x the six GEMMs) and Mixtral (1.17x).
 source scripts/device_common.sh "$@"
 echo "== GPU tests"
-timeout -k 10 200 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 | tee "$out/gpu_tests.log" \
-  | grep -E "passed|failed|FAILED|Error|tiny step" | tail -8
+gpu_tests 200
 for shape in qwen3-30b-a3b mixtral-8x7b; do
   echo "== $shape: kernels and timeline of ours vs the eager reference"
   timeout -k 10 140 python3 -m moetrain bench moe --shapes $shape --routing balanced --reps 3 --warmup 1 \
