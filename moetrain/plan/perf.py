@@ -80,14 +80,26 @@ def _phase(c: Cost, launch: float) -> float:
     return c.time(launch)
 
 
+def captured_launch_s(cfg: Config, hw) -> float:
+    """Host seconds per kernel launch of the phases train.cuda_graph replays (forward, backward, the update):
+    none when graphed, else the hardware's eager launch cost."""
+    return 0.0 if cfg.train.cuda_graph else hw.launch_overhead_us * 1e-6
+
+
 def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None, dp_extra: dict,
                 measured_hooks: bool = False) -> list[StageTime]:
     p, m = cfg.parallel, cfg.model
-    # train.cuda_graph replays each micro-batch's forward + backward (hooks included) from one graph: no host
-    # launch per kernel there (the optimizer tail is a second graph: optimizer_time)
-    launch = 0.0 if cfg.train.cuda_graph else hw.launch_overhead_us * 1e-6
+    launch = captured_launch_s(cfg, hw)  # forward + backward, hooks included, are one graph when graphed
     b_p, b_g = DTYPE_BYTES[cfg.precision.dtype], DTYPE_BYTES[cfg.optim.main_grads_dtype]
     hook = cfg.optim.main_grads_dtype != cfg.precision.dtype
+
+    def hook_cost(n_params: float, n_tensors: int) -> tuple[float, int]:
+        """(GPU seconds, kernels) of the main-grad hooks over n_params in n_tensors: read the gradient, read and
+        write the main grad (none without separate main grads)."""
+        if not (hook and n_params):
+            return 0.0, 0
+        return (b_p + 2 * b_g) * n_params / hw.mem_bw, 3 * n_tensors
+
     H = m.hidden_size
     tp_link = comm.group_link(hw, p.tp, 1)
     tp_bytes = d.b * d.T * H  # one [T, H] activation
@@ -101,8 +113,7 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
             runs ahead through the whole backward, so it takes max(GPU time, its kernels' launches), split
             between B and W by GPU time."""
             nonlocal f, b, w, excess
-            hook_s = (b_p + 2 * b_g) * n_params / hw.mem_bw if hook and n_params else 0.0
-            hook_kernels = 3 * n_tensors if hook and n_params else 0
+            hook_s, hook_kernels = hook_cost(n_params, n_tensors)
             gpu_b, gpu_w = bc.bwd_input.gpu, bc.bwd_weight.gpu + hook_s
             t_bwd = max(gpu_b + gpu_w, (bc.bwd_input.kernels + bc.bwd_weight.kernels + hook_kernels) * launch)
             share_w = gpu_w / (gpu_b + gpu_w) if gpu_b + gpu_w > 0 else 0.0
@@ -124,8 +135,9 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
             b += mb * (1 - share) / p.tp
             w += mb * share / p.tp
             parts[name] = parts.get(name, 0.0) + (mf + mb) / p.tp
-            if hook and not measured_hooks:
-                w += (b_p + 2 * b_g) * n_params / hw.mem_bw + 3 * n_tensors * launch
+            if not measured_hooks:
+                hook_s, hook_kernels = hook_cost(n_params, n_tensors)
+                w += hook_s + hook_kernels * launch
 
         if st.has_embedding:
             add("embedding", embedding_cost(cfg, d, rf))
@@ -168,8 +180,8 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
             add_measured("head+loss", measured["head"], head_cost(cfg, d, rf), n_other, 3)
         elif st.has_loss:
             add("head+loss", head_cost(cfg, d, rf), n_other, 3)
-        elif n_other and hook:
-            w += (b_p + 2 * b_g) * n_other / hw.mem_bw
+        else:  # a stage without the loss: the hooks' GPU time (their few launches are not charged)
+            w += hook_cost(n_other, 0)[0]
         out.append(StageTime(f, b, w, cm, parts, excess))
     return out
 
@@ -183,8 +195,7 @@ def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str,
     b_t = 4 if master else b_p
     bw = hw.mem_bw
     eager_launch = hw.launch_overhead_us * 1e-6
-    # train.cuda_graph replays norm, clip, AdamW and the master copy as one graph (zero_grad stays eager)
-    launch = 0.0 if cfg.train.cuda_graph else eager_launch
+    launch = captured_launch_s(cfg, hw)  # norm, clip, AdamW and the master copy (zero_grad stays eager)
     separate = o.main_grads_dtype != cfg.precision.dtype
     # each part: GPU time or host launch time, whichever is longer (the host runs ahead)
     # zero_grad drops param.grad (host only) and zeroes separate main grads with one multi-tensor op
