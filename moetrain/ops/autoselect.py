@@ -69,11 +69,8 @@ def reset() -> None:
     _memory = None
 
 
-bucket = rows_bucket  # rows per group rounded up to a power of two: shapes in one bucket share a choice
-
-
 def cache_key(kind: str, dtype: torch.dtype, n: int, k: int, rows: int, groups: int, device_name: str) -> str:
-    return f"{kind}|{str(dtype).removeprefix('torch.')}|N{n}|K{k}|b{bucket(rows, groups)}|{device_name}"
+    return f"{kind}|{str(dtype).removeprefix('torch.')}|N{n}|K{k}|b{rows_bucket(rows, groups)}|{device_name}"
 
 
 def triton_available() -> bool:

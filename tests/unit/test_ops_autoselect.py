@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from moetrain import ops
+from moetrain.kernels.host import rows_bucket
 from moetrain.ops import autoselect
 
 KEY = autoselect.cache_key("grouped_gemm_fwd", torch.bfloat16, 1536, 2048, 131072, 128, "NVIDIA H200")
@@ -40,8 +41,8 @@ def install(monkeypatch, ms, triton=True):
 
 
 def test_bucket_boundaries():
-    assert [autoselect.bucket(r * 8, 8) for r in (1, 2, 3, 4, 5, 64, 65, 128, 129)] == [1, 2, 4, 4, 8, 64, 128, 128, 256]
-    assert autoselect.bucket(0, 8) == autoselect.bucket(5, 8) == 1  # fewer rows than groups
+    assert [rows_bucket(r * 8, 8) for r in (1, 2, 3, 4, 5, 64, 65, 128, 129)] == [1, 2, 4, 4, 8, 64, 128, 128, 256]
+    assert rows_bucket(0, 8) == rows_bucket(5, 8) == 1  # fewer rows than groups
     key = lambda rows: autoselect.cache_key("grouped_gemm_fwd", torch.bfloat16, 1536, 2048, rows, 128, "H200")  # noqa: E731
     assert key(65 * 128) == key(128 * 128) != key(64 * 128)
     assert key(128 * 128) != key(129 * 128)
