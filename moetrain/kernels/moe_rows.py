@@ -62,23 +62,26 @@ def _combine_kernel(y_ptr, inverse_ptr, weight_ptr, out_ptr, H, TOPK: tl.constex
 @triton.jit
 def _combine_bwd_kernel(dout_ptr, y_ptr, inverse_ptr, weight_ptr, dy_ptr, dweight_ptr, H,
                         TOPK: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_H: tl.constexpr):
+    # Without a weight, program (t, j) copies columns j*BLOCK_H.. of dout[t] to its K rows (a 2-D grid like
+    # the combine's); with one, program t walks all of H, since dweight[t, k] reduces over it.
     t = tl.program_id(0).to(tl.int64)
     for k in tl.static_range(TOPK):
         row = tl.load(inverse_ptr + t * TOPK + k).to(tl.int64)
         if HAS_WEIGHT:
             scale = tl.load(weight_ptr + t * TOPK + k)
-        else:
-            scale = 1.0
-        dot = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):  # dout[t] is re-read per k from L1/L2, not HBM
-            cols = h0 + tl.arange(0, BLOCK_H)
-            mask = cols < H
-            g = tl.load(dout_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(dy_ptr + row * H + cols, (g * scale).to(dy_ptr.dtype.element_ty), mask=mask)
-            if HAS_WEIGHT:
+            dot = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for h0 in range(0, H, BLOCK_H):  # dout[t] is re-read per k from L1/L2, not HBM
+                cols = h0 + tl.arange(0, BLOCK_H)
+                mask = cols < H
+                g = tl.load(dout_ptr + t * H + cols, mask=mask, other=0.0).to(tl.float32)
+                tl.store(dy_ptr + row * H + cols, (g * scale).to(dy_ptr.dtype.element_ty), mask=mask)
                 dot += g * tl.load(y_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_WEIGHT:
             tl.store(dweight_ptr + t * TOPK + k, tl.sum(dot, axis=0))
+        else:
+            cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+            mask = cols < H
+            g = tl.load(dout_ptr + t * H + cols, mask=mask, other=0.0)
+            tl.store(dy_ptr + row * H + cols, g.to(dy_ptr.dtype.element_ty), mask=mask)
 
 
 # The clamped activation's constants (1.702, 7.0) are moetrain.ops.moe_rows' CLAMPED_ALPHA / CLAMPED_LIMIT.
@@ -213,9 +216,11 @@ def combine_bwd(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tenso
     dy = alloc(rows, H, dtype=dout.dtype, device=dout.device)
     dweight = None if weight is None else torch.empty(tokens, topk, dtype=torch.float32, device=dout.device)
     with _on_device(dout.device):
-        _combine_bwd_kernel[(tokens,)](
+        block = _block(H)
+        grid = (tokens,) if weight is not None else (tokens, cdiv(H, block))
+        _combine_bwd_kernel[grid](
             dout, y, inverse, weight if weight is not None else dout, dy, dweight if weight is not None else dout, H,
-            TOPK=topk, HAS_WEIGHT=weight is not None, BLOCK_H=_block(H), num_warps=4)
+            TOPK=topk, HAS_WEIGHT=weight is not None, BLOCK_H=block, num_warps=4)
     return dy, dweight
 
 

@@ -27,6 +27,10 @@ CASES = {
     "groups_max_not_pow2": (13, 20, 3, dict(num_groups=4, topk_groups=2, group_score="max")),
     "e_not_pow2_k8": (11, 60, 8, dict(bias=True)),
     "single_expert": (5, 1, 1, {}),
+    # several programs of several tokens each, the last one partial (tokens per program: 4096 / E)
+    "blocks_qwen3_like": (77, 128, 8, {}),
+    "blocks_dsv3_like": (40, 256, 8, dict(score="sigmoid", num_groups=8, topk_groups=4, group_score="top2_sum",
+                                          bias=True, scaling_factor=2.5)),
 }
 
 
