@@ -281,6 +281,11 @@ def print_auto_choices() -> None:
     for key, entry in sorted(autoselect.entries().items()):
         ms = ", ".join(f"{name} {t:.3f}" if t is not None else f"{name} failed" for name, t in entry["ms"].items())
         print(f"  {key:60s} -> {entry['backend']:7s} ({ms} ms)", flush=True)
+    if autoselect.triton_available():  # the tile config each of our kernels ran with (what "triton" above means)
+        from moetrain.kernels.grouped_gemm_tuning import tuned_configs
+
+        for key, cfg in sorted(tuned_configs().items(), key=str):
+            print(f"  tuned {'|'.join(str(k) for k in key[:1] + key[3:6]):40s} {cfg}", flush=True)
 
 
 def _drop_graph(contenders: dict, name: str) -> None:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moetrain.kernels.host import next_pow2
+from moetrain.kernels.host import cdiv, next_pow2
 
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
 
@@ -123,7 +123,7 @@ def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, t
     block_g, block_gs = next_pow2(groups), next_pow2(group_size)
     block_t = max(1, min(ROUTE_TILE // (block_g * block_gs), next_pow2(T)))
     with _on_device(logits.device):
-        _route_kernel[(triton.cdiv(T, block_t),)](
+        _route_kernel[(cdiv(T, block_t),)](
             logits, bias, idx, weight, counts, T, E, float(scaling_factor),
             TOPK=topk, BLOCK_K=next_pow2(topk), GROUPS=groups, GROUP_SIZE=group_size,
             BLOCK_T=block_t, BLOCK_G=block_g, BLOCK_GS=block_gs,

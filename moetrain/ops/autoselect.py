@@ -78,7 +78,7 @@ def triton_available() -> bool:
 
 
 # Candidates are timed in turns over ROUNDS rounds and compared by their median (kernels.timing.in_turns).
-ROUNDS = 3
+ROUNDS = 5  # with 3, auto timed our Qwen3 dgrad 5-9% apart in two runs (bench/NOTES.md, session 7)
 
 
 def time_backend(backend: str, run) -> float:

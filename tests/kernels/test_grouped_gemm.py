@@ -252,6 +252,31 @@ def test_autotuner_prefers_a_tail_split_config_within_the_slack(monkeypatch):
         assert tuning.pick_config(("fwd", str(want)), (plain, split, other), None, lambda cfg: times[cfg]) == want
 
 
+def test_autotuner_times_its_finalists_again_and_takes_the_second_verdict(monkeypatch):
+    # One short pass ranks every config; the FINALISTS fastest are timed again, longer, and that decides.
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)
+    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(tuning, "_BEST", {})
+    configs = [gg.GemmConfig(128, 256, 64, 3, 8), gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(64, 128, 64, 4, 4),
+               gg.GemmConfig(128, 128, 64, 4, 8)]
+    first = dict(zip(configs, (1.0, 1.1, 1.2, 3.0)))  # the short pass: configs[0] looks best
+    second = dict(zip(configs, (1.3, 1.05, 1.2, 0.5)))  # the long pass: configs[1] is; configs[3] is no finalist
+    calls = []
+
+    def fake_median(run, warmup, reps):
+        cfg = run()
+        calls.append((cfg, reps))
+        return (first if reps < tuning.FINAL_REPS else second)[cfg]
+
+    monkeypatch.setattr(tuning, "median_ms", fake_median)
+    assert tuning.pick_config(("fwd", "finalists"), tuple(configs), None, lambda cfg: cfg) == configs[1]
+    retimed = {cfg for cfg, reps in calls if reps == tuning.FINAL_REPS}
+    assert retimed == set(configs[:tuning.FINALISTS])
+    assert len(calls) == len(configs) * tuning.TUNE_ROUNDS + tuning.FINALISTS * tuning.FINAL_ROUNDS
+
+
 def test_tuned_configs_persist_on_disk_for_the_next_process(monkeypatch):
     from moetrain.kernels import disk_cache
     from moetrain.kernels import grouped_gemm_tuning as tuning
