@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Session 7, call F (< 4 min): the routing kernel and the combine backward after their rewrite, in the kernel
-# profile of our layer (they took 0.114 / 0.164 ms at Qwen3 and 0.061 / 0.437 ms at DeepSeek-V3 in calls A, B).
+# Session 7, call F (< 9.5 min): DeepSeek-V3's closing table (call E's ran out of memory: the graphs captured
+# for the correctness check kept their pools while the timing drew new inputs), then the routing kernel and the
+# combine backward after their rewrite in Qwen3's kernel profile (0.114 / 0.164 ms in call A).
 source scripts/device_common.sh "$@"
-timeout -k 10 200 python3 -m moetrain bench moe --shapes qwen3-30b-a3b,deepseek-v3 --routing balanced --reps 3 \
+echo "== bench moe deepseek-v3"
+timeout -k 10 400 python3 -m moetrain bench moe --shapes deepseek-v3 --routing balanced,skewed --reps 5 --warmup 2 \
+  --backends auto --graphs --json "$out/moe_dsv3.json" 2>&1 | filter | grep -v "^    \[" | grep -Ev "^  (tuned|grouped|moe_)" | tail -24
+echo "== qwen3 profile (triton)"
+timeout -k 10 130 python3 -m moetrain bench moe --shapes qwen3-30b-a3b --routing balanced --reps 3 \
   --warmup 1 --backends triton --no-compile --profile 2>&1 | filter | grep -v "^    \[" \
-  | grep -E "ours|_route|_combine|_swiglu|timeline|^qwen|^deep|ms of kernels" | cut -c1-400
+  | grep -E "ours|_route|_combine|_swiglu|^qwen" | cut -c1-300

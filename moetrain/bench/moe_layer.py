@@ -314,6 +314,10 @@ def check_correct(contenders: dict, make_args) -> dict:
                 _drop_graph(contenders, name)
                 continue
             got = (fn.out.detach().float(), fn.grads[0].float().clone())
+            # captured again on the timing's inputs: its pool (DeepSeek-V3: the layer's peak plus 22 GB of weight
+            # gradients) must not outlive the check, or the graphs' pools and the timing's inputs do not fit together
+            fn.release()
+            torch.cuda.empty_cache()
         else:
             x.grad = w1.grad = w2.grad = None  # only dx is compared: no weight gradients kept across contenders
             out = fn(x, router_w, forcing, w1, w2, K)
@@ -332,13 +336,15 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     bf = torch.bfloat16
 
     def make_args():
-        x = torch.randn(s.T, s.H, device=dev, generator=gen).to(bf).requires_grad_()
+        # drawn in bf16: an fp32 draw of DeepSeek-V3's w1 is a 30 GB transient (it ran out of memory beside
+        # the graphed contenders' pools)
+        x = torch.randn(s.T, s.H, device=dev, generator=gen, dtype=bf).requires_grad_()
         # bf16 like the model's router weight after model.to(bf16): ours then takes the tensor-core logits
         # GEMM as training does; the reference upcasts it to fp32
-        router_w = (torch.randn(s.E, s.H, device=dev, generator=gen) * 0.02).to(bf)
-        w1 = (torch.randn(s.E, 2 * s.I, s.H, device=dev, generator=gen) / s.H**0.5).to(bf).requires_grad_()
-        w2 = (torch.randn(s.E, s.H, s.I, device=dev, generator=gen) / s.I**0.5).to(bf).requires_grad_()
-        grad_out = torch.randn(s.T, s.H, device=dev, generator=gen).to(bf)
+        router_w = torch.randn(s.E, s.H, device=dev, generator=gen, dtype=bf).mul_(0.02)
+        w1 = torch.randn(s.E, 2 * s.I, s.H, device=dev, generator=gen, dtype=bf).div_(s.H**0.5).requires_grad_()
+        w2 = torch.randn(s.E, s.H, s.I, device=dev, generator=gen, dtype=bf).div_(s.I**0.5).requires_grad_()
+        grad_out = torch.randn(s.T, s.H, device=dev, generator=gen, dtype=bf)
         return x, router_w, forcing_logits(s, routing, dev), w1, w2, s.K, grad_out
 
     started = time.perf_counter()
@@ -376,8 +382,10 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     ref_ms, gemm_ms = timed["reference eager"][0], timed[FLOOR][0]
     rows = []
     for name, (ms, peak, spread) in timed.items():
+        # a replayed graph allocates nothing (its memory was taken at capture): no peak to report
+        no_peak = name == FLOOR or isinstance(contenders.get(name), Graphed)
         rows.append({"shape": s.name, "routing": routing, "contender": name, "ms": ms, "spread_pct": spread,
-                     "tflops": flops / ms / 1e9, "peak_gib": peak if name != FLOOR else float("nan"),
+                     "tflops": flops / ms / 1e9, "peak_gib": float("nan") if no_peak else peak,
                      "vs_eager": ref_ms / ms, "vs_gemms": ms / gemm_ms, "rel_err": errors[name]})
     return rows
 
