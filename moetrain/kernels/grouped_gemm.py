@@ -115,28 +115,12 @@ RAGGED_ROWS = 1 << 30
 RAGGED = tl.constexpr(RAGGED_ROWS)  # the same, visible inside kernels
 
 
-# Row counts, group counts and the grid size change with routing and shape but not the code:
-# leave them unspecialized so that they do not multiply compilations.
-@triton.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
-def _rowgroup_kernel(
-    a_ptr, a_desc,  # A [M, RED]: x (forward) or dy (dgrad); a_desc 2-D, block [BLOCK_M, BLOCK_K]
-    gather_ptr,  # GATHER: [M] int32 source row of each A row (A is then [T, RED], rows gathered)
-    w_ptr, w_desc,  # w [G, D1, D2]; w_desc 3-D, block [1, BLOCK_N, BLOCK_K] (forward) / [1, BLOCK_K, BLOCK_N]
-    out_ptr, out_desc,  # out [M, OUT]; out_desc ragged 4-D, block [1, 1, BLOCK_M, BLOCK_N]
-    offs_ptr,  # [G] int32
-    M, OUT, RED, G,
-    stride_am, stride_wg, stride_w1, stride_om,
-    NUM_PROGS,
-    DGRAD: tl.constexpr,  # False: OUT = D1, RED = D2 (y = x w^T); True: RED = D1, OUT = D2 (dx = dy w)
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, FLATTEN: tl.constexpr, PRECISION: tl.constexpr,
-    GATHER: tl.constexpr,
-    PART: tl.constexpr,  # 0: every row; 1: body (see TAIL SPLIT); 2: tail, with BIG_M the body's BLOCK_M
-    BIG_M: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    out_dtype = out_ptr.dtype.element_ty
-
+# Row-group scheduling, shared by the forward / dgrad kernel and the fused FC1 + SwiGLU kernel (fc1_swiglu.py).
+@triton.jit
+def _row_tiles(offs_ptr, M, OUT, G, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+               PART: tl.constexpr, BIG_M: tl.constexpr):
+    """Every group's row end (ends [BLOCK_G]), the cumulative tile count per group (tile_ends), the tile total
+    and the column tiles per row tile, for this launch's segment of each group (PART, see TAIL SPLIT)."""
     # Row range of every group, in registers. Slots past G repeat the last end (empty groups).
     gi = tl.arange(0, BLOCK_G)
     ends = tl.load(offs_ptr + tl.minimum(gi, G - 1))
@@ -160,35 +144,84 @@ def _rowgroup_kernel(
     n_tiles = (OUT + BLOCK_N - 1) // BLOCK_N
     tile_ends = tl.cumsum(row_tiles, 0) * n_tiles  # group g owns tiles [tile_ends[g-1], tile_ends[g])
     total = tl.max(tile_ends, 0)
+    return ends, tile_ends, total, n_tiles
+
+
+@triton.jit
+def _tile_at(tile, ends, tile_ends, M, n_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+             PART: tl.constexpr, BIG_M: tl.constexpr):
+    """(group g, first row m0, first column n0, the group's row end) of work tile ``tile``."""
+    # The tile's group: the number of groups whose tiles all come before it.
+    before = tile_ends <= tile
+    g = tl.sum(before.to(tl.int32), 0)
+    tile0 = tl.max(tl.where(before, tile_ends, 0), 0)
+    row0 = tl.max(tl.where(before, ends, 0), 0)
+    row_end = tl.min(tl.where(before, M, ends), 0)
+    # This launch's segment of the group, as in _row_tiles but in scalars (no more vectors live in the loop)
+    if PART == 1:
+        whole = (row_end - row0) // BLOCK_M * BLOCK_M
+        left = row_end - row0 - whole
+        row_end = row0 + whole + tl.where(left > BLOCK_M // 2, left, 0)
+    elif PART == 2:
+        row0 = row0 + (row_end - row0) // BIG_M * BIG_M
+    # Grouped ordering inside the group: bands of GROUP_M row tiles, column tiles outer.
+    local = tile - tile0
+    m_tiles_g = (row_end - row0 + BLOCK_M - 1) // BLOCK_M
+    band = local // (GROUP_M * n_tiles)
+    first_m = band * GROUP_M
+    band_m = tl.minimum(m_tiles_g - first_m, GROUP_M)
+    r = local - band * (GROUP_M * n_tiles)
+    m0 = row0 + (first_m + r % band_m) * BLOCK_M
+    n0 = (r // band_m) * BLOCK_N
+    return g, m0, n0, row_end
+
+
+@triton.jit
+def _zero_rows_past_groups(out_ptr, ends, M, OUT, stride_om, pid, NUM_PROGS, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, PART: tl.constexpr):
+    """Rows past the last group's end belong to no group: write zeros to out [M, OUT] there (usually none)."""
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    n_tiles = (OUT + BLOCK_N - 1) // BLOCK_N
+    tail0 = tl.max(ends, 0)
+    tail_tiles = ((M - tail0 + BLOCK_M - 1) // BLOCK_M) * n_tiles if PART != 2 else 0
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
+    for t in range(pid, tail_tiles, NUM_PROGS):
+        m0 = tail0 + (t // n_tiles) * BLOCK_M
+        n0 = (t % n_tiles) * BLOCK_N
+        o_ptrs = out_ptr + m0.to(tl.int64) * stride_om + rm[:, None] * stride_om + (n0 + rn)[None, :]
+        tl.store(o_ptrs, zeros, mask=((m0 + rm) < M)[:, None] & ((n0 + rn) < OUT)[None, :])
+
+
+# Row counts, group counts and the grid size change with routing and shape but not the code:
+# leave them unspecialized so that they do not multiply compilations.
+@triton.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
+def _rowgroup_kernel(
+    a_ptr, a_desc,  # A [M, RED]: x (forward) or dy (dgrad); a_desc 2-D, block [BLOCK_M, BLOCK_K]
+    gather_ptr,  # GATHER: [M] int32 source row of each A row (A is then [T, RED], rows gathered)
+    w_ptr, w_desc,  # w [G, D1, D2]; w_desc 3-D, block [1, BLOCK_N, BLOCK_K] (forward) / [1, BLOCK_K, BLOCK_N]
+    out_ptr, out_desc,  # out [M, OUT]; out_desc ragged 4-D, block [1, 1, BLOCK_M, BLOCK_N]
+    offs_ptr,  # [G] int32
+    M, OUT, RED, G,
+    stride_am, stride_wg, stride_w1, stride_om,
+    NUM_PROGS,
+    DGRAD: tl.constexpr,  # False: OUT = D1, RED = D2 (y = x w^T); True: RED = D1, OUT = D2 (dx = dy w)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, FLATTEN: tl.constexpr, PRECISION: tl.constexpr,
+    GATHER: tl.constexpr,
+    PART: tl.constexpr,  # 0: every row; 1: body (see TAIL SPLIT); 2: tail, with BIG_M the body's BLOCK_M
+    BIG_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    out_dtype = out_ptr.dtype.element_ty
+    ends, tile_ends, total, n_tiles = _row_tiles(offs_ptr, M, OUT, G, BLOCK_M, BLOCK_N, BLOCK_G, PART, BIG_M)
     k_tiles = (RED + BLOCK_K - 1) // BLOCK_K
     rm = tl.arange(0, BLOCK_M)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
 
     for tile in tl.range(pid, total, NUM_PROGS, flatten=FLATTEN):
-        # The tile's group: the number of groups whose tiles all come before it.
-        before = tile_ends <= tile
-        g = tl.sum(before.to(tl.int32), 0)
-        tile0 = tl.max(tl.where(before, tile_ends, 0), 0)
-        row0 = tl.max(tl.where(before, ends, 0), 0)
-        row_end = tl.min(tl.where(before, M, ends), 0)
-        # This launch's segment of the group, as above but in scalars (no more vectors live in the loop)
-        if PART == 1:
-            whole = (row_end - row0) // BLOCK_M * BLOCK_M
-            left = row_end - row0 - whole
-            row_end = row0 + whole + tl.where(left > BLOCK_M // 2, left, 0)
-        elif PART == 2:
-            row0 = row0 + (row_end - row0) // BIG_M * BIG_M
-        # Grouped ordering inside the group: bands of GROUP_M row tiles, column tiles outer.
-        local = tile - tile0
-        m_tiles_g = (row_end - row0 + BLOCK_M - 1) // BLOCK_M
-        band = local // (GROUP_M * n_tiles)
-        first_m = band * GROUP_M
-        band_m = tl.minimum(m_tiles_g - first_m, GROUP_M)
-        r = local - band * (GROUP_M * n_tiles)
-        m0 = row0 + (first_m + r % band_m) * BLOCK_M
-        n0 = (r // band_m) * BLOCK_N
-
+        g, m0, n0, row_end = _tile_at(tile, ends, tile_ends, M, n_tiles, BLOCK_M, BLOCK_N, GROUP_M, PART, BIG_M)
         w_base = w_ptr + g.to(tl.int64) * stride_wg
         row_ok = (m0 + rm) < row_end
         if GATHER:
@@ -230,15 +263,7 @@ def _rowgroup_kernel(
             o_ptrs = out_ptr + m0.to(tl.int64) * stride_om + rm[:, None] * stride_om + (n0 + rn)[None, :]
             tl.store(o_ptrs, c, mask=row_ok[:, None] & ((n0 + rn) < OUT)[None, :])
 
-    # Rows past the last group's end belong to no group: write zeros (usually there are none).
-    tail0 = tl.max(ends, 0)
-    tail_tiles = ((M - tail0 + BLOCK_M - 1) // BLOCK_M) * n_tiles if PART != 2 else 0
-    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_dtype)
-    for t in range(pid, tail_tiles, NUM_PROGS):
-        m0 = tail0 + (t // n_tiles) * BLOCK_M
-        n0 = (t % n_tiles) * BLOCK_N
-        o_ptrs = out_ptr + m0.to(tl.int64) * stride_om + rm[:, None] * stride_om + (n0 + rn)[None, :]
-        tl.store(o_ptrs, zeros, mask=((m0 + rm) < M)[:, None] & ((n0 + rn) < OUT)[None, :])
+    _zero_rows_past_groups(out_ptr, ends, M, OUT, stride_om, pid, NUM_PROGS, BLOCK_M, BLOCK_N, PART)
 
 
 @triton.jit(do_not_specialize=["M", "G", "NUM_PROGS"])

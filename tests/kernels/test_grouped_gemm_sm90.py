@@ -23,11 +23,12 @@ import json, os, re, subprocess, tempfile
 import triton
 from moetrain.kernels import grouped_gemm_aot as aot
 from moetrain.kernels import grouped_gemm as gg
+from moetrain.kernels.fc1_swiglu import FC1_SWIGLU_CONFIGS
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 rows = []
 launches = []
-for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather"):
-    for cfg in gg.configs_for(op):
+for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather", "fc1_swiglu", "fc1_swiglu_gather"):
+    for cfg in (FC1_SWIGLU_CONFIGS if op.startswith("fc1") else gg.configs_for(op)):
         if cfg.tail_split and not op.startswith("wgrad"):  # the body launch, then the half-height tail
             launches += [(op, cfg, 1, cfg.block_m), (op, gg.tail_config(cfg), 2, cfg.block_m)]
         else:
@@ -48,7 +49,8 @@ for op, cfg, part, big_m in launches:
                      per_sm=cfg.programs_per_sm,
                      wgmma="wgmma.mma_async" in ptx, tma_load="cp.async.bulk.tensor" in ptx,
                      cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx,
-                     pipelined="pendings = 1" in ttgir))
+                     # an MMA (two for the fused FC1 + SwiGLU: gate and up) left in flight while the next loads issue
+                     pipelined=re.search(r"pendings = [1-9]", ttgir) is not None))
 print(json.dumps(rows))
 """
 
