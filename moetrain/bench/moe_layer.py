@@ -19,6 +19,7 @@ Contenders:
                          torch._grouped_mm FC1/FC2, SwiGLU, index_add_ combine
   reference compiled     the same function under torch.compile
   per-expert loop        the reference with one mm per expert (host-side counts)
+  ours (<b>+fc1sw)       (--fc1-swiglu) ours with FC1 and SwiGLU in one kernel (on trial)
   ..., graph (--graphs)  ours and the eager reference captured in one CUDA graph per forward+backward
                          and replayed: GPU time without host launch gaps
   six torch GEMMs        not a layer: the six grouped GEMMs alone (torch._grouped_mm) on the same
@@ -98,10 +99,11 @@ def route(x: torch.Tensor, router_w: torch.Tensor, forcing: torch.Tensor, K: int
     return idx, weight / weight.sum(-1, keepdim=True)
 
 
-def ours(backend: str):
+def ours(backend: str, fc1_swiglu: bool = False):
     """Our layer: ops.router_logits, ops.route and ops.moe_experts as the model's MoE layer runs them
     (see moetrain.models.moe.router): the tensor-core router GEMM except for the reference backend, the
-    fused routing kernel with the triton and auto backends, PyTorch routing with torch."""
+    fused routing kernel with the triton and auto backends, PyTorch routing with torch. fc1_swiglu: FC1 and
+    SwiGLU in one kernel (on trial, moe_experts(fc1_swiglu=True))."""
     from moetrain.models.moe.router import router_impls
 
     impl, logits_impl = router_impls(backend)
@@ -109,7 +111,7 @@ def ours(backend: str):
     def layer(x, router_w, forcing, w1, w2, K):
         logits = ops.router_logits(x, router_w, impl=logits_impl) + forcing
         r = ops.route(logits, K, impl=impl)
-        return ops.moe_experts(x, r.topk_idx, r.topk_weight, w1, w2, backend=backend)
+        return ops.moe_experts(x, r.topk_idx, r.topk_weight, w1, w2, backend=backend, fc1_swiglu=fc1_swiglu)
     return layer
 
 
@@ -330,7 +332,7 @@ def check_correct(contenders: dict, make_args) -> dict:
 
 
 def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: int, compile_ref: bool,
-              profile: bool = False, graphs: bool = False) -> list[dict]:
+              profile: bool = False, graphs: bool = False, fc1_swiglu: bool = False) -> list[dict]:
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     bf = torch.bfloat16
@@ -361,13 +363,18 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
             contenders["reference compiled"] = compiled
         except Exception as err:  # reported, not hidden: the table then lacks this row
             print(f"    reference compiled failed on {s.name}: {type(err).__name__}: {err}"[:300], flush=True)
+    trials = [b for b in backends if b in ("triton", "auto")] if fc1_swiglu else []
     for backend in backends:
         contenders[f"ours ({backend})"] = ours(backend)
+    for backend in trials:
+        contenders[f"ours ({backend}+fc1sw)"] = ours(backend, fc1_swiglu=True)
     contenders["per-expert loop"] = lambda *a: reference_layer(*a, per_expert_loop=True)
     if graphs:  # both sides without host gaps: ours and the eager reference, each from one CUDA graph
         contenders["reference, graph"] = Graphed(reference_layer)
         for backend in backends:
             contenders[f"ours ({backend}), graph"] = Graphed(ours(backend))
+        for backend in trials:
+            contenders[f"ours ({backend}+fc1sw), graph"] = Graphed(ours(backend, fc1_swiglu=True))
     contenders[FLOOR] = GemmFloor(s, routing)
     # The first call of each contender (here) autotunes the Triton kernels and makes auto measure
     # and cache its choice for this shape; time_contenders then warms up again before timing.
@@ -449,6 +456,8 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--graphs", action="store_true",
                         help="also time ours and the eager reference replayed from one CUDA graph each (no host gaps)")
+    parser.add_argument("--fc1-swiglu", action="store_true",
+                        help="also time ours (triton / auto) with FC1 and SwiGLU in one kernel (on trial)")
     parser.add_argument("--profile", action="store_true",
                         help="after timing, print each contender's top CUDA kernels (torch.profiler)")
     args = parser.parse_args(argv)
@@ -466,7 +475,7 @@ def main(argv=None) -> None:
     for shape_name in args.shapes.split(","):
         for routing in args.routing.split(","):
             new = run_shape(SHAPES[shape_name], routing, backends, args.warmup, args.reps,
-                            not args.no_compile, args.profile, args.graphs)
+                            not args.no_compile, args.profile, args.graphs, args.fc1_swiglu)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
                 print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:20s} {r['ms']:8.2f} {r['spread_pct']:5.1f} "
                       f"{r['tflops']:8.1f} "

@@ -110,6 +110,7 @@ def moe_experts(
     b2: torch.Tensor | None = None,
     activation: str = "swiglu",
     backend: str = "auto",
+    fc1_swiglu: bool = False,
 ) -> torch.Tensor:
     """sum_k topk_weight[t, k] * FFN_{topk_idx[t, k]}(x[t]) for every token t.
 
@@ -118,6 +119,8 @@ def moe_experts(
     FFN_e(x) = w2[e] @ act(w1[e] @ x + b1[e]) + b2[e]. Returns [T, H] in x.dtype.
 
     See the module docstring for the backends; every one is sync-free except "loop".
+    fc1_swiglu (on trial; fused path without biases): FC1 and SwiGLU in one kernel (moe_fused.fc1_swiglu_gathered),
+    off by default until its GPU test has run and a layer benchmark has measured it (bench/NOTES.md, session 7).
     """
     if topk_idx.shape != topk_weight.shape or topk_idx.shape[0] != x.shape[0]:
         raise ValueError(
@@ -129,15 +132,19 @@ def moe_experts(
     elif x.dtype not in AUTO_FUSED_DTYPES or not autoselect.triton_available():  # see the module docstring
         gemm = "torch"
     fused = gemm in ("triton", "auto")
+    if fc1_swiglu and (not fused or b1 is not None or b2 is not None):
+        raise ValueError(f"moe_experts: fc1_swiglu=True needs the fused path (backend triton, or auto on CUDA with "
+                         f"16-bit activations; here {gemm!r}) and no expert biases")
     if fused and torch.compiler.is_compiling():
         # Inside a torch.compile'd layer the fused path runs eagerly behind a graph break: our kernels
         # gain nothing from tracing, and its run-time choices (autotuning, auto's timing) must not be
         # traced. The rest of the layer stays compiled.
-        return _eager_fused(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
-    return _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
+        return _eager_fused(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm, fc1_swiglu)
+    return _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm, fc1_swiglu)
 
 
-def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm: str) -> torch.Tensor:
+def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm: str,
+                 fc1_swiglu: bool = False) -> torch.Tensor:
     """moe_experts with a resolved backend ``gemm``: triton / auto (the fused path), torch or loop."""
     E, K = w1.shape[0], topk_idx.shape[1]
     fused = gemm in ("triton", "auto")
@@ -147,6 +154,12 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
     weight = _live_weight(topk_idx, topk_weight)
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
+    elif fused and fc1_swiglu:  # see the weights' note below; FC1's epilogue applies them with SwiGLU
+        from moetrain.ops.moe_fused import fc1_swiglu_gathered
+
+        probs = moe_rows.row_values(weight.float().reshape(-1), row_map, inverse)
+        a = fc1_swiglu_gathered(x, w1, offs, row_map, inverse, K, probs, activation, gemm)
+        return moe_rows.combine(grouped_gemm(a, w2, offs, gemm), inverse, None, K, rows)
     if fused:
         from moetrain.ops.moe_fused import fc1_gathered
 

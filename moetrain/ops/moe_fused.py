@@ -19,6 +19,8 @@ Backward (``gemm`` picks the GEMM backend: "triton", or "auto" = each op's measu
                                                             the index (auto measures both per shape)
 Dropped assignments (-1) sit with the last expert (see ``permute``); the combine gives their rows
 zero gradient, so they add nothing to dx or dw1.
+``fc1_swiglu_gathered`` (on trial, moe_experts(fc1_swiglu=True)): the "gather" forward with SwiGLU in its
+epilogue (kernels.fc1_swiglu), returning a [M, I] instead of h; same backward after SwiGLU's.
 """
 
 from __future__ import annotations
@@ -69,19 +71,63 @@ class GatherFC1(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dh):
         x, w1, offs, inverse, token_of_row = ctx.saved_tensors
-        dh = dh.to(x.dtype).contiguous()
-        dx = dw1 = None
-        if ctx.needs_input_grad[0]:
-            dx_perm = grouped_gemm_op("dgrad", ctx.gemm, dh, w1, offs, w1.shape)
-            dx = combine(dx_perm, inverse, None, ctx.topk, "triton")
-        if ctx.needs_input_grad[1]:
-            variant = "copy"
-            if ctx.gemm == "auto":
-                G, N, K = w1.shape
-                variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G,
-                                            lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, w1.shape))
-            dw1 = _fc1_wgrad(variant, ctx.gemm, dh, x, offs, token_of_row, w1.shape)
+        dx, dw1 = _fc1_grads(ctx.needs_input_grad[0], ctx.needs_input_grad[1], dh, x, w1, offs, inverse,
+                             token_of_row, ctx.topk, ctx.gemm)
         return dx, dw1, None, None, None, None, None
+
+
+def _fc1_grads(needs_x: bool, needs_w: bool, dh, x, w1, offs, inverse, token_of_row, topk: int, gemm: str):
+    """(dx [T, H] or None, dw1 [E, 2I, H] or None) of h = x[token_of_row] @ w1_g^T given dh [M, 2I]."""
+    dh = dh.to(x.dtype).contiguous()
+    dx = dw1 = None
+    if needs_x:
+        dx_perm = grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape)
+        dx = combine(dx_perm, inverse, None, topk, "triton")
+    if needs_w:
+        variant = "copy"
+        if gemm == "auto":
+            G, N, K = w1.shape
+            variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G,
+                                        lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, w1.shape))
+        dw1 = _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, w1.shape)
+    return dx, dw1
+
+
+class GatherFC1SwiGLU(torch.autograd.Function):
+    """a = act(x[row_map // K] @ w1_g^T) * probs[:, None] with FC1 and SwiGLU in one kernel (kernels.fc1_swiglu):
+    the pre-activation h is written once and read only by the backward (which is GatherFC1's after SwiGLU's).
+    Saves what GatherFC1 and the separate SwiGLU save together (x, routing, h, probs)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, offs, row_map, inverse, topk, probs, activation, gemm):
+        from moetrain.kernels.fc1_swiglu import fc1_swiglu  # imports triton: only on this path
+
+        offs = offs.to(torch.int32)
+        token_of_row = (row_map // topk).to(torch.int32)
+        h, a = fc1_swiglu(x, w1, offs, activation, probs, gather_rows=token_of_row)
+        ctx.save_for_backward(x, w1, offs, inverse, token_of_row, h, probs)
+        ctx.topk, ctx.gemm, ctx.activation = topk, gemm, activation
+        return a
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, da):
+        from moetrain.kernels.moe_rows import swiglu_bwd
+
+        x, w1, offs, inverse, token_of_row, h, probs = ctx.saved_tensors
+        dh, dprobs = swiglu_bwd(h, da.to(h.dtype).contiguous(), ctx.activation, probs)
+        dx, dw1 = _fc1_grads(ctx.needs_input_grad[0], ctx.needs_input_grad[1], dh, x, w1, offs, inverse,
+                             token_of_row, ctx.topk, ctx.gemm)
+        return dx, dw1, None, None, None, None, dprobs if ctx.needs_input_grad[6] else None, None, None
+
+
+def fc1_swiglu_gathered(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, row_map: torch.Tensor,
+                        inverse: torch.Tensor, topk: int, probs: torch.Tensor | None, activation: str = "swiglu",
+                        gemm: str = "triton") -> torch.Tensor:
+    """x [T, H], w1 [E, 2I, H], offs [E] int32, row_map / inverse [M] int64, probs [M] fp32 or None ->
+    a [M, I] in x.dtype = act(h) * probs with h = x[row_map // K] @ w1_g^T (FC1 and SwiGLU fused; ``gemm``
+    picks the backward's GEMMs as in fc1_gathered)."""
+    return GatherFC1SwiGLU.apply(x, w1, offs, row_map, inverse, topk, probs, activation, gemm)
 
 
 def fc1_gathered(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, row_map: torch.Tensor,
