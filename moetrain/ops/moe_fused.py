@@ -96,7 +96,9 @@ def _fc1_grads(needs_x: bool, needs_w: bool, dh, x, w1, offs, inverse, token_of_
 class GatherFC1SwiGLU(torch.autograd.Function):
     """a = act(x[row_map // K] @ w1_g^T) * probs[:, None] with FC1 and SwiGLU in one kernel (kernels.fc1_swiglu):
     the pre-activation h is written once and read only by the backward (which is GatherFC1's after SwiGLU's).
-    Saves what GatherFC1 and the separate SwiGLU save together (x, routing, h, probs)."""
+    Keeps what GatherFC1 and the separate SwiGLU keep together (x, routing, h, probs), but h as ``ctx.h``, dropped
+    as soon as SwiGLU's backward has read it: saved for backward, it would live through FC1's weight gradient
+    too (+1.9 GB of peak at Mixtral, call H of session 7), where the separate SwiGLU node has released it."""
 
     @staticmethod
     def forward(ctx, x, w1, offs, row_map, inverse, topk, probs, activation, gemm):
@@ -105,7 +107,8 @@ class GatherFC1SwiGLU(torch.autograd.Function):
         offs = offs.to(torch.int32)
         token_of_row = (row_map // topk).to(torch.int32)
         h, a = fc1_swiglu(x, w1, offs, activation, probs, gather_rows=token_of_row)
-        ctx.save_for_backward(x, w1, offs, inverse, token_of_row, h, probs)
+        ctx.save_for_backward(x, w1, offs, inverse, token_of_row, probs)
+        ctx.h = h  # an intermediate, not an input or output: no reference cycle
         ctx.topk, ctx.gemm, ctx.activation = topk, gemm, activation
         return a
 
@@ -114,8 +117,10 @@ class GatherFC1SwiGLU(torch.autograd.Function):
     def backward(ctx, da):
         from moetrain.kernels.moe_rows import swiglu_bwd
 
-        x, w1, offs, inverse, token_of_row, h, probs = ctx.saved_tensors
+        x, w1, offs, inverse, token_of_row, probs = ctx.saved_tensors
+        h, ctx.h = ctx.h, None
         dh, dprobs = swiglu_bwd(h, da.to(h.dtype).contiguous(), ctx.activation, probs)
+        del h, da
         dx, dw1 = _fc1_grads(ctx.needs_input_grad[0], ctx.needs_input_grad[1], dh, x, w1, offs, inverse,
                              token_of_row, ctx.topk, ctx.gemm)
         return dx, dw1, None, None, None, None, dprobs if ctx.needs_input_grad[6] else None, None, None

@@ -121,19 +121,40 @@ def test_fc1_swiglu_path_matches_fp64_reference(name, activation):
         assert got[2][t, k] == 0
 
 
-def test_fc1_swiglu_path_saves_what_the_separate_kernels_save():
-    # the planner's activation memory of the fused path (plan/activations.py) holds for both
+def _node(out, name):
+    """The first backward node called ``name`` in out's graph (a custom Function's node is its ctx)."""
+    todo, seen = [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        if type(node).__name__ == name:
+            return node
+        seen.add(node)
+        todo += [n for n, _ in node.next_functions]
+    raise AssertionError(f"no {name} in the graph")
+
+
+def test_fc1_swiglu_path_keeps_what_the_separate_kernels_keep():
+    # the planner's activation memory of the fused path (plan/activations.py) holds for both: the fused node keeps
+    # h as ctx.h (so that its backward can drop it before FC1's GEMMs), the rest as saved tensors
     T, H, I, E, K = 12, 24, 8, 4, 2
     x, idx, weight, w1, w2, _, _ = make(T, H, I, E, K, seed=3)
     leaves = [t.float().to(DEVICE).requires_grad_() for t in (x, weight, w1, w2)]
 
-    def saved_bytes(fc1_swiglu):
+    def kept(fc1_swiglu):
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-            ops.moe_experts(leaves[0], idx.to(DEVICE), *leaves[1:], backend="triton", fc1_swiglu=fc1_swiglu)
-        return sorted((tuple(t.shape), str(t.dtype)) for t in saved)
+            y = ops.moe_experts(leaves[0], idx.to(DEVICE), *leaves[1:], backend="triton", fc1_swiglu=fc1_swiglu)
+        if fc1_swiglu:
+            saved.append(_node(y, "GatherFC1SwiGLUBackward").h)
+        return y, sorted((tuple(t.shape), str(t.dtype)) for t in saved)
 
-    assert saved_bytes(True) == saved_bytes(False)
+    y, fused = kept(True)
+    assert fused == kept(False)[1]
+    node = _node(y, "GatherFC1SwiGLUBackward")
+    y.sum().backward()
+    assert node.h is None  # released by the backward
 
 
 def test_fc1_swiglu_needs_the_fused_path_without_biases():
