@@ -1,0 +1,66 @@
+"""FC1 + SwiGLU alone (GPU): the plain forward then the SwiGLU kernel, against FC1 with SwiGLU in its epilogue
+(moetrain.kernels.fc1_swiglu), each config of each, in turns in one process, on one layer shape.
+
+    python scripts/fc1_swiglu_alone.py [--shape mixtral-8x7b] [--rounds 3] [--gather]
+
+Why: in session 7 (call H) the fused path made Mixtral's layer 4.7 ms slower, i.e. the fused FC1 ran ~40% slower
+than the plain one. This separates the kernel from the layer and shows which configs lose how much.
+Rows are routed balanced (bench moe's round-robin): M = T*K rows over E experts. TF/s counts FC1's GEMM only.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from moetrain.bench.moe_layer import SHAPES, routed_offs
+from moetrain.kernels import fc1_swiglu as fused
+from moetrain.kernels import grouped_gemm as gg
+from moetrain.kernels import moe_rows
+from moetrain.kernels.timing import in_turns, median_ms
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="mixtral-8x7b")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--gather", action="store_true", help="read the token rows through an index (the fused path's way)")
+    a = p.parse_args()
+    s = SHAPES[a.shape]
+    M = s.T * s.K
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+    x = torch.randn(s.T if a.gather else M, s.H, device="cuda", generator=gen, dtype=bf)
+    w1 = torch.randn(s.E, 2 * s.I, s.H, device="cuda", generator=gen, dtype=bf).div_(s.H**0.5)
+    probs = torch.rand(M, device="cuda", generator=gen)
+    rows = (torch.randperm(M, device="cuda", generator=gen) // s.K) if a.gather else None
+    offs = routed_offs(s, "balanced", "cuda")
+    h = torch.empty(M, 2 * s.I, device="cuda", dtype=bf)
+    act = torch.empty(M, s.I, device="cuda", dtype=bf)
+    flops = 2.0 * M * 2 * s.I * s.H
+
+    runs = {}
+    for cfg in gg.configs_for("fwd", trial=False):
+        def plain(cfg=cfg):
+            gg.grouped_gemm_fwd(x, w1, offs, gather_rows=rows, config=cfg, out=h)
+            moe_rows.swiglu_fwd(h, "swiglu", probs)
+        runs[f"plain + swiglu  {cfg}"] = plain
+    for cfg in fused.FC1_SWIGLU_CONFIGS:
+        runs[f"fused           {cfg}"] = lambda cfg=cfg: fused.fc1_swiglu(x, w1, offs, "swiglu", probs, gather_rows=rows,
+                                                                            config=cfg, out=(h, act))
+    # correctness first: the fused result against plain + swiglu (autotuned), bf16
+    want_h = gg.grouped_gemm_fwd(x, w1, offs, gather_rows=rows)
+    want_a = moe_rows.swiglu_fwd(want_h, "swiglu", probs)
+    got_h, got_a = fused.fc1_swiglu(x, w1, offs, "swiglu", probs, gather_rows=rows)
+    err = max(((g.float() - w.float()).norm() / w.float().norm()).item() for g, w in ((got_h, want_h), (got_a, want_a)))
+    print(f"{a.shape} M={M} H={s.H} I={s.I} E={s.E} gather={a.gather}: fused vs plain + swiglu rel err {err:.1e}")
+    med, failed = in_turns(list(runs), lambda name: median_ms(runs[name], warmup=2, reps=8), a.rounds)
+    for name in sorted(med, key=med.get):
+        print(f"  {name:50s} {med[name]:8.3f} ms  {flops / med[name] / 1e9:6.0f} TF/s", flush=True)
+    for name, e in failed.items():
+        print(f"  {name}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
