@@ -3,8 +3,9 @@
 
     python scripts/fc1_swiglu_alone.py [--shape mixtral-8x7b] [--rounds 3] [--gather]
 
-Why: in session 7 (call H) the fused path made Mixtral's layer 4.7 ms slower, i.e. the fused FC1 ran ~40% slower
-than the plain one. This separates the kernel from the layer and shows which configs lose how much.
+Why: in session 7 (call H) the fused path (then with two accumulators) made Mixtral's layer 4.7 ms slower, i.e.
+the fused FC1 ran ~40% slower than the plain one. This separates the kernel from the layer, the paired variant
+(one accumulator, the plain forward's MMA shape) from the two-accumulator one, and shows which configs lose how much.
 Rows are routed balanced (bench moe's round-robin): M = T*K rows over E experts. TF/s counts FC1's GEMM only.
 """
 
@@ -46,9 +47,11 @@ def main() -> None:
             gg.grouped_gemm_fwd(x, w1, offs, gather_rows=rows, config=cfg, out=h)
             moe_rows.swiglu_fwd(h, "swiglu", probs)
         runs[f"plain + swiglu  {cfg}"] = plain
-    for cfg in fused.FC1_SWIGLU_CONFIGS:
-        runs[f"fused           {cfg}"] = lambda cfg=cfg: fused.fc1_swiglu(x, w1, offs, "swiglu", probs, gather_rows=rows,
-                                                                            config=cfg, out=(h, act))
+    for paired in (True, False):
+        label = "fused, paired  " if paired else "fused, two acc "
+        for cfg in fused.FC1_SWIGLU_CONFIGS:
+            runs[f"{label} {cfg}"] = lambda cfg=cfg, paired=paired: fused.fc1_swiglu(
+                x, w1, offs, "swiglu", probs, gather_rows=rows, config=cfg, out=(h, act), paired=paired)
     # correctness first: the fused result against plain + swiglu (autotuned), bf16
     want_h = gg.grouped_gemm_fwd(x, w1, offs, gather_rows=rows)
     want_a = moe_rows.swiglu_fwd(want_h, "swiglu", probs)

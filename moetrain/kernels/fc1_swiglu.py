@@ -13,9 +13,11 @@ Legend: M routed rows (sorted by expert), G experts, H hidden (the reduction), I
                                                                     separate kernel: the same numbers)
 
 A work tile is BLOCK_M rows x BLOCK_N intermediate columns j: the kernel loads the gate rows j and the up rows
-I + j of w1[g] (two TMA descriptors of [G, I, H] over the two halves) into two accumulators, the same MMA work and
-registers as one [BLOCK_M, 2 BLOCK_N] tile of the plain forward, so a config of the plain forward with block_n
-= 2 BLOCK_N runs here with the same shared memory per stage. Scheduling (groups, tail split, L2 bands) is the
+I + j of w1[g], the same MMA work and registers as one [BLOCK_M, 2 BLOCK_N] tile of the plain forward, so a
+config of the plain forward with block_n = 2 BLOCK_N runs here with the same shared memory per stage. PAIRED
+(default): one B tile through a 4-D [G, 2, I, H] descriptor (gate and up planes in one box) and one accumulator,
+split into gate and up in the epilogue; else two descriptors and two accumulators (two MMAs of half the width,
+which read the A tile from shared memory twice). Scheduling (groups, tail split, L2 bands) is the
 plain forward's (grouped_gemm._row_tiles / _tile_at). Stores go from registers (masked by the group's row end):
 three TMA store buffers would not fit beside three stages.
 The reference is grouped_gemm_ref followed by moetrain.ops.moe_rows.swiglu_torch (``fc1_swiglu_ref``).
@@ -59,6 +61,7 @@ def _fc1_swiglu_kernel(
     a_ptr, a_desc,  # A [M, H]; a_desc 2-D, block [BLOCK_M, BLOCK_K] (GATHER: A is [T, H], rows gathered)
     gather_ptr,  # GATHER: [M] int32 source row of each A row
     w_ptr, wg_desc, wu_desc,  # w1 [G, 2I, H]; the gate / up halves as 3-D [G, I, H] descriptors, block [1, BLOCK_N, BLOCK_K]
+    wp_desc,  # PAIRED: w1 as 4-D [G, 2, I, H], block [1, 2, BLOCK_N, BLOCK_K]: gate and up rows j in one box
     h_ptr, act_ptr, probs_ptr,  # h [M, 2I], a [M, I], probs [M] fp32 (HAS_PROBS)
     offs_ptr,  # [G] int32
     M, I, RED, G,
@@ -68,6 +71,7 @@ def _fc1_swiglu_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, FLATTEN: tl.constexpr, PRECISION: tl.constexpr,
     GATHER: tl.constexpr, PART: tl.constexpr, BIG_M: tl.constexpr,
+    PAIRED: tl.constexpr,  # one [BLOCK_M, 2 BLOCK_N] accumulator (the plain forward's MMA shape), else two
 ):
     pid = tl.program_id(0)
     out_dtype = h_ptr.dtype.element_ty
@@ -87,6 +91,7 @@ def _fc1_swiglu_kernel(
             a_rows = a_ptr + src.to(tl.int64)[:, None] * stride_am
         else:
             a_rows = a_ptr + m0.to(tl.int64) * stride_am + rm[:, None] * stride_am
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)  # PAIRED: gate columns, then up columns
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
@@ -96,19 +101,32 @@ def _fc1_swiglu_kernel(
                 a = a_desc.load([m0, k0])  # rows past the group's end only feed rows the stores drop
             else:
                 a = tl.load(a_rows + (k0 + rk)[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            if USE_TMA:  # each half's descriptor zero-fills past I: no up row is read as a gate row
-                bg = wg_desc.load([g, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
-                bu = wu_desc.load([g, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
+            if PAIRED:
+                if USE_TMA:  # the box's two planes: gate rows n0.., up rows I + n0.. (zero past I in each)
+                    b = wp_desc.load([g, 0, n0, k0]).reshape(2 * BLOCK_N, BLOCK_K).T
+                else:
+                    rp = tl.arange(0, 2 * BLOCK_N)
+                    j = n0 + rp % BLOCK_N
+                    b = tl.load(w_base + ((rp // BLOCK_N) * I + j)[None, :] * stride_w1 + (k0 + rk)[:, None],
+                                mask=k_ok[:, None] & (j < I)[None, :], other=0.0)
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
             else:
-                b_mask = k_ok[:, None] & col_ok[None, :]
-                b_at = w_base + (n0 + rn)[None, :] * stride_w1 + (k0 + rk)[:, None]
-                bg = tl.load(b_at, mask=b_mask, other=0.0)
-                bu = tl.load(b_at + I * stride_w1, mask=b_mask, other=0.0)
-            acc_g = tl.dot(a, bg, acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, bu, acc_u, input_precision=PRECISION)
+                if USE_TMA:  # each half's descriptor zero-fills past I: no up row is read as a gate row
+                    bg = wg_desc.load([g, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
+                    bu = wu_desc.load([g, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
+                else:
+                    b_mask = k_ok[:, None] & col_ok[None, :]
+                    b_at = w_base + (n0 + rn)[None, :] * stride_w1 + (k0 + rk)[:, None]
+                    bg = tl.load(b_at, mask=b_mask, other=0.0)
+                    bu = tl.load(b_at + I * stride_w1, mask=b_mask, other=0.0)
+                acc_g = tl.dot(a, bg, acc_g, input_precision=PRECISION)
+                acc_u = tl.dot(a, bu, acc_u, input_precision=PRECISION)
 
-        hg = acc_g.to(out_dtype)
-        hu = acc_u.to(out_dtype)
+        if PAIRED:
+            hg, hu = tl.split(tl.permute(tl.reshape(acc.to(out_dtype), [BLOCK_M, 2, BLOCK_N]), (0, 2, 1)))
+        else:
+            hg = acc_g.to(out_dtype)
+            hu = acc_u.to(out_dtype)
         mask = row_ok[:, None] & col_ok[None, :]
         rows = (m0 + rm).to(tl.int64)
         h_at = h_ptr + rows[:, None] * (2 * I) + (n0 + rn)[None, :]
@@ -125,13 +143,15 @@ def _fc1_swiglu_kernel(
 
 def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation: str = "swiglu",
                probs: torch.Tensor | None = None, *, gather_rows: torch.Tensor | None = None,
-               config: GemmConfig | None = None, out: tuple | None = None, num_programs: int | None = None):
+               config: GemmConfig | None = None, out: tuple | None = None, num_programs: int | None = None,
+               paired: bool = True):
     """(h [M, 2I], a [M, I]) in x's dtype: FC1 and SwiGLU in one kernel (see the module docstring).
 
     x [M, H] (or [T, H] with gather_rows [M] int32/int64: row r is x[gather_rows[r]]), w1 [G, 2I, H] same dtype,
     offs [G] int32 on x's device, probs [M] fp32 or None. ``config`` is a plain forward config (block_n = the
     two accumulators' columns together) and bypasses the autotuner; ``out`` = (h, a), contiguous, receives the
-    results.
+    results. ``paired``: gate and up rows in one B tile and one accumulator (one MMA of the plain forward's
+    shape), else two accumulators (two MMAs of half the width: session 7 measured that ~40% slower at Mixtral).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown expert activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
@@ -174,17 +194,18 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation
             a_desc = x if gather_rows is not None else TensorDescriptor(x, [M, RED], [RED, 1], [bm, bk])
             wg_desc = TensorDescriptor(w1, [G, inter, RED], [two_i * RED, RED, 1], [1, bn, bk])
             wu_desc = TensorDescriptor(up, [G, inter, RED], [two_i * RED, RED, 1], [1, bn, bk])
+            wp_desc = TensorDescriptor(w1, [G, 2, inter, RED], [two_i * RED, inter * RED, RED, 1], [1, 2, bn, bk])
         else:
-            a_desc, wg_desc, wu_desc = x, w1, w1
+            a_desc, wg_desc, wu_desc, wp_desc = x, w1, w1, w1
         bound = (cdiv(M, bm) + G) * cdiv(inter, bn) if part != 2 else G * cdiv(inter, bn)
         nprog = max(1, min(num_programs or _num_programs(x.device) * cfg.programs_per_sm, bound))
         _fc1_swiglu_kernel[(nprog,)](
-            x, a_desc, gather_rows if gather_rows is not None else offs, w1, wg_desc, wu_desc, h, act,
+            x, a_desc, gather_rows if gather_rows is not None else offs, w1, wg_desc, wu_desc, wp_desc, h, act,
             probs if probs is not None else h, offs, M, inter, RED, G, x.stride(0), w1.stride(0), w1.stride(1), nprog,
             ACT=ACTIVATIONS[activation], HAS_PROBS=probs is not None,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, BLOCK_G=_block_g(G), USE_TMA=use_tma,
             FLATTEN=not interpreting(), PRECISION=_precision(x.dtype), GATHER=gather_rows is not None,
-            PART=part, BIG_M=big_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            PART=part, BIG_M=big_m, PAIRED=paired, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def run(cfg: GemmConfig):
         if not cfg.tail_split:
@@ -194,7 +215,7 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation
         launch(tail_config(cfg), 2, cfg.block_m)
 
     op = "fc1_swiglu" + ("_gather" if gather_rows is not None else "")
-    key = (op, x.dtype, x.device, inter, RED, rows_bucket(M, G), tma_ok, activation, probs is not None)
+    key = (op, x.dtype, x.device, inter, RED, rows_bucket(M, G), tma_ok, activation, probs is not None, paired)
     with _on_device(x.device):
         run(pick_config(key, FC1_SWIGLU_CONFIGS, config, run))
     return h, act

@@ -56,14 +56,15 @@ def inputs(offs, m, h_dim, inter, seed, dtype=torch.float32):
     return x.to(DEVICE, dtype), w1.to(DEVICE, dtype), probs.to(DEVICE), offs_t.to(DEVICE)
 
 
+@pytest.mark.parametrize("paired", [True, False], ids=["paired", "two_acc"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("name,offs,m", CASES, ids=[c[0] for c in CASES])
-def test_fc1_swiglu_matches_the_separate_references(name, offs, m, cfg):
+def test_fc1_swiglu_matches_the_separate_references(name, offs, m, cfg, paired):
     h_dim, inter = 20, 24  # I not a multiple of the 16-column tile; H leaves a partial reduction step
     x, w1, probs, offs_t = inputs(offs, m, h_dim, inter, seed=m + len(offs))
     progs = 1 if cfg.block_m == 16 else 3
     for activation, p in (("swiglu", probs), ("swiglu_clamped", None)):
-        h, a = fused.fc1_swiglu(x, w1, offs_t, activation, p, config=cfg, num_programs=progs,
+        h, a = fused.fc1_swiglu(x, w1, offs_t, activation, p, config=cfg, num_programs=progs, paired=paired,
                                 out=(poisoned(m, 2 * inter), poisoned(m, inter)))
         want_h, want_a = fused.fc1_swiglu_ref(x.double(), w1.double(), offs_t, activation,
                                               None if p is None else p.double())
@@ -72,8 +73,9 @@ def test_fc1_swiglu_matches_the_separate_references(name, offs, m, cfg):
         assert torch.equal(h[end:], torch.zeros_like(h[end:])) and torch.equal(a[end:], torch.zeros_like(a[end:]))
 
 
+@pytest.mark.parametrize("paired", [True, False], ids=["paired", "two_acc"])
 @pytest.mark.parametrize("cfg", CONFIGS[:2], ids=str)
-def test_fc1_swiglu_gathers_token_rows(cfg):
+def test_fc1_swiglu_gathers_token_rows(cfg, paired):
     T, K, h_dim, inter = 9, 3, 20, 24
     offs = [5, 5, 19, 27]
     g = torch.Generator().manual_seed(5)
@@ -81,18 +83,19 @@ def test_fc1_swiglu_gathers_token_rows(cfg):
     probs = torch.rand(T * K, generator=g).to(DEVICE)
     rows_of = torch.randperm(T * K, generator=g).to(DEVICE) // K  # token of each grouped row
     h, a = fused.fc1_swiglu(x, w1, offs_t, "swiglu", probs, gather_rows=rows_of, config=cfg, num_programs=2,
-                            out=(poisoned(T * K, 2 * inter), poisoned(T * K, inter)))
+                            paired=paired, out=(poisoned(T * K, 2 * inter), poisoned(T * K, inter)))
     want_h, want_a = fused.fc1_swiglu_ref(x.double(), w1.double(), offs_t, "swiglu", probs.double(),
                                           gather_rows=rows_of)
     assert rel_err(h, want_h) < FP32_BOUND and rel_err(a, want_a) < FP32_BOUND
 
 
-def test_fc1_swiglu_equals_the_gemm_then_the_swiglu_kernel():
+@pytest.mark.parametrize("paired", [True, False], ids=["paired", "two_acc"])
+def test_fc1_swiglu_equals_the_gemm_then_the_swiglu_kernel(paired):
     # The fused epilogue computes SwiGLU from h as stored: the same numbers as the two kernels it replaces.
     offs, m, h_dim, inter = [10, 10, 47, 60], 60, 20, 24
     x, w1, probs, offs_t = inputs(offs, m, h_dim, inter, seed=3)
     cfg = CONFIGS[1]
-    h, a = fused.fc1_swiglu(x, w1, offs_t, "swiglu", probs, config=cfg, num_programs=3)
+    h, a = fused.fc1_swiglu(x, w1, offs_t, "swiglu", probs, config=cfg, num_programs=3, paired=paired)
     h_sep = gg.grouped_gemm_fwd(x, w1, offs_t, config=cfg, num_programs=3)
     a_sep = rows.swiglu_fwd(h_sep, "swiglu", probs)
     torch.testing.assert_close(h, h_sep, rtol=1e-6, atol=1e-6)
@@ -110,9 +113,10 @@ def test_fc1_swiglu_rejects_bad_arguments():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("paired", [True, False], ids=["paired", "two_acc"])
 @pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
 @pytest.mark.parametrize("gather", [False, True])
-def test_fc1_swiglu_bf16_on_gpu(activation, gather):
+def test_fc1_swiglu_bf16_on_gpu(activation, gather, paired):
     # Qwen3-like rows per expert, skewed: the autotuned kernel against the plain forward and the SwiGLU kernel
     torch.manual_seed(0)
     E, T, K, h_dim, inter = 16, 1000, 4, 512, 384
@@ -123,7 +127,7 @@ def test_fc1_swiglu_bf16_on_gpu(activation, gather):
     w1 = (torch.randn(E, 2 * inter, h_dim, device="cuda") / h_dim**0.5).to(torch.bfloat16)
     probs = torch.rand(T * K, device="cuda")
     rows_of = torch.randperm(T * K, device="cuda") // K if gather else None
-    h, a = fused.fc1_swiglu(x, w1, offs, activation, probs, gather_rows=rows_of)
+    h, a = fused.fc1_swiglu(x, w1, offs, activation, probs, gather_rows=rows_of, paired=paired)
     h_sep = gg.grouped_gemm_fwd(x, w1, offs, gather_rows=rows_of)
     a_sep = rows.swiglu_fwd(h_sep, activation, probs)
     torch.testing.assert_close(h, h_sep, rtol=1e-2, atol=1e-2)

@@ -27,14 +27,16 @@ from moetrain.kernels.fc1_swiglu import FC1_SWIGLU_CONFIGS
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 rows = []
 launches = []
-for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather", "fc1_swiglu", "fc1_swiglu_gather"):
+ops = [(op, {}) for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather")]
+ops += [(op, {"paired": paired}) for op in ("fc1_swiglu", "fc1_swiglu_gather") for paired in (True, False)]
+for op, extra in ops:
     for cfg in (FC1_SWIGLU_CONFIGS if op.startswith("fc1") else gg.configs_for(op)):
         if cfg.tail_split and not op.startswith("wgrad"):  # the body launch, then the half-height tail
-            launches += [(op, cfg, 1, cfg.block_m), (op, gg.tail_config(cfg), 2, cfg.block_m)]
+            launches += [(op, extra, cfg, 1, cfg.block_m), (op, extra, gg.tail_config(cfg), 2, cfg.block_m)]
         else:
-            launches.append((op, cfg, 0, None))
-for op, cfg, part, big_m in launches:
-    ck = aot.aot_compile(op, cfg, part=part, big_m=big_m)
+            launches.append((op, extra, cfg, 0, None))
+for op, extra, cfg, part, big_m in launches:
+    ck = aot.aot_compile(op, cfg, part=part, big_m=big_m, **extra)
     ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
     spill = None
     if os.path.exists(ptxas):
@@ -45,7 +47,7 @@ for op, cfg, part, big_m in launches:
                                   capture_output=True, text=True).stderr
         m = re.search(r"(\d+) bytes spill stores", info)
         spill = int(m.group(1)) if m else None
-    rows.append(dict(op=op, config=str(cfg), part=part, tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
+    rows.append(dict(op=op + ("/paired" if extra.get("paired") else ""), config=str(cfg), part=part, tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
                      per_sm=cfg.programs_per_sm,
                      wgmma="wgmma.mma_async" in ptx, tma_load="cp.async.bulk.tensor" in ptx,
                      cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx,
