@@ -8,8 +8,9 @@ Legend: T tokens, E experts, K top-k, G expert groups of GS = E / G consecutive 
 
 One program per BLOCK_T tokens holds their logits as a [BLOCK_T, G, GS] tile (padded to powers of two;
 no groups = one group of E), so group ranking and the expert top-k work on the same registers, and the
-counts take one atomic add per expert per program (one per assignment, all on E addresses, made the
-one-token-per-program kernel 0.11 ms at Qwen3-30B-A3B's 16384 tokens x 128 experts).
+counts take one atomic add per expert per program. (One program per token with one atomic add per
+assignment, all on E addresses, took 0.114 ms at Qwen3-30B-A3B's 16384 tokens x 128 experts; this 0.064 ms
+on the H200, bench/NOTES.md session 7: the rest is the K rounds of block reductions.)
 The top-k is K rounds of argmax (ties: lower expert id), best first, like torch.topk's order.
 """
 
@@ -94,7 +95,7 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, T, E, s
     out = tok_ok[:, None] & (ks[None, :] < TOPK)
     tl.store(idx_ptr + rt[:, None] * TOPK + ks[None, :], ids, mask=out)
     tl.store(weight_ptr + rt[:, None] * TOPK + ks[None, :], weights * scaling, mask=out)
-    # One atomic per expert per block of tokens (one per assignment contended on E addresses: 0.11 ms at Qwen3)
+    # One atomic per expert per program (see the module docstring)
     slot_ok = tl.reshape(valid, [BLOCK_E]) & (picks > 0)
     tl.atomic_add(counts_ptr + flat_expert, picks, mask=slot_ok)
 
