@@ -97,6 +97,22 @@ def _activation(g, u, ACT: tl.constexpr):
 
 
 @triton.jit
+def _activation_bwd(g, u, da, ACT: tl.constexpr):
+    """(d gate, d up) of _activation(g, u) given its gradient da (fp32 tiles)."""
+    if ACT == 0:
+        s = tl.sigmoid(g)
+        dg = da * u * s * (1.0 + g * (1.0 - s))
+        du = da * g * s
+    else:
+        gc = tl.minimum(g, 7.0)
+        uc = tl.minimum(tl.maximum(u, -7.0), 7.0)
+        s = tl.sigmoid(1.702 * gc)
+        dg = tl.where(g > 7.0, 0.0, da * (uc + 1.0) * s * (1.0 + 1.702 * gc * (1.0 - s)))
+        du = tl.where((u < -7.0) | (u > 7.0), 0.0, da * gc * s)
+    return dg, du
+
+
+@triton.jit
 def _swiglu_tile(h_ptr, M, I, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
     """Offsets into [M, I] and the gate/up values (fp32) of this program's [BLOCK_R, BLOCK_I] tile."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
@@ -137,16 +153,7 @@ def _swiglu_bwd_kernel(h_ptr, probs_ptr, da_ptr, dh_ptr, dprobs_part_ptr, M, I, 
         part = tl.sum(tl.where(mask, da * _activation(g, u, ACT), 0.0), axis=1)
         tl.store(dprobs_part_ptr + rows.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), part, mask=rows < M)
         da = da * _row_probs(probs_ptr, M, BLOCK_R)
-    if ACT == 0:
-        s = tl.sigmoid(g)
-        dg = da * u * s * (1.0 + g * (1.0 - s))
-        du = da * g * s
-    else:
-        gc = tl.minimum(g, 7.0)
-        uc = tl.minimum(tl.maximum(u, -7.0), 7.0)
-        s = tl.sigmoid(1.702 * gc)
-        dg = tl.where(g > 7.0, 0.0, da * (uc + 1.0) * s * (1.0 + 1.702 * gc * (1.0 - s)))
-        du = tl.where((u < -7.0) | (u > 7.0), 0.0, da * gc * s)
+    dg, du = _activation_bwd(g, u, da, ACT)
     tl.store(dh_ptr + gate_at, dg.to(dh_ptr.dtype.element_ty), mask=mask)
     tl.store(dh_ptr + gate_at + I, du.to(dh_ptr.dtype.element_ty), mask=mask)
 

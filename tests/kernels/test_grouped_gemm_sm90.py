@@ -24,15 +24,20 @@ import triton
 from moetrain.kernels import grouped_gemm_aot as aot
 from moetrain.kernels import grouped_gemm as gg
 from moetrain.kernels.fc1_swiglu import FC1_SWIGLU_CONFIGS
+from moetrain.kernels.fc2_dgrad_swiglu import FC2_DGRAD_SWIGLU_CONFIGS, tail_of
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 rows = []
 launches = []
 ops = [(op, {}) for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather")]
 ops += [(op, {"paired": paired}) for op in ("fc1_swiglu", "fc1_swiglu_gather") for paired in (True, False)]
+ops += [("fc2_dgrad_swiglu", {})]
+candidates = {"fc1_swiglu": FC1_SWIGLU_CONFIGS, "fc1_swiglu_gather": FC1_SWIGLU_CONFIGS,
+              "fc2_dgrad_swiglu": FC2_DGRAD_SWIGLU_CONFIGS}
 for op, extra in ops:
-    for cfg in (FC1_SWIGLU_CONFIGS if op.startswith("fc1") else gg.configs_for(op)):
+    for cfg in candidates.get(op) or gg.configs_for(op):
         if cfg.tail_split and not op.startswith("wgrad"):  # the body launch, then the half-height tail
-            launches += [(op, extra, cfg, 1, cfg.block_m), (op, extra, gg.tail_config(cfg), 2, cfg.block_m)]
+            tail = tail_of(cfg) if op == "fc2_dgrad_swiglu" else gg.tail_config(cfg)
+            launches += [(op, extra, cfg, 1, cfg.block_m), (op, extra, tail, 2, cfg.block_m)]
         else:
             launches.append((op, extra, cfg, 0, None))
 for op, extra, cfg, part, big_m in launches:
