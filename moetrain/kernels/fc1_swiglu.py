@@ -18,8 +18,9 @@ config of the plain forward with block_n = 2 BLOCK_N runs here with the same sha
 (default): one B tile through a 4-D [G, 2, I, H] descriptor (gate and up planes in one box) and one accumulator,
 split into gate and up in the epilogue; else two descriptors and two accumulators (two MMAs of half the width,
 which read the A tile from shared memory twice). Scheduling (groups, tail split, L2 bands) is the
-plain forward's (grouped_gemm._row_tiles / _tile_at). Stores go from registers (masked by the group's row end):
-three TMA store buffers would not fit beside three stages.
+plain forward's (grouped_gemm._row_tiles / _tile_at). h is stored by TMA through ragged descriptors of its two
+halves (TMA_H, default; the plain forward's store) or from registers; a from registers (a third TMA store buffer
+would not fit beside three stages).
 The reference is grouped_gemm_ref followed by moetrain.ops.moe_rows.swiglu_torch (``fc1_swiglu_ref``).
 """
 
@@ -30,16 +31,18 @@ import triton
 import triton.language as tl
 
 from moetrain.kernels.grouped_gemm import (
-    RAGGED_ROWS, _block_g, _check_device, _num_programs, _on_device, _precision, _row_tiles, _tile_at, _output, _tma_ok,
+    RAGGED, RAGGED_ROWS, _ragged_desc, _block_g, _check_device, _num_programs, _on_device, _precision, _row_tiles, _tile_at, _output, _tma_ok,
     _zero_rows_past_groups, grouped_gemm_ref, interpreting)
 from moetrain.kernels.grouped_gemm_tuning import ROWGROUP_CONFIGS, GemmConfig, pick_config, tail_config
 from moetrain.kernels.host import cdiv, rows_bucket
 from moetrain.kernels.moe_rows import ACTIVATIONS, _activation
 
 
-# The plain forward's candidates, but the pointer-path 4-warp ones: with two accumulators and two weight tiles
-# they spill registers on sm_90a (tests/kernels/test_grouped_gemm_sm90.py).
-FC1_SWIGLU_CONFIGS = tuple(c for c in ROWGROUP_CONFIGS if c.use_tma or c.num_warps == 8)
+# The plain forward's candidates but those that spill registers on sm_90a with this epilogue
+# (tests/kernels/test_grouped_gemm_sm90.py): the 4-warp 128x128 tiles (pointer loads; gathered rows with h
+# stored by TMA), and the pointer-path 2-per-SM one.
+FC1_SWIGLU_CONFIGS = tuple(c for c in ROWGROUP_CONFIGS if not (c.block_m == c.block_n == 128 and c.num_warps == 4
+                                                               and (c.programs_per_sm == 1 or not c.use_tma)))
 
 
 def fc1_swiglu_ref(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation: str = "swiglu",
@@ -63,6 +66,7 @@ def _fc1_swiglu_kernel(
     w_ptr, wg_desc, wu_desc,  # w1 [G, 2I, H]; the gate / up halves as 3-D [G, I, H] descriptors, block [1, BLOCK_N, BLOCK_K]
     wp_desc,  # PAIRED: w1 as 4-D [G, 2, I, H], block [1, 2, BLOCK_N, BLOCK_K]: gate and up rows j in one box
     h_ptr, act_ptr, probs_ptr,  # h [M, 2I], a [M, I], probs [M] fp32 (HAS_PROBS)
+    hg_desc, hu_desc,  # TMA_H: h's gate and up halves as ragged 4-D descriptors, block [1, 1, BLOCK_M, BLOCK_N]
     offs_ptr,  # [G] int32
     M, I, RED, G,
     stride_am, stride_wg, stride_w1,
@@ -72,6 +76,7 @@ def _fc1_swiglu_kernel(
     BLOCK_G: tl.constexpr, USE_TMA: tl.constexpr, FLATTEN: tl.constexpr, PRECISION: tl.constexpr,
     GATHER: tl.constexpr, PART: tl.constexpr, BIG_M: tl.constexpr,
     PAIRED: tl.constexpr,  # one [BLOCK_M, 2 BLOCK_N] accumulator (the plain forward's MMA shape), else two
+    TMA_H: tl.constexpr,  # h stored by TMA (the plain forward's store), else from registers
 ):
     pid = tl.program_id(0)
     out_dtype = h_ptr.dtype.element_ty
@@ -129,9 +134,13 @@ def _fc1_swiglu_kernel(
             hu = acc_u.to(out_dtype)
         mask = row_ok[:, None] & col_ok[None, :]
         rows = (m0 + rm).to(tl.int64)
-        h_at = h_ptr + rows[:, None] * (2 * I) + (n0 + rn)[None, :]
-        tl.store(h_at, hg, mask=mask)
-        tl.store(h_at + I, hu, mask=mask)
+        if TMA_H:  # the hardware clips each store at the group's row end and at I
+            hg_desc.store([RAGGED, row_end, RAGGED - row_end + m0, n0], hg.reshape(1, 1, BLOCK_M, BLOCK_N))
+            hu_desc.store([RAGGED, row_end, RAGGED - row_end + m0, n0], hu.reshape(1, 1, BLOCK_M, BLOCK_N))
+        else:
+            h_at = h_ptr + rows[:, None] * (2 * I) + (n0 + rn)[None, :]
+            tl.store(h_at, hg, mask=mask)
+            tl.store(h_at + I, hu, mask=mask)
         act = _activation(hg.to(tl.float32), hu.to(tl.float32), ACT)  # from h as stored (the separate kernel's input)
         if HAS_PROBS:
             act = act * tl.load(probs_ptr + m0 + rm, mask=row_ok, other=0.0)[:, None]
@@ -144,7 +153,7 @@ def _fc1_swiglu_kernel(
 def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation: str = "swiglu",
                probs: torch.Tensor | None = None, *, gather_rows: torch.Tensor | None = None,
                config: GemmConfig | None = None, out: tuple | None = None, num_programs: int | None = None,
-               paired: bool = True):
+               paired: bool = True, tma_h: bool = True):
     """(h [M, 2I], a [M, I]) in x's dtype: FC1 and SwiGLU in one kernel (see the module docstring).
 
     x [M, H] (or [T, H] with gather_rows [M] int32/int64: row r is x[gather_rows[r]]), w1 [G, 2I, H] same dtype,
@@ -152,6 +161,9 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation
     two accumulators' columns together) and bypasses the autotuner; ``out`` = (h, a), contiguous, receives the
     results. ``paired``: gate and up rows in one B tile and one accumulator (one MMA of the plain forward's
     shape), else two accumulators (two MMAs of half the width: session 7 measured that ~40% slower at Mixtral).
+    ``tma_h`` (default): h's halves stored by TMA as the plain forward stores its output (two [BLOCK_M, BLOCK_N]
+    buffers in shared memory: 213 KB at 128x256x64/s3, the plain forward's), else from registers (the variant
+    session 7 measured).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown expert activation {activation!r}; valid: {', '.join(ACTIVATIONS)}")
@@ -185,6 +197,7 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation
         return h.zero_(), act.zero_()
     up = w1[:, inter:, :]
     tma_ok = (_tma_ok(x, w1, h) and up.data_ptr() % 16 == 0 and M < RAGGED_ROWS)
+    h_halves = (h[:, :inter], h[:, inter:])
 
     def launch(cfg: GemmConfig, part: int, big_m: int):
         use_tma = cfg.use_tma and tma_ok
@@ -197,15 +210,18 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation
             wp_desc = TensorDescriptor(w1, [G, 2, inter, RED], [two_i * RED, inter * RED, RED, 1], [1, 2, bn, bk])
         else:
             a_desc, wg_desc, wu_desc, wp_desc = x, w1, w1, w1
+        store_h = use_tma and tma_h and h_halves[1].data_ptr() % 16 == 0
+        hg_desc, hu_desc = (_ragged_desc(t, [bm, bn]) for t in h_halves) if store_h else (h, h)
         bound = (cdiv(M, bm) + G) * cdiv(inter, bn) if part != 2 else G * cdiv(inter, bn)
         nprog = max(1, min(num_programs or _num_programs(x.device) * cfg.programs_per_sm, bound))
         _fc1_swiglu_kernel[(nprog,)](
             x, a_desc, gather_rows if gather_rows is not None else offs, w1, wg_desc, wu_desc, wp_desc, h, act,
-            probs if probs is not None else h, offs, M, inter, RED, G, x.stride(0), w1.stride(0), w1.stride(1), nprog,
+            probs if probs is not None else h, hg_desc, hu_desc, offs, M, inter, RED, G, x.stride(0), w1.stride(0), w1.stride(1), nprog,
             ACT=ACTIVATIONS[activation], HAS_PROBS=probs is not None,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, BLOCK_G=_block_g(G), USE_TMA=use_tma,
             FLATTEN=not interpreting(), PRECISION=_precision(x.dtype), GATHER=gather_rows is not None,
-            PART=part, BIG_M=big_m, PAIRED=paired, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            PART=part, BIG_M=big_m, PAIRED=paired, TMA_H=store_h, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
 
     def run(cfg: GemmConfig):
         if not cfg.tail_split:
@@ -215,7 +231,7 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation
         launch(tail_config(cfg), 2, cfg.block_m)
 
     op = "fc1_swiglu" + ("_gather" if gather_rows is not None else "")
-    key = (op, x.dtype, x.device, inter, RED, rows_bucket(M, G), tma_ok, activation, probs is not None, paired)
+    key = (op, x.dtype, x.device, inter, RED, rows_bucket(M, G), tma_ok, activation, probs is not None, paired, tma_h)
     with _on_device(x.device):
         run(pick_config(key, FC1_SWIGLU_CONFIGS, config, run))
     return h, act

@@ -56,16 +56,17 @@ def inputs(offs, m, h_dim, inter, seed, dtype=torch.float32):
     return x.to(DEVICE, dtype), w1.to(DEVICE, dtype), probs.to(DEVICE), offs_t.to(DEVICE)
 
 
-@pytest.mark.parametrize("paired", [True, False], ids=["paired", "two_acc"])
+@pytest.mark.parametrize("paired,tma_h", [(True, True), (True, False), (False, True), (False, False)],
+                         ids=["paired_tma_h", "paired", "two_acc_tma_h", "two_acc"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("name,offs,m", CASES, ids=[c[0] for c in CASES])
-def test_fc1_swiglu_matches_the_separate_references(name, offs, m, cfg, paired):
+def test_fc1_swiglu_matches_the_separate_references(name, offs, m, cfg, paired, tma_h):
     h_dim, inter = 20, 24  # I not a multiple of the 16-column tile; H leaves a partial reduction step
     x, w1, probs, offs_t = inputs(offs, m, h_dim, inter, seed=m + len(offs))
     progs = 1 if cfg.block_m == 16 else 3
     for activation, p in (("swiglu", probs), ("swiglu_clamped", None)):
         h, a = fused.fc1_swiglu(x, w1, offs_t, activation, p, config=cfg, num_programs=progs, paired=paired,
-                                out=(poisoned(m, 2 * inter), poisoned(m, inter)))
+                                tma_h=tma_h, out=(poisoned(m, 2 * inter), poisoned(m, inter)))
         want_h, want_a = fused.fc1_swiglu_ref(x.double(), w1.double(), offs_t, activation,
                                               None if p is None else p.double())
         assert rel_err(h, want_h) < FP32_BOUND and rel_err(a, want_a) < FP32_BOUND, activation
@@ -113,10 +114,11 @@ def test_fc1_swiglu_rejects_bad_arguments():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("paired", [True, False], ids=["paired", "two_acc"])
+@pytest.mark.parametrize("paired,tma_h", [(True, True), (True, False), (False, False)],
+                         ids=["paired_tma_h", "paired", "two_acc"])
 @pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
 @pytest.mark.parametrize("gather", [False, True])
-def test_fc1_swiglu_bf16_on_gpu(activation, gather, paired):
+def test_fc1_swiglu_bf16_on_gpu(activation, gather, paired, tma_h):
     # Qwen3-like rows per expert, skewed: the autotuned kernel against the plain forward and the SwiGLU kernel
     torch.manual_seed(0)
     E, T, K, h_dim, inter = 16, 1000, 4, 512, 384
@@ -127,7 +129,7 @@ def test_fc1_swiglu_bf16_on_gpu(activation, gather, paired):
     w1 = (torch.randn(E, 2 * inter, h_dim, device="cuda") / h_dim**0.5).to(torch.bfloat16)
     probs = torch.rand(T * K, device="cuda")
     rows_of = torch.randperm(T * K, device="cuda") // K if gather else None
-    h, a = fused.fc1_swiglu(x, w1, offs, activation, probs, gather_rows=rows_of, paired=paired)
+    h, a = fused.fc1_swiglu(x, w1, offs, activation, probs, gather_rows=rows_of, paired=paired, tma_h=tma_h)
     h_sep = gg.grouped_gemm_fwd(x, w1, offs, gather_rows=rows_of)
     a_sep = rows.swiglu_fwd(h_sep, activation, probs)
     torch.testing.assert_close(h, h_sep, rtol=1e-2, atol=1e-2)

@@ -29,7 +29,8 @@ ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 rows = []
 launches = []
 ops = [(op, {}) for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather")]
-ops += [(op, {"paired": paired}) for op in ("fc1_swiglu", "fc1_swiglu_gather") for paired in (True, False)]
+ops += [(op, {"paired": paired, "tma_h": tma_h}) for op in ("fc1_swiglu", "fc1_swiglu_gather")
+        for paired, tma_h in ((True, True), (True, False), (False, False))]
 ops += [("fc2_dgrad_swiglu", {})]
 candidates = {"fc1_swiglu": FC1_SWIGLU_CONFIGS, "fc1_swiglu_gather": FC1_SWIGLU_CONFIGS,
               "fc2_dgrad_swiglu": FC2_DGRAD_SWIGLU_CONFIGS}
@@ -52,7 +53,7 @@ for op, extra, cfg, part, big_m in launches:
                                   capture_output=True, text=True).stderr
         m = re.search(r"(\d+) bytes spill stores", info)
         spill = int(m.group(1)) if m else None
-    rows.append(dict(op=op + ("/paired" if extra.get("paired") else ""), config=str(cfg), part=part, tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
+    rows.append(dict(op=op + "".join(f"/{k}" for k, v in extra.items() if v), config=str(cfg), part=part, tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
                      per_sm=cfg.programs_per_sm,
                      wgmma="wgmma.mma_async" in ptx, tma_load="cp.async.bulk.tensor" in ptx,
                      cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx,
