@@ -210,7 +210,7 @@ class GemmFloor:
             w1, w2 = args[3], args[4]
             self.run = six_gemms(self.s, self.routing, w1.device, w1.dtype, weights=(w1.detach(), w2.detach()))
             self.args = args
-        self.run()
+        self.run(keep=False)
 
 
 class Graphed:
@@ -422,13 +422,21 @@ def six_gemms(s: Shape, routing: str, device, dtype=torch.bfloat16, weights=None
     x, a, dy, dh = rand(M, s.H), rand(M, s.I), rand(M, s.H), rand(M, 2 * s.I)
     w1, w2 = weights if weights is not None else (rand(s.E, 2 * s.I, s.H) / s.H**0.5, rand(s.E, s.H, s.I) / s.I**0.5)
 
-    def six():
-        return (torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs),  # FC1 forward  [M, 2I]
-                torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs),  # FC2 forward  [M, H]
-                torch._grouped_mm(dy, w2, offs=offs),  # FC2 data gradient [M, I]
-                torch._grouped_mm(dy.t(), a, offs=offs),  # FC2 weight gradient [E, H, I]
-                torch._grouped_mm(dh, w1, offs=offs),  # FC1 data gradient [M, H]
-                torch._grouped_mm(dh.t(), x, offs=offs))  # FC1 weight gradient [E, 2I, H]
+    gemms = (lambda: torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs),  # FC1 forward  [M, 2I]
+             lambda: torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs),  # FC2 forward  [M, H]
+             lambda: torch._grouped_mm(dy, w2, offs=offs),  # FC2 data gradient [M, I]
+             lambda: torch._grouped_mm(dy.t(), a, offs=offs),  # FC2 weight gradient [E, H, I]
+             lambda: torch._grouped_mm(dh, w1, offs=offs),  # FC1 data gradient [M, H]
+             lambda: torch._grouped_mm(dh.t(), x, offs=offs))  # FC1 weight gradient [E, 2I, H]
+
+    def six(keep: bool = True):
+        """The six outputs, or (keep=False, timing) None: each freed before the next is allocated, so the floor
+        holds one output at a time (DeepSeek-V3's six are 25 GB; all at once ran out beside graphed layers)."""
+        if keep:
+            return tuple(gemm() for gemm in gemms)
+        for gemm in gemms:
+            gemm()
+        return None
 
     six.operands = (x, a, dy, dh, w1, w2, offs)
     return six
