@@ -32,14 +32,8 @@ def capture_fc1_dgrad(s):
 
     moe_fused.grouped_gemm_op = spy
     try:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        bf = torch.bfloat16
-        x = torch.randn(s.T, s.H, device="cuda", generator=gen).to(bf).requires_grad_()
-        router_w = (torch.randn(s.E, s.H, device="cuda", generator=gen) * 0.02).to(bf)
-        w1 = (torch.randn(s.E, 2 * s.I, s.H, device="cuda", generator=gen) / s.H**0.5).to(bf).requires_grad_()
-        w2 = (torch.randn(s.E, s.H, s.I, device="cuda", generator=gen) / s.I**0.5).to(bf).requires_grad_()
-        grad_out = torch.randn(s.T, s.H, device="cuda", generator=gen).to(bf)
-        bench.ours("auto")(x, router_w, bench.forcing_logits(s, "balanced", "cuda"), w1, w2, s.K).backward(grad_out)
+        args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
+        bench._fwd_bwd(bench.ours("auto"), args)
     finally:
         moe_fused.grouped_gemm_op = original
     return seen["operands"]
@@ -47,7 +41,7 @@ def capture_fc1_dgrad(s):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="qwen3-30b-a3b")
+    p.add_argument("--shape", default="qwen3-30b-a3b", choices=list(bench.SHAPES))
     p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
     s = bench.SHAPES[a.shape]

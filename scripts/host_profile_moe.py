@@ -22,25 +22,12 @@ import torch
 from moetrain.bench import moe_layer as bench
 
 
-def _args(s, device):
-    gen = torch.Generator(device=device).manual_seed(0)
-    bf = torch.bfloat16
-    x = torch.randn(s.T, s.H, device=device, generator=gen).to(bf).requires_grad_()
-    router_w = (torch.randn(s.E, s.H, device=device, generator=gen) * 0.02).to(bf)
-    w1 = (torch.randn(s.E, 2 * s.I, s.H, device=device, generator=gen) / s.H**0.5).to(bf).requires_grad_()
-    w2 = (torch.randn(s.E, s.H, s.I, device=device, generator=gen) / s.I**0.5).to(bf).requires_grad_()
-    grad_out = torch.randn(s.T, s.H, device=device, generator=gen).to(bf)
-    return x, router_w, bench.forcing_logits(s, "balanced", device), w1, w2, s.K, grad_out
-
-
 def _call(fn, args) -> tuple[float, torch.cuda.Event, torch.cuda.Event]:
-    x, router_w, forcing, w1, w2, K, grad_out = args
-    for t in (x, w1, w2):
-        t.grad = None
+    """One forward + backward as `bench moe` runs it: (host seconds to issue it, start and end events)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     t0 = time.perf_counter()
-    fn(x, router_w, forcing, w1, w2, K).backward(grad_out)
+    bench._fwd_bwd(fn, args)
     host = time.perf_counter() - t0
     end.record()
     return host, start, end
@@ -48,13 +35,13 @@ def _call(fn, args) -> tuple[float, torch.cuda.Event, torch.cuda.Event]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="qwen3-30b-a3b")
+    p.add_argument("--shape", default="qwen3-30b-a3b", choices=list(bench.SHAPES))
     p.add_argument("--backend", default="auto")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
     a = p.parse_args()
     s = bench.SHAPES[a.shape]
-    args = _args(s, "cuda")
+    args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
     contenders = {f"ours ({a.backend})": bench.ours(a.backend), "reference eager": bench.reference_layer}
     for name, fn in contenders.items():
         for _ in range(3):  # autotuning, auto's measurement, allocator warm-up

@@ -28,12 +28,14 @@ from moetrain.kernels.timing import in_turns, median_ms
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="mixtral-8x7b")
+    p.add_argument("--shape", default="mixtral-8x7b", choices=list(SHAPES))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--gather", action="store_true", help="read the token rows through an index (the fused path's way)")
     p.add_argument("--side", default="fwd,bwd", help="fwd, bwd or both (comma-separated)")
     a = p.parse_args()
     sides = a.side.split(",")
+    if not set(sides) <= {"fwd", "bwd"}:
+        p.error(f"--side {a.side!r}: fwd, bwd or fwd,bwd")
     s = SHAPES[a.shape]
     M = s.T * s.K
     gen = torch.Generator(device="cuda").manual_seed(0)

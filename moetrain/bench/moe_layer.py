@@ -147,6 +147,22 @@ def reference_layer(x, router_w, forcing, w1, w2, K, per_expert_loop: bool = Fal
     return out.index_add_(0, token_of_row, ys)
 
 
+def layer_inputs(s: Shape, routing: str, gen: torch.Generator) -> tuple:
+    """One contender call's inputs on gen's device: (x [T, H] bf16 with grad, router_w [E, H] bf16, forcing [T, E]
+    fp32, w1 [E, 2I, H], w2 [E, H, I] bf16 with grad, K, grad_out [T, H] bf16); each call draws new values."""
+    dev, bf = gen.device, torch.bfloat16
+    # drawn in bf16: an fp32 draw of DeepSeek-V3's w1 is a 30 GB transient (it ran out of memory beside
+    # the graphed contenders' pools)
+    x = torch.randn(s.T, s.H, device=dev, generator=gen, dtype=bf).requires_grad_()
+    # bf16 like the model's router weight after model.to(bf16): ours then takes the tensor-core logits
+    # GEMM as training does; the reference upcasts it to fp32
+    router_w = torch.randn(s.E, s.H, device=dev, generator=gen, dtype=bf).mul_(0.02)
+    w1 = torch.randn(s.E, 2 * s.I, s.H, device=dev, generator=gen, dtype=bf).div_(s.H**0.5).requires_grad_()
+    w2 = torch.randn(s.E, s.H, s.I, device=dev, generator=gen, dtype=bf).div_(s.I**0.5).requires_grad_()
+    grad_out = torch.randn(s.T, s.H, device=dev, generator=gen, dtype=bf)
+    return x, router_w, forcing_logits(s, routing, dev), w1, w2, s.K, grad_out
+
+
 def layer_flops(s: Shape) -> float:
     """FLOPs of the six expert GEMMs (FC1/FC2 forward, data and weight gradients)."""
     M = s.T * s.K
@@ -334,21 +350,10 @@ def check_correct(contenders: dict, make_args) -> dict:
 
 def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: int, compile_ref: bool,
               profile: bool = False, graphs: bool = False, swiglu_fusions: tuple = ()) -> list[dict]:
-    dev = "cuda"
-    gen = torch.Generator(device=dev).manual_seed(0)
-    bf = torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(0)
 
     def make_args():
-        # drawn in bf16: an fp32 draw of DeepSeek-V3's w1 is a 30 GB transient (it ran out of memory beside
-        # the graphed contenders' pools)
-        x = torch.randn(s.T, s.H, device=dev, generator=gen, dtype=bf).requires_grad_()
-        # bf16 like the model's router weight after model.to(bf16): ours then takes the tensor-core logits
-        # GEMM as training does; the reference upcasts it to fp32
-        router_w = torch.randn(s.E, s.H, device=dev, generator=gen, dtype=bf).mul_(0.02)
-        w1 = torch.randn(s.E, 2 * s.I, s.H, device=dev, generator=gen, dtype=bf).div_(s.H**0.5).requires_grad_()
-        w2 = torch.randn(s.E, s.H, s.I, device=dev, generator=gen, dtype=bf).div_(s.I**0.5).requires_grad_()
-        grad_out = torch.randn(s.T, s.H, device=dev, generator=gen, dtype=bf)
-        return x, router_w, forcing_logits(s, routing, dev), w1, w2, s.K, grad_out
+        return layer_inputs(s, routing, gen)
 
     started = time.perf_counter()
 
@@ -471,16 +476,16 @@ def main(argv=None) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="after timing, print each contender's top CUDA kernels (torch.profiler)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise UserError("moetrain bench moe needs a CUDA GPU (none is visible)")
-    backends = parse_backends(args.backends, torch.device("cuda"))
-    for name in args.shapes.split(","):
+    for name in args.shapes.split(","):  # the arguments first: a typo is reported on a machine without a GPU too
         if name not in SHAPES:
             raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
     fusions = tuple(f.strip() for f in args.swiglu_fusion.split(",") if f.strip())
     bad = [f for f in fusions if f not in ("fc1", "fc2", "both")]
     if bad:
         raise UserError(f"unknown --swiglu-fusion {', '.join(bad)}; valid: fc1, fc2, both")
+    if not torch.cuda.is_available():
+        raise UserError("moetrain bench moe needs a CUDA GPU (none is visible)")
+    backends = parse_backends(args.backends, torch.device("cuda"))
     print(f"MoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           "TFLOP/s counts the six expert GEMMs", flush=True)
     print(f"{'shape':16s} {'routing':8s} {'contender':20s} {'ms':>8s} {'+-%':>5s} {'TFLOP/s':>8s} {'x eager':>8s} "

@@ -1,4 +1,5 @@
 """The MoE layer benchmark's contenders compute the same function (CPU, fp64, small shape)."""
+import pytest
 
 import torch
 
@@ -47,3 +48,13 @@ def test_skewed_routing_is_the_same_on_every_call():
     first = forcing_logits(s, "skewed", "cpu", seed=3)
     torch.rand(5)  # the global generator moves on
     assert torch.equal(forcing_logits(s, "skewed", "cpu", seed=3), first)
+
+
+@pytest.mark.parametrize("argv, match", [(["--shapes", "qwen3"], "unknown shape 'qwen3'"),
+                                         (["--swiglu-fusion", "fc1,fc3"], "unknown --swiglu-fusion fc3")])
+def test_bad_arguments_are_one_line_errors_before_any_gpu_check(argv, match):
+    from moetrain.bench.moe_layer import main
+    from moetrain.errors import UserError
+
+    with pytest.raises(UserError, match=match):
+        main(argv)
