@@ -1,6 +1,6 @@
 """The MoE layer benchmark's contenders compute the same function (CPU, fp64, small shape)."""
-import pytest
 
+import pytest
 import torch
 
 from moetrain.bench.moe_layer import Shape, forcing_logits, layer_flops, ours, reference_layer, six_gemms
