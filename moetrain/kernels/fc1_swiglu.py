@@ -31,10 +31,10 @@ import triton
 import triton.language as tl
 
 from moetrain.kernels.grouped_gemm import (
-    RAGGED, RAGGED_ROWS, _ragged_desc, _block_g, _check_device, _num_programs, _on_device, _precision, _row_tiles, _tile_at, _output, _tma_ok,
-    _zero_rows_past_groups, grouped_gemm_ref, interpreting)
-from moetrain.kernels.grouped_gemm_tuning import ROWGROUP_CONFIGS, GemmConfig, pick_config, tail_config
-from moetrain.kernels.host import cdiv, rows_bucket
+    RAGGED, RAGGED_ROWS, _a_rows, _block_g, _check_device, _on_device, _output, _precision, _ragged_desc, _row_programs,
+    _row_tiles, _run_tail_split, _tile_at, _tma_ok, _zero_rows_past_groups, grouped_gemm_ref, interpreting)
+from moetrain.kernels.grouped_gemm_tuning import ROWGROUP_CONFIGS, GemmConfig, pick_config
+from moetrain.kernels.host import rows_bucket
 from moetrain.kernels.moe_rows import ACTIVATIONS, _activation
 
 
@@ -91,11 +91,7 @@ def _fc1_swiglu_kernel(
         w_base = w_ptr + g.to(tl.int64) * stride_wg
         row_ok = (m0 + rm) < row_end
         col_ok = (n0 + rn) < I
-        if GATHER:
-            src = tl.load(gather_ptr + m0 + rm, mask=row_ok, other=0)
-            a_rows = a_ptr + src.to(tl.int64)[:, None] * stride_am
-        else:
-            a_rows = a_ptr + m0.to(tl.int64) * stride_am + rm[:, None] * stride_am
+        a_rows = _a_rows(a_ptr, gather_ptr, m0, rm, row_ok, stride_am, GATHER)
         acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)  # PAIRED: gate columns, then up columns
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -212,8 +208,7 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation
             a_desc, wg_desc, wu_desc, wp_desc = x, w1, w1, w1
         store_h = use_tma and tma_h and h_halves[1].data_ptr() % 16 == 0
         hg_desc, hu_desc = (_ragged_desc(t, [bm, bn]) for t in h_halves) if store_h else (h, h)
-        bound = (cdiv(M, bm) + G) * cdiv(inter, bn) if part != 2 else G * cdiv(inter, bn)
-        nprog = max(1, min(num_programs or _num_programs(x.device) * cfg.programs_per_sm, bound))
+        nprog = _row_programs(x.device, cfg, M, G, inter, bn, part, num_programs)
         _fc1_swiglu_kernel[(nprog,)](
             x, a_desc, gather_rows if gather_rows is not None else offs, w1, wg_desc, wu_desc, wp_desc, h, act,
             probs if probs is not None else h, hg_desc, hu_desc, offs, M, inter, RED, G, x.stride(0), w1.stride(0), w1.stride(1), nprog,
@@ -224,11 +219,7 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation
             num_stages=cfg.num_stages)
 
     def run(cfg: GemmConfig):
-        if not cfg.tail_split:
-            launch(cfg, 0, cfg.block_m)
-            return
-        launch(cfg, 1, cfg.block_m)
-        launch(tail_config(cfg), 2, cfg.block_m)
+        _run_tail_split(cfg, launch)
 
     op = "fc1_swiglu" + ("_gather" if gather_rows is not None else "")
     key = (op, x.dtype, x.device, inter, RED, rows_bucket(M, G), tma_ok, activation, probs is not None, paired, tma_h)

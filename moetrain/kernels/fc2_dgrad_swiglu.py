@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from moetrain.kernels.grouped_gemm import (
-    RAGGED_ROWS, _block_g, _check_device, _num_programs, _on_device, _output, _precision, _row_tiles, _tile_at,
-    _tma_ok, _zero_rows_past_groups, grouped_gemm_dgrad_ref)
+    RAGGED_ROWS, _block_g, _check_device, _on_device, _output, _precision, _row_programs, _row_tiles,
+    _run_tail_split, _tile_at, _tma_ok, _zero_rows_past_groups, grouped_gemm_dgrad_ref)
 from moetrain.kernels.grouped_gemm_tuning import GemmConfig, pick_config, tail_config
 from moetrain.kernels.host import cdiv, rows_bucket
 from moetrain.kernels.moe_rows import ACTIVATIONS, _activation, _activation_bwd
@@ -219,8 +219,7 @@ def fc2_dgrad_swiglu(dy: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor, h: 
             w_desc = TensorDescriptor(w2, [G, RED, inter], [RED * inter, inter, 1], [1, bk, bn])
         else:
             a_desc, w_desc = dy, w2
-        bound = (cdiv(M, bm) + G) * cdiv(inter, bn) if part != 2 else G * cdiv(inter, bn)
-        nprog = max(1, min(num_programs or _num_programs(dy.device) * cfg.programs_per_sm, bound))
+        nprog = _row_programs(dy.device, cfg, M, G, inter, bn, part, num_programs)
         _fc2_dgrad_swiglu_kernel[(nprog,)](
             a_desc, dy, w2, w_desc, h, dh, probs if probs is not None else h, buf if buf is not None else dh, offs,
             M, inter, RED, G, dy.stride(0), w2.stride(0), w2.stride(1), nprog,
@@ -235,11 +234,7 @@ def fc2_dgrad_swiglu(dy: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor, h: 
         if probs is not None:
             buf = torch.empty(M, cdiv(inter, cfg.block_n), dtype=torch.float32, device=dy.device)
             parts["buf"] = buf
-        if not cfg.tail_split:
-            launch(cfg, 0, cfg.block_m, buf)
-            return
-        launch(cfg, 1, cfg.block_m, buf)
-        launch(tail_of(cfg), 2, cfg.block_m, buf)
+        _run_tail_split(cfg, lambda c, part, big_m: launch(c, part, big_m, buf), tail_of)
 
     key = ("fc2_dgrad_swiglu", dy.dtype, dy.device, inter, RED, rows_bucket(M, G), tma_ok, activation,
            probs is not None)

@@ -177,6 +177,16 @@ def _tile_at(tile, ends, tile_ends, M, n_tiles, BLOCK_M: tl.constexpr, BLOCK_N: 
 
 
 @triton.jit
+def _a_rows(a_ptr, gather_ptr, m0, rm, row_ok, stride_am, GATHER: tl.constexpr):
+    """[BLOCK_M, 1] pointers to the tile's A rows: rows m0.. of A, or (GATHER) the token rows gather[m0..] (no
+    permuted copy: pointer loads, since Hopper's TMA cannot gather rows)."""
+    if GATHER:
+        src = tl.load(gather_ptr + m0 + rm, mask=row_ok, other=0)
+        return a_ptr + src.to(tl.int64)[:, None] * stride_am
+    return a_ptr + m0.to(tl.int64) * stride_am + rm[:, None] * stride_am
+
+
+@triton.jit
 def _zero_rows_past_groups(out_ptr, ends, M, OUT, stride_om, pid, NUM_PROGS, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, PART: tl.constexpr):
     """Rows past the last group's end belong to no group: write zeros to out [M, OUT] there (usually none)."""
@@ -224,13 +234,7 @@ def _rowgroup_kernel(
         g, m0, n0, row_end = _tile_at(tile, ends, tile_ends, M, n_tiles, BLOCK_M, BLOCK_N, GROUP_M, PART, BIG_M)
         w_base = w_ptr + g.to(tl.int64) * stride_wg
         row_ok = (m0 + rm) < row_end
-        if GATHER:
-            # A rows come straight from the token rows (no permuted copy): pointer loads, since
-            # Hopper's TMA cannot gather rows.
-            src = tl.load(gather_ptr + m0 + rm, mask=row_ok, other=0)
-            a_rows = a_ptr + src.to(tl.int64)[:, None] * stride_am
-        else:
-            a_rows = a_ptr + m0.to(tl.int64) * stride_am + rm[:, None] * stride_am
+        a_rows = _a_rows(a_ptr, gather_ptr, m0, rm, row_ok, stride_am, GATHER)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             k0 = ki * BLOCK_K
@@ -425,6 +429,25 @@ def _block_g(groups: int) -> int:
     return max(256, next_pow2(groups))
 
 
+def _row_programs(device: torch.device, cfg: GemmConfig, M: int, G: int, OUT: int, block_n: int, part: int,
+                  num_programs: int | None) -> int:
+    """Persistent grid of a row-group launch (``cfg`` the launched config): programs_per_sm per SM, or num_programs,
+    at most the tile count's bound without reading offs (every group adds at most one partial row tile; a tail
+    launch, PART 2, has at most one tile row per group)."""
+    bound = (cdiv(M, cfg.block_m) + G) * cdiv(OUT, block_n) if part != 2 else G * cdiv(OUT, block_n)
+    return max(1, min(num_programs or _num_programs(device) * cfg.programs_per_sm, bound))
+
+
+def _run_tail_split(cfg: GemmConfig, launch, tail=tail_config) -> None:
+    """``launch(config, part, big_m)`` once (PART 0), or for a tail-split config the body (PART 1) and then the
+    half-height tail (PART 2, ``tail(cfg)``): see TAIL SPLIT."""
+    if not cfg.tail_split:
+        launch(cfg, 0, cfg.block_m)
+        return
+    launch(cfg, 1, cfg.block_m)
+    launch(tail(cfg), 2, cfg.block_m)
+
+
 def _output(out, shape, like: torch.Tensor) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
@@ -501,9 +524,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             out_desc = _ragged_desc(out, [bm, bn])
         else:
             a_desc, w_desc, out_desc = a, w, out
-        # Upper bound of the tile count without reading offs: every group adds at most one partial tile.
-        bound = (cdiv(M, bm) + G) * cdiv(OUT, bn) if part != 2 else G * cdiv(OUT, bn)
-        nprog = max(1, min(num_programs or _num_programs(a.device) * cfg.programs_per_sm, bound))
+        nprog = _row_programs(a.device, cfg, M, G, OUT, bn, part, num_programs)
         _rowgroup_kernel[(nprog,)](
             a, a_desc, offs if gather is None else gather, w, w_desc, out, out_desc, offs, M, OUT, RED, G,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0), nprog,
@@ -514,11 +535,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         )
 
     def run(cfg: GemmConfig):
-        if not cfg.tail_split:
-            launch(cfg, 0, cfg.block_m)
-            return
-        launch(cfg, 1, cfg.block_m)
-        launch(tail_config(cfg), 2, cfg.block_m)
+        _run_tail_split(cfg, launch)
 
     op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
     key = (op, a.dtype, a.device, OUT, RED, rows_bucket(M, G), tma_ok)
