@@ -58,8 +58,7 @@ class GatherFC1(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, offs, row_map, inverse, topk, gemm):
-        offs = offs.to(torch.int32)
-        token_of_row = (row_map // topk).to(torch.int32)
+        offs, token_of_row = _int32_rows(offs, row_map, topk)
         ctx.save_for_backward(x, w1, offs, inverse, token_of_row)
         ctx.topk, ctx.gemm = topk, gemm
         variant = "gather"
@@ -72,10 +71,20 @@ class GatherFC1(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dh):
-        x, w1, offs, inverse, token_of_row = ctx.saved_tensors
-        dx, dw1 = _fc1_grads(ctx.needs_input_grad[0], ctx.needs_input_grad[1], dh, x, w1, offs, inverse,
-                             token_of_row, ctx.topk, ctx.gemm)
+        dx, dw1 = _saved_fc1_grads(ctx, dh)
         return dx, dw1, None, None, None, None, None
+
+
+def _int32_rows(offs, row_map, topk: int):
+    """(offs [E] int32, token_of_row [M] int32 = row_map // K): what the gathered FC1 kernels read."""
+    return offs.to(torch.int32), (row_map // topk).to(torch.int32)
+
+
+def _saved_fc1_grads(ctx, dh):
+    """_fc1_grads from what GatherFC1 and GatherFC1Pair save (x, w1, offs, inverse, token_of_row)."""
+    x, w1, offs, inverse, token_of_row = ctx.saved_tensors
+    return _fc1_grads(ctx.needs_input_grad[0], ctx.needs_input_grad[1], dh, x, w1, offs, inverse, token_of_row,
+                      ctx.topk, ctx.gemm)
 
 
 def _fc1_grads(needs_x: bool, needs_w: bool, dh, x, w1, offs, inverse, token_of_row, topk: int, gemm: str):
@@ -106,8 +115,7 @@ class GatherFC1SwiGLU(torch.autograd.Function):
     def forward(ctx, x, w1, offs, row_map, inverse, topk, probs, activation, gemm):
         from moetrain.kernels.fc1_swiglu import fc1_swiglu  # imports triton: only on this path
 
-        offs = offs.to(torch.int32)
-        token_of_row = (row_map // topk).to(torch.int32)
+        offs, token_of_row = _int32_rows(offs, row_map, topk)
         h, a = fc1_swiglu(x, w1, offs, activation, probs, gather_rows=token_of_row)
         ctx.save_for_backward(x, w1, offs, inverse, token_of_row, probs)
         ctx.h = h  # an intermediate, not an input or output: no reference cycle
@@ -136,8 +144,7 @@ class GatherFC1Pair(torch.autograd.Function):
     def forward(ctx, x, w1, offs, row_map, inverse, topk, probs, activation, gemm):
         from moetrain.kernels.fc1_swiglu import fc1_swiglu
 
-        offs = offs.to(torch.int32)
-        token_of_row = (row_map // topk).to(torch.int32)
+        offs, token_of_row = _int32_rows(offs, row_map, topk)
         h, a = fc1_swiglu(x, w1, offs, activation, probs, gather_rows=token_of_row)
         ctx.save_for_backward(x, w1, offs, inverse, token_of_row)
         ctx.topk, ctx.gemm = topk, gemm
@@ -147,9 +154,7 @@ class GatherFC1Pair(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dh, _da):
-        x, w1, offs, inverse, token_of_row = ctx.saved_tensors
-        dx, dw1 = _fc1_grads(ctx.needs_input_grad[0], ctx.needs_input_grad[1], dh, x, w1, offs, inverse,
-                             token_of_row, ctx.topk, ctx.gemm)
+        dx, dw1 = _saved_fc1_grads(ctx, dh)
         return dx, dw1, None, None, None, None, None, None, None
 
 
