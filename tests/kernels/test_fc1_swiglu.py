@@ -10,6 +10,7 @@ Legend: M rows, G experts, H hidden (the reduction), I expert intermediate.
 import pytest
 import torch
 
+from kernel_checks import EPILOGUE_CASES, FP32_BOUND, rel_err
 from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
 
 ON_GPU = use_gpu_or_interpreter()
@@ -19,16 +20,9 @@ from moetrain.kernels import grouped_gemm as gg  # noqa: E402
 from moetrain.kernels import moe_rows as rows  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
-FP32_BOUND = 1e-5
 
 pytestmark = pytest.mark.usefixtures("exact_fp32")  # tests/kernels/conftest.py
 
-# (name, offs, M): uneven and empty groups with rows past offs[-1], one group, many small groups
-CASES = [
-    ("uneven_empty_trailing", [10, 10, 47, 60], 70),
-    ("one_group", [37], 37),
-    ("many_groups", [3, 3, 20, 21, 40, 40, 58], 58),
-]
 # block_n is both accumulators together: 32 -> 16 intermediate columns per tile
 CONFIGS = [
     gg.GemmConfig(32, 32, 16, 1, 4, use_tma=False),
@@ -36,11 +30,6 @@ CONFIGS = [
     gg.GemmConfig(16, 32, 16, 1, 4, use_tma=True, group_m=2),
     gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True, tail_split=True),
 ]
-
-
-def rel_err(got, want):
-    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) or NaN outputs"
-    return ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
 
 
 def poisoned(*shape, dtype=torch.float32):
@@ -59,7 +48,7 @@ def inputs(offs, m, h_dim, inter, seed, dtype=torch.float32):
 @pytest.mark.parametrize("paired,tma_h", [(True, True), (True, False), (False, True), (False, False)],
                          ids=["paired_tma_h", "paired", "two_acc_tma_h", "two_acc"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
-@pytest.mark.parametrize("name,offs,m", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,offs,m", EPILOGUE_CASES, ids=[c[0] for c in EPILOGUE_CASES])
 def test_fc1_swiglu_matches_the_separate_references(name, offs, m, cfg, paired, tma_h):
     h_dim, inter = 20, 24  # I not a multiple of the 16-column tile; H leaves a partial reduction step
     x, w1, probs, offs_t = inputs(offs, m, h_dim, inter, seed=m + len(offs))

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from kernel_checks import FP32_BOUND, rel_err
 from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
 
 ON_GPU = use_gpu_or_interpreter()
@@ -23,7 +24,6 @@ from moetrain.errors import UserError  # noqa: E402
 from moetrain.kernels import grouped_gemm as gg  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
-FP32_BOUND = 1e-5  # fp32 accumulation over <= 100 terms, compared with fp64
 
 # (name, offs, M): uneven and empty groups, one group holding everything, G=1, M not a multiple
 # of any block, trailing rows past offs[-1], and every row trailing.
@@ -44,11 +44,6 @@ CONFIGS = [
 
 
 pytestmark = pytest.mark.usefixtures("exact_fp32")  # tests/kernels/conftest.py
-
-
-def rel_err(got, want):
-    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) or NaN outputs"
-    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def poisoned(*shape):
