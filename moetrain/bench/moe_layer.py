@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from moetrain import ops
 from moetrain.errors import UserError
+from moetrain.ops.moe import SWIGLU_FUSIONS
 
 
 @dataclass(frozen=True)
@@ -480,9 +481,10 @@ def main(argv=None) -> None:
         if name not in SHAPES:
             raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
     fusions = tuple(f.strip() for f in args.swiglu_fusion.split(",") if f.strip())
-    bad = [f for f in fusions if f not in ("fc1", "fc2", "both")]
+    valid = [f for f in SWIGLU_FUSIONS if f != "none"]
+    bad = [f for f in fusions if f not in valid]
     if bad:
-        raise UserError(f"unknown --swiglu-fusion {', '.join(bad)}; valid: fc1, fc2, both")
+        raise UserError(f"unknown --swiglu-fusion {', '.join(bad)}; valid: {', '.join(valid)}")
     if not torch.cuda.is_available():
         raise UserError("moetrain bench moe needs a CUDA GPU (none is visible)")
     backends = parse_backends(args.backends, torch.device("cuda"))
