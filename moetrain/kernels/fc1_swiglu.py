@@ -63,7 +63,7 @@ def fc1_swiglu_ref(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activa
 def _fc1_swiglu_kernel(
     a_ptr, a_desc,  # A [M, H]; a_desc 2-D, block [BLOCK_M, BLOCK_K] (GATHER: A is [T, H], rows gathered)
     gather_ptr,  # GATHER: [M] int32 source row of each A row
-    w_ptr, wg_desc, wu_desc,  # w1 [G, 2I, H]; the gate / up halves as 3-D [G, I, H] descriptors, block [1, BLOCK_N, BLOCK_K]
+    w_ptr, wg_desc, wu_desc,  # w1 [G, 2I, H]; gate / up halves: 3-D [G, I, H] descriptors, block [1, BLOCK_N, BLOCK_K]
     wp_desc,  # PAIRED: w1 as 4-D [G, 2, I, H], block [1, 2, BLOCK_N, BLOCK_K]: gate and up rows j in one box
     h_ptr, act_ptr, probs_ptr,  # h [M, 2I], a [M, I], probs [M] fp32 (HAS_PROBS)
     hg_desc, hu_desc,  # TMA_H: h's gate and up halves as ragged 4-D descriptors, block [1, 1, BLOCK_M, BLOCK_N]
@@ -211,7 +211,8 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, activation
         nprog = _row_programs(x.device, cfg, M, G, inter, bn, part, num_programs)
         _fc1_swiglu_kernel[(nprog,)](
             x, a_desc, gather_rows if gather_rows is not None else offs, w1, wg_desc, wu_desc, wp_desc, h, act,
-            probs if probs is not None else h, hg_desc, hu_desc, offs, M, inter, RED, G, x.stride(0), w1.stride(0), w1.stride(1), nprog,
+            probs if probs is not None else h, hg_desc, hu_desc, offs, M, inter, RED, G,
+            x.stride(0), w1.stride(0), w1.stride(1), nprog,
             ACT=ACTIVATIONS[activation], HAS_PROBS=probs is not None,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, BLOCK_G=_block_g(G), USE_TMA=use_tma,
             FLATTEN=not interpreting(), PRECISION=_precision(x.dtype), GATHER=gather_rows is not None,

@@ -79,9 +79,11 @@ def _swiglu_bwd_cols(da, n_first, rows, row_ok, h_ptr, dh_ptr, probs_ptr, I, ACT
     gate = tl.load(h_ptr + h_at, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(h_ptr + h_at + I, mask=mask, other=0.0).to(tl.float32)
     da = da.to(tl.float32)
-    part = tl.sum(tl.where(mask, da * _activation(gate, up, ACT), 0.0), axis=1) if HAS_PROBS else tl.sum(da * 0.0, axis=1)
     if HAS_PROBS:
+        part = tl.sum(tl.where(mask, da * _activation(gate, up, ACT), 0.0), axis=1)
         da = da * tl.load(probs_ptr + rows, mask=row_ok, other=0.0)[:, None]
+    else:
+        part = tl.sum(da * 0.0, axis=1)  # zeros, one per row: the caller stores no shares without probs
     dg, du = _activation_bwd(gate, up, da, ACT)
     tl.store(dh_ptr + h_at, dg.to(dh_ptr.dtype.element_ty), mask=mask)
     tl.store(dh_ptr + h_at + I, du.to(dh_ptr.dtype.element_ty), mask=mask)
@@ -154,8 +156,8 @@ def _fc2_dgrad_swiglu_kernel(
                     else:
                         e_a, e_b = _halves(qd, BLOCK_M, E8)
                         part += _swiglu_bwd_cols(e_a, c0, rows, row_ok, h_ptr, dh_ptr, probs_ptr, I, ACT, HAS_PROBS, E8)
-                        part += _swiglu_bwd_cols(e_b, c0 + E8, rows, row_ok, h_ptr, dh_ptr, probs_ptr, I, ACT, HAS_PROBS,
-                                                 E8)
+                        part += _swiglu_bwd_cols(e_b, c0 + E8, rows, row_ok, h_ptr, dh_ptr, probs_ptr, I, ACT,
+                                                 HAS_PROBS, E8)
         if HAS_PROBS:
             tl.store(parts_ptr + rows * n_tiles + n0 // BLOCK_N, part, mask=row_ok)
 

@@ -10,16 +10,15 @@ from moetrain.kernels.grouped_gemm_tuning import GemmConfig
 
 
 def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: int = 90, num_groups: int = 256,
-                part: int = 0, big_m: int | None = None, paired: bool = True, tma_h: bool = False):
+                part: int = 0, big_m: int | None = None, paired: bool = True, tma_h: bool = True):
     """Compile one op's kernel for CUDA compute capability ``capability`` without a GPU.
 
     op: "fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather", or "fc1_swiglu" / "fc1_swiglu_gather" (FC1 with
-    SwiGLU in its epilogue, moetrain.kernels.fc1_swiglu; ``config`` as for the plain forward; ``paired`` its
-    one-accumulator variant, ``tma_h`` its TMA store of h), or "fc2_dgrad_swiglu" (FC2's data gradient with SwiGLU's backward,
-    moetrain.kernels.fc2_dgrad_swiglu); dtype: Triton type name ("bf16", "fp16",
-    "fp32"); part / big_m: the forward / dgrad launch of a tail split (1 body, 2 tail with big_m the
-    body's BLOCK_M; 0 no split). Returns the
-    triton CompiledKernel (``.metadata.shared`` bytes of shared memory, ``.asm["ptx"|"cubin"|
+    SwiGLU in its epilogue, moetrain.kernels.fc1_swiglu; ``config`` as for the plain forward; ``paired`` and
+    ``tma_h`` as fc1_swiglu's, same defaults), or "fc2_dgrad_swiglu" (FC2's data gradient with SwiGLU's
+    backward, moetrain.kernels.fc2_dgrad_swiglu); dtype: Triton type name ("bf16", "fp16", "fp32"); part /
+    big_m: the forward / dgrad launch of a tail split (1 body, 2 tail with big_m the body's BLOCK_M; 0 no split).
+    Returns the triton CompiledKernel (``.metadata.shared`` bytes of shared memory, ``.asm["ptx"|"cubin"|
     "ttgir"]``). Integer sizes and strides are compiled as multiples of 16, as at the benchmark
     shapes. Needs the compiled (not interpreted) kernels: run without TRITON_INTERPRET.
     """
