@@ -19,8 +19,6 @@ Contenders:
                          torch._grouped_mm FC1/FC2, SwiGLU, index_add_ combine
   reference compiled     the same function under torch.compile
   per-expert loop        the reference with one mm per expert (host-side counts)
-  ours (<b>, sw <f>)     (--swiglu-fusion f,...) ours with SwiGLU fused into FC1's epilogue (fc1), its backward
-                         into FC2's data gradient (fc2), or both (on trial)
   ..., graph (--graphs)  ours and the eager reference captured in one CUDA graph per forward+backward
                          and replayed: GPU time without host launch gaps
   six torch GEMMs        not a layer: the six grouped GEMMs alone (torch._grouped_mm) on the same
@@ -50,7 +48,6 @@ import torch.nn.functional as F
 
 from moetrain import ops
 from moetrain.errors import UserError
-from moetrain.ops.moe import SWIGLU_FUSIONS
 
 
 @dataclass(frozen=True)
@@ -101,11 +98,10 @@ def route(x: torch.Tensor, router_w: torch.Tensor, forcing: torch.Tensor, K: int
     return idx, weight / weight.sum(-1, keepdim=True)
 
 
-def ours(backend: str, swiglu_fusion: str = "none"):
+def ours(backend: str):
     """Our layer: ops.router_logits, ops.route and ops.moe_experts as the model's MoE layer runs them
     (see moetrain.models.moe.router): the tensor-core router GEMM except for the reference backend, the
-    fused routing kernel with the triton and auto backends, PyTorch routing with torch. swiglu_fusion: SwiGLU
-    in FC1's and / or FC2's epilogues (on trial, moe_experts(swiglu_fusion=...))."""
+    fused routing kernel with the triton and auto backends, PyTorch routing with torch."""
     from moetrain.models.moe.router import router_impls
 
     impl, logits_impl = router_impls(backend)
@@ -113,7 +109,7 @@ def ours(backend: str, swiglu_fusion: str = "none"):
     def layer(x, router_w, forcing, w1, w2, K):
         logits = ops.router_logits(x, router_w, impl=logits_impl) + forcing
         r = ops.route(logits, K, impl=impl)
-        return ops.moe_experts(x, r.topk_idx, r.topk_weight, w1, w2, backend=backend, swiglu_fusion=swiglu_fusion)
+        return ops.moe_experts(x, r.topk_idx, r.topk_weight, w1, w2, backend=backend)
     return layer
 
 
@@ -350,7 +346,7 @@ def check_correct(contenders: dict, make_args) -> dict:
 
 
 def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: int, compile_ref: bool,
-              profile: bool = False, graphs: bool = False, swiglu_fusions: tuple = ()) -> list[dict]:
+              profile: bool = False, graphs: bool = False) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def make_args():
@@ -370,18 +366,13 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
             contenders["reference compiled"] = compiled
         except Exception as err:  # reported, not hidden: the table then lacks this row
             print(f"    reference compiled failed on {s.name}: {type(err).__name__}: {err}"[:300], flush=True)
-    trials = [(b, f) for b in backends if b in ("triton", "auto") for f in swiglu_fusions]
     for backend in backends:
         contenders[f"ours ({backend})"] = ours(backend)
-    for backend, fusion in trials:
-        contenders[f"ours ({backend}, sw {fusion})"] = ours(backend, fusion)
     contenders["per-expert loop"] = lambda *a: reference_layer(*a, per_expert_loop=True)
     if graphs:  # both sides without host gaps: ours and the eager reference, each from one CUDA graph
         contenders["reference, graph"] = Graphed(reference_layer)
         for backend in backends:
             contenders[f"ours ({backend}), graph"] = Graphed(ours(backend))
-        for backend, fusion in trials:
-            contenders[f"ours ({backend}, sw {fusion}), graph"] = Graphed(ours(backend, fusion))
     contenders[FLOOR] = GemmFloor(s, routing)
     # The first call of each contender (here) autotunes the Triton kernels and makes auto measure
     # and cache its choice for this shape; time_contenders then warms up again before timing.
@@ -471,20 +462,12 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--graphs", action="store_true",
                         help="also time ours and the eager reference replayed from one CUDA graph each (no host gaps)")
-    parser.add_argument("--swiglu-fusion", default="",
-                        help="also time ours (triton / auto) with SwiGLU fused (on trial), comma-separated: fc1 (into "
-                             "FC1's epilogue), fc2 (its backward into FC2's data gradient), both")
     parser.add_argument("--profile", action="store_true",
                         help="after timing, print each contender's top CUDA kernels (torch.profiler)")
     args = parser.parse_args(argv)
     for name in args.shapes.split(","):  # the arguments first: a typo is reported on a machine without a GPU too
         if name not in SHAPES:
             raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
-    fusions = tuple(f.strip() for f in args.swiglu_fusion.split(",") if f.strip())
-    valid = [f for f in SWIGLU_FUSIONS if f != "none"]
-    bad = [f for f in fusions if f not in valid]
-    if bad:
-        raise UserError(f"unknown --swiglu-fusion {', '.join(bad)}; valid: {', '.join(valid)}")
     if not torch.cuda.is_available():
         raise UserError("moetrain bench moe needs a CUDA GPU (none is visible)")
     backends = parse_backends(args.backends, torch.device("cuda"))
@@ -496,7 +479,7 @@ def main(argv=None) -> None:
     for shape_name in args.shapes.split(","):
         for routing in args.routing.split(","):
             new = run_shape(SHAPES[shape_name], routing, backends, args.warmup, args.reps,
-                            not args.no_compile, args.profile, args.graphs, fusions)
+                            not args.no_compile, args.profile, args.graphs)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
                 print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:20s} {r['ms']:8.2f} {r['spread_pct']:5.1f} "
                       f"{r['tflops']:8.1f} "

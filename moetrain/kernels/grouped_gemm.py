@@ -115,7 +115,7 @@ RAGGED_ROWS = 1 << 30
 RAGGED = tl.constexpr(RAGGED_ROWS)  # the same, visible inside kernels
 
 
-# Row-group scheduling, shared by the forward / dgrad kernel and the fused FC1 + SwiGLU kernel (fc1_swiglu.py).
+# Row-group scheduling of the forward / dgrad kernel, as jit helpers.
 @triton.jit
 def _row_tiles(offs_ptr, M, OUT, G, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
                PART: tl.constexpr, BIG_M: tl.constexpr):

@@ -10,14 +10,12 @@ from moetrain.kernels.grouped_gemm_tuning import GemmConfig
 
 
 def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: int = 90, num_groups: int = 256,
-                part: int = 0, big_m: int | None = None, paired: bool = True, tma_h: bool = True):
+                part: int = 0, big_m: int | None = None):
     """Compile one op's kernel for CUDA compute capability ``capability`` without a GPU.
 
-    op: "fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather", or "fc1_swiglu" / "fc1_swiglu_gather" (FC1 with
-    SwiGLU in its epilogue, moetrain.kernels.fc1_swiglu; ``config`` as for the plain forward; ``paired`` and
-    ``tma_h`` as fc1_swiglu's, same defaults), or "fc2_dgrad_swiglu" (FC2's data gradient with SwiGLU's
-    backward, moetrain.kernels.fc2_dgrad_swiglu); dtype: Triton type name ("bf16", "fp16", "fp32"); part /
-    big_m: the forward / dgrad launch of a tail split (1 body, 2 tail with big_m the body's BLOCK_M; 0 no split).
+    op: "fwd", "fwd_gather", "dgrad", "wgrad" or "wgrad_gather"; dtype: Triton type name ("bf16", "fp16",
+    "fp32"); part / big_m: the forward / dgrad launch of a tail split (1 body, 2 tail with big_m the body's
+    BLOCK_M; 0 no split).
     Returns the triton CompiledKernel (``.metadata.shared`` bytes of shared memory, ``.asm["ptx"|"cubin"|
     "ttgir"]``). Integer sizes and strides are compiled as multiples of 16, as at the benchmark
     shapes. Needs the compiled (not interpreted) kernels: run without TRITON_INTERPRET.
@@ -41,31 +39,6 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
         consts = dict(DGRAD=op == "dgrad", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=True, PRECISION="tf32", GATHER=gather,
                       PART=part, BIG_M=big_m or bm)
-    elif op in ("fc1_swiglu", "fc1_swiglu_gather"):
-        from moetrain.kernels.fc1_swiglu import _fc1_swiglu_kernel
-
-        fn = _fc1_swiglu_kernel
-        gather = op.endswith("gather")
-        half = bn // 2
-        sig = {"a_ptr": ptr, "a_desc": ptr if gather else desc(bm, bk), "gather_ptr": "*i32", "w_ptr": ptr,
-               "wg_desc": desc(1, half, bk), "wu_desc": desc(1, half, bk), "wp_desc": desc(1, 2, half, bk),
-               "h_ptr": ptr, "act_ptr": ptr, "probs_ptr": "*fp32",
-               "hg_desc": desc(1, 1, bm, half) if tma_h else ptr, "hu_desc": desc(1, 1, bm, half) if tma_h else ptr,
-               "offs_ptr": "*i32"}
-        ints = ["M", "I", "RED", "G", "stride_am", "stride_wg", "stride_w1", "NUM_PROGS"]
-        consts = dict(ACT=0, HAS_PROBS=True, BLOCK_M=bm, BLOCK_N=half, BLOCK_K=bk, GROUP_M=config.group_m,
-                      BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=True, PRECISION="tf32", GATHER=gather,
-                      PART=part, BIG_M=big_m or bm, PAIRED=paired, TMA_H=tma and tma_h)
-    elif op == "fc2_dgrad_swiglu":
-        from moetrain.kernels.fc2_dgrad_swiglu import _fc2_dgrad_swiglu_kernel, epilogue_pieces
-
-        fn = _fc2_dgrad_swiglu_kernel
-        sig = {"a_desc": desc(bm, bk), "a_ptr": ptr, "w_ptr": ptr, "w_desc": desc(1, bk, bn), "h_ptr": ptr,
-               "dh_ptr": ptr, "probs_ptr": "*fp32", "parts_ptr": "*fp32", "offs_ptr": "*i32"}
-        ints = ["M", "I", "RED", "G", "stride_am", "stride_wg", "stride_w1", "NUM_PROGS"]
-        consts = dict(ACT=0, HAS_PROBS=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
-                      BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=False, PRECISION="tf32",
-                      PART=part, BIG_M=big_m or bm, PIECES=epilogue_pieces(bm, bn, config.num_warps))
     elif op in ("wgrad", "wgrad_gather"):
         fn = _wgrad_kernel
         gather = op == "wgrad_gather"
@@ -76,8 +49,7 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
         consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=config.group_m, BLOCK_G=_block_g(num_groups),
                       USE_TMA=tma, PRECISION="tf32", GATHER=gather, TMA_STORE=config.tma_store)
     else:
-        raise ValueError(f"unknown op {op!r}; valid: fwd, fwd_gather, dgrad, wgrad, wgrad_gather, fc1_swiglu, "
-                         "fc1_swiglu_gather, fc2_dgrad_swiglu")
+        raise ValueError(f"unknown op {op!r}; valid: fwd, fwd_gather, dgrad, wgrad, wgrad_gather")
     sig.update({name: "i32" for name in ints})
     sig.update({name: "constexpr" for name in consts})
     aligned = [n for n, t in sig.items() if t.startswith("*")] + [n for n in ints if n not in ("M", "G", "NUM_PROGS")]

@@ -110,7 +110,6 @@ def moe_experts(
     b2: torch.Tensor | None = None,
     activation: str = "swiglu",
     backend: str = "auto",
-    swiglu_fusion: str = "none",
 ) -> torch.Tensor:
     """sum_k topk_weight[t, k] * FFN_{topk_idx[t, k]}(x[t]) for every token t.
 
@@ -119,9 +118,6 @@ def moe_experts(
     FFN_e(x) = w2[e] @ act(w1[e] @ x + b1[e]) + b2[e]. Returns [T, H] in x.dtype.
 
     See the module docstring for the backends; every one is sync-free except "loop".
-    swiglu_fusion (on trial; fused path without biases): "fc1" runs SwiGLU in FC1's epilogue, "fc2" its backward
-    in FC2's data-gradient epilogue, "both" both (moe_fused); "none" (default) until a GPU benchmark shows them
-    faster (bench/NOTES.md, session 7: the first FC1 + SwiGLU kernel made Mixtral's layer 4.7 ms slower).
     """
     if topk_idx.shape != topk_weight.shape or topk_idx.shape[0] != x.shape[0]:
         raise ValueError(
@@ -133,21 +129,15 @@ def moe_experts(
     elif x.dtype not in AUTO_FUSED_DTYPES or not autoselect.triton_available():  # see the module docstring
         gemm = "torch"
     fused = gemm in ("triton", "auto")
-    if swiglu_fusion not in SWIGLU_FUSIONS:
-        raise ValueError(f"moe_experts: unknown swiglu_fusion {swiglu_fusion!r}; valid: {', '.join(SWIGLU_FUSIONS)}")
-    if swiglu_fusion != "none" and (not fused or b1 is not None or b2 is not None):
-        raise ValueError(f"moe_experts: swiglu_fusion={swiglu_fusion!r} needs the fused path (backend triton, or auto "
-                         f"on CUDA with 16-bit activations; here {gemm!r}) and no expert biases")
     if fused and torch.compiler.is_compiling():
         # Inside a torch.compile'd layer the fused path runs eagerly behind a graph break: our kernels
         # gain nothing from tracing, and its run-time choices (autotuning, auto's timing) must not be
         # traced. The rest of the layer stays compiled.
-        return _eager_fused(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm, swiglu_fusion)
-    return _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm, swiglu_fusion)
+        return _eager_fused(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
+    return _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
 
 
-def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm: str,
-                 swiglu_fusion: str = "none") -> torch.Tensor:
+def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm: str) -> torch.Tensor:
     """moe_experts with a resolved backend ``gemm``: triton / auto (the fused path), torch or loop."""
     E, K = w1.shape[0], topk_idx.shape[1]
     fused = gemm in ("triton", "auto")
@@ -157,8 +147,6 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
     weight = _live_weight(topk_idx, topk_weight)
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
-    elif swiglu_fusion != "none":  # the weights applied with SwiGLU, as in the note below
-        return _fused_swiglu_path(x, w1, w2, offs, row_map, inverse, weight, K, activation, gemm, swiglu_fusion)
     if fused:
         from moetrain.ops.moe_fused import fc1_gathered
 
@@ -185,27 +173,6 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
 
 
 _eager_fused = eager_under_compile(_moe_experts)
-
-SWIGLU_FUSIONS = ("none", "fc1", "fc2", "both")
-
-
-def _fused_swiglu_path(x, w1, w2, offs, row_map, inverse, weight, K: int, activation: str, gemm: str,
-                       fusion: str) -> torch.Tensor:
-    """The fused path (no biases) with SwiGLU in FC1's epilogue ("fc1"), its backward in FC2's ("fc2"), or both."""
-    from moetrain.ops import moe_fused
-
-    probs = moe_rows.row_values(weight.float().reshape(-1), row_map, inverse)
-    if fusion == "fc1":
-        a = moe_fused.fc1_swiglu_gathered(x, w1, offs, row_map, inverse, K, probs, activation, gemm)
-        y = grouped_gemm(a, w2, offs, gemm)
-    elif fusion == "fc2":
-        h = moe_fused.fc1_gathered(x, w1, offs, row_map, inverse, K, gemm)
-        y = moe_fused.swiglu_fc2(h, w2, offs, probs, activation, gemm)
-    else:
-        h, a = moe_fused.fc1_swiglu_pair(x, w1, offs, row_map, inverse, K, probs, activation, gemm)
-        y = moe_fused.swiglu_fc2(h, w2, offs, probs, activation, gemm, a=a)
-    return moe_rows.combine(y, inverse, None, K, "triton")
-
 
 def _live_weight(topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
     """topk_weight with dropped assignments (-1) zeroed: their rows add nothing and get no gradient."""

@@ -23,26 +23,17 @@ import json, os, re, subprocess, tempfile
 import triton
 from moetrain.kernels import grouped_gemm_aot as aot
 from moetrain.kernels import grouped_gemm as gg
-from moetrain.kernels.fc1_swiglu import FC1_SWIGLU_CONFIGS
-from moetrain.kernels.fc2_dgrad_swiglu import FC2_DGRAD_SWIGLU_CONFIGS, tail_of
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 rows = []
 launches = []
-ops = [(op, {}) for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather")]
-ops += [(op, {"paired": paired, "tma_h": tma_h}) for op in ("fc1_swiglu", "fc1_swiglu_gather")
-        for paired, tma_h in ((True, True), (True, False), (False, False))]
-ops += [("fc2_dgrad_swiglu", {})]
-candidates = {"fc1_swiglu": FC1_SWIGLU_CONFIGS, "fc1_swiglu_gather": FC1_SWIGLU_CONFIGS,
-              "fc2_dgrad_swiglu": FC2_DGRAD_SWIGLU_CONFIGS}
-for op, extra in ops:
-    for cfg in candidates.get(op) or gg.configs_for(op):
+for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather"):
+    for cfg in gg.configs_for(op):
         if cfg.tail_split and not op.startswith("wgrad"):  # the body launch, then the half-height tail
-            tail = tail_of(cfg) if op == "fc2_dgrad_swiglu" else gg.tail_config(cfg)
-            launches += [(op, extra, cfg, 1, cfg.block_m), (op, extra, tail, 2, cfg.block_m)]
+            launches += [(op, cfg, 1, cfg.block_m), (op, gg.tail_config(cfg), 2, cfg.block_m)]
         else:
-            launches.append((op, extra, cfg, 0, None))
-for op, extra, cfg, part, big_m in launches:
-    ck = aot.aot_compile(op, cfg, part=part, big_m=big_m, **extra)
+            launches.append((op, cfg, 0, None))
+for op, cfg, part, big_m in launches:
+    ck = aot.aot_compile(op, cfg, part=part, big_m=big_m)
     ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
     spill = None
     if os.path.exists(ptxas):
@@ -53,12 +44,12 @@ for op, extra, cfg, part, big_m in launches:
                                   capture_output=True, text=True).stderr
         m = re.search(r"(\d+) bytes spill stores", info)
         spill = int(m.group(1)) if m else None
-    rows.append(dict(op=op + "".join(f"/{k}" for k, v in extra.items() if v), config=str(cfg), part=part, tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
+    rows.append(dict(op=op, config=str(cfg), part=part, tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
                      per_sm=cfg.programs_per_sm,
                      wgmma="wgmma.mma_async" in ptx, tma_load="cp.async.bulk.tensor" in ptx,
                      cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx,
-                     # an MMA (two for the fused FC1 + SwiGLU: gate and up) left in flight while the next loads issue
-                     pipelined=re.search(r"pendings = [1-9]", ttgir) is not None))
+                     # an MMA left in flight while the next loads issue
+                     pipelined="pendings = 1" in ttgir))
 print(json.dumps(rows))
 """
 

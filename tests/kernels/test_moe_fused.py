@@ -18,7 +18,6 @@ from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton 
 ON_GPU = use_gpu_or_interpreter()
 
 from moetrain import ops  # noqa: E402
-from moetrain.kernels import fc1_swiglu as fc1_swiglu_kernels  # noqa: E402
 from moetrain.kernels import grouped_gemm as gg  # noqa: E402
 from moetrain.ops import autoselect, moe, moe_fused  # noqa: E402
 
@@ -35,7 +34,6 @@ def _exact_fp32_and_poison(exact_fp32, monkeypatch):
         return got.fill_(float("nan")) if out is None else got
 
     monkeypatch.setattr(gg, "_output", poisoned)
-    monkeypatch.setattr(fc1_swiglu_kernels, "_output", poisoned)
 
 
 def make(T, H, I, E, K, *, seed, bias=False, dropped=(), skew=False):
@@ -54,12 +52,12 @@ def make(T, H, I, E, K, *, seed, bias=False, dropped=(), skew=False):
     return x, idx, weight, w1, w2, b1, b2
 
 
-def run(backend, dtype, x, idx, weight, w1, w2, b1, b2, probe, activation="swiglu", swiglu_fusion="none"):
+def run(backend, dtype, x, idx, weight, w1, w2, b1, b2, probe, activation="swiglu"):
     leaves = [t.detach().to(DEVICE, dtype if i != 1 else torch.float32 if dtype != torch.float64 else dtype,
                             copy=True).requires_grad_()
               if t is not None else None for i, t in enumerate((x, weight, w1, w2, b1, b2))]
     y = ops.moe_experts(leaves[0], idx.to(DEVICE), leaves[1], leaves[2], leaves[3], b1=leaves[4], b2=leaves[5],
-                        activation=activation, backend=backend, swiglu_fusion=swiglu_fusion)
+                        activation=activation, backend=backend)
     (y * probe.to(DEVICE, y.dtype)).sum().backward()
     return [y.detach()] + [t.grad for t in leaves if t is not None]
 
@@ -103,73 +101,6 @@ def test_fused_clamped_activation():
     got = run("triton", torch.float32, *inputs, probe, activation="swiglu_clamped")
     for a, b in zip(got, want):
         assert rel_err(a, b) < BOUND
-
-
-@pytest.mark.parametrize("fusion", ["fc1", "fc2", "both"])
-@pytest.mark.parametrize("name", [n for n, case in CASES.items() if not case[5].get("bias")])
-@pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
-def test_swiglu_fusions_match_fp64_reference(name, activation, fusion):
-    # SwiGLU in FC1's and / or FC2's epilogues (on trial): the same outputs and gradients as the reference path
-    T, H, I, E, K, extra = CASES[name]
-    inputs = make(T, H, I, E, K, seed=T * 31 + E, **extra)
-    probe = torch.randn(T, H, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    want = run("reference", torch.float64, *inputs, probe, activation=activation)
-    got = run("triton", torch.float32, *inputs, probe, activation=activation, swiglu_fusion=fusion)
-    assert len(got) == len(want) == 5
-    for what, a, b in zip(["out", "dx", "dweight", "dw1", "dw2"], got, want):
-        assert rel_err(a, b) < BOUND, what
-    for t, k in extra.get("dropped", ()):
-        assert got[2][t, k] == 0
-
-
-def _node(out, name):
-    """The first backward node called ``name`` in out's graph (a custom Function's node is its ctx)."""
-    todo, seen = [out.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        if type(node).__name__ == name:
-            return node
-        seen.add(node)
-        todo += [n for n, _ in node.next_functions]
-    raise AssertionError(f"no {name} in the graph")
-
-
-@pytest.mark.parametrize("fusion", ["fc1", "fc2", "both"])
-def test_swiglu_fusions_keep_what_the_separate_kernels_keep(fusion):
-    # the planner's activation memory of the fused path (plan/activations.py) holds for every fusion; "fc1" keeps h
-    # as ctx.h (so that its backward can drop it before FC1's GEMMs), the rest as saved tensors
-    T, H, I, E, K = 12, 24, 8, 4, 2
-    x, idx, weight, w1, w2, _, _ = make(T, H, I, E, K, seed=3)
-    leaves = [t.float().to(DEVICE).requires_grad_() for t in (x, weight, w1, w2)]
-
-    def kept(swiglu_fusion):
-        saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-            y = ops.moe_experts(leaves[0], idx.to(DEVICE), *leaves[1:], backend="triton", swiglu_fusion=swiglu_fusion)
-        if swiglu_fusion == "fc1":
-            saved.append(_node(y, "GatherFC1SwiGLUBackward").h)
-        return y, sorted((tuple(t.shape), str(t.dtype)) for t in saved)
-
-    y, fused = kept(fusion)
-    assert fused == kept("none")[1]
-    if fusion == "fc1":
-        node = _node(y, "GatherFC1SwiGLUBackward")
-        y.sum().backward()
-        assert node.h is None  # released by the backward
-
-
-def test_swiglu_fusion_needs_the_fused_path_without_biases():
-    x, idx, weight, w1, w2, b1, b2 = make(6, 16, 8, 4, 2, seed=5, bias=True)
-    args = [t.float().to(DEVICE) for t in (x, idx, weight, w1, w2)]
-    args[1] = idx.to(DEVICE)
-    with pytest.raises(ValueError, match="swiglu_fusion"):
-        ops.moe_experts(*args, b1=b1.float().to(DEVICE), backend="triton", swiglu_fusion="fc1")
-    with pytest.raises(ValueError, match="swiglu_fusion"):
-        ops.moe_experts(*args, backend="reference", swiglu_fusion="both")
-    with pytest.raises(ValueError, match="swiglu_fusion"):
-        ops.moe_experts(*args, backend="triton", swiglu_fusion="fc3")
 
 
 def _saved(backend, x, idx, weight, w1, w2):
