@@ -29,6 +29,8 @@ Before anything is timed every contender runs once (the correctness check) and t
 times: Triton autotuning and auto's measurement happen there, never inside the timed reps.
 Routing is forced through the router logits so that all contenders route identically:
 balanced (round-robin) or skewed (per-expert shares drawn from a Dirichlet).
+"mallocs": the caching allocator's cudaMalloc calls and allocation retries (a retry frees cached blocks: a
+device sync) during a contender's timed repetitions; nonzero means its time includes them.
 
 Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K rows.
 """
@@ -167,7 +169,9 @@ def layer_flops(s: Shape) -> float:
 
 
 def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict:
-    """Interleaved timing of forward + backward; returns name -> (median ms, peak GiB, spread %)."""
+    """Interleaved timing of forward + backward; returns name -> (median ms, peak GiB, spread %, allocator events).
+    Allocator events: cudaMalloc calls and allocation retries (each retry frees cached blocks: a device sync) of
+    the caching allocator inside the timed repetitions: a nonzero count means the time includes them."""
     peaks = {}
     args = make_args()
     for name, fn in list(contenders.items()):  # warm-up and peak memory, one contender at a time
@@ -185,20 +189,28 @@ def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict
         torch.cuda.synchronize()
         peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**30
     results = {name: [] for name in contenders}
+    events = dict.fromkeys(contenders, 0)
     for _ in range(reps):
         for name, fn in contenders.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            before = _allocator_events()
             start.record()
             _fwd_bwd(fn, args)
             end.record()
             end.synchronize()
             results[name].append(start.elapsed_time(end))
+            events[name] += _allocator_events() - before
     out = {}
     for name, t in results.items():
         med = statistics.median(t)
         # spread: half the range of the repetitions over their median, in % (how far one number can be trusted)
-        out[name] = (med, peaks[name], 50 * (max(t) - min(t)) / med)
+        out[name] = (med, peaks[name], 50 * (max(t) - min(t)) / med, events[name])
     return out
+
+
+def _allocator_events() -> int:
+    stats = torch.cuda.memory_stats()
+    return stats.get("num_device_alloc", 0) + stats.get("num_alloc_retries", 0)
 
 
 def _fwd_bwd(fn, args):
@@ -386,12 +398,13 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     flops = layer_flops(s)
     ref_ms, gemm_ms = timed["reference eager"][0], timed[FLOOR][0]
     rows = []
-    for name, (ms, peak, spread) in timed.items():
+    for name, (ms, peak, spread, alloc_events) in timed.items():
         # a replayed graph allocates nothing (its memory was taken at capture): no peak to report
         no_peak = name == FLOOR or isinstance(contenders.get(name), Graphed)
         rows.append({"shape": s.name, "routing": routing, "contender": name, "ms": ms, "spread_pct": spread,
                      "tflops": flops / ms / 1e9, "peak_gib": float("nan") if no_peak else peak,
-                     "vs_eager": ref_ms / ms, "vs_gemms": ms / gemm_ms, "rel_err": errors[name]})
+                     "vs_eager": ref_ms / ms, "vs_gemms": ms / gemm_ms, "rel_err": errors[name],
+                     "alloc_events": alloc_events})
     return rows
 
 
@@ -474,7 +487,7 @@ def main(argv=None) -> None:
     print(f"MoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           "TFLOP/s counts the six expert GEMMs", flush=True)
     print(f"{'shape':16s} {'routing':8s} {'contender':20s} {'ms':>8s} {'+-%':>5s} {'TFLOP/s':>8s} {'x eager':>8s} "
-          f"{'/ GEMMs':>8s} {'peak GiB':>9s} {'rel err':>8s}", flush=True)
+          f"{'/ GEMMs':>8s} {'peak GiB':>9s} {'rel err':>8s} {'mallocs':>7s}", flush=True)
     rows = []
     for shape_name in args.shapes.split(","):
         for routing in args.routing.split(","):
@@ -483,7 +496,8 @@ def main(argv=None) -> None:
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
                 print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:20s} {r['ms']:8.2f} {r['spread_pct']:5.1f} "
                       f"{r['tflops']:8.1f} "
-                      f"{r['vs_eager']:8.2f} {r['vs_gemms']:8.2f} {r['peak_gib']:9.2f} {r['rel_err']:8.1e}", flush=True)
+                      f"{r['vs_eager']:8.2f} {r['vs_gemms']:8.2f} {r['peak_gib']:9.2f} {r['rel_err']:8.1e} "
+                      f"{r['alloc_events']:7d}", flush=True)
             rows += new
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))

@@ -132,6 +132,10 @@ TRIAL_WGRAD_CONFIGS: tuple = (
     GemmConfig(128, 256, 128, 2, 8, tma_store=False),
     GemmConfig(128, 128, 128, 3, 8),
     GemmConfig(128, 128, 128, 3, 4),
+    # Two programs per SM, dw stored from registers (no 32 KiB store buffer, so three stages fit twice): while one
+    # program runs its tile's epilogue the other's MMAs keep the tensor cores busy (DeepSeek-V3's 256-row
+    # reductions are 4 steps per tile: the serialized epilogue is a large share of each tile)
+    GemmConfig(128, 128, 64, 3, 4, tma_store=False, programs_per_sm=2),
 )
 
 
