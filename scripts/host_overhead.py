@@ -28,9 +28,22 @@ def main(argv=None) -> int:
     from triton.runtime import interpreter
 
     launches: dict[str, int] = {}
+    real_run = interpreter.InterpretedFunction.run
+    placed: list = []
 
     def no_launch(self, *a, **kw):
-        launches[self.fn.__name__] = launches.get(self.fn.__name__, 0) + 1
+        name = self.fn.__name__
+        launches[name] = launches.get(name, 0) + 1
+        # The row sort (kernels/sort_rows.py): every later op indexes with the rows it places. The routing is
+        # the same each call, so it runs once in the interpreter and later calls copy its outputs.
+        if name == "_chunk_counts_kernel" and not placed:
+            real_run(self, *a, **kw)
+        elif name == "_place_rows_kernel":
+            if not placed:
+                real_run(self, *a, **kw)
+                placed.extend(t.clone() for t in a[2:6])  # offs, row_map, inverse, token_of_row
+            for out, got in zip(a[2:6], placed):
+                out.copy_(got)
 
     interpreter.InterpretedFunction.run = no_launch
     from moetrain import ops

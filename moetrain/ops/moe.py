@@ -76,15 +76,17 @@ def permute(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, align: in
 
 
 def sort_rows(topk_idx: torch.Tensor, num_experts: int):
-    """The routing half of ``permute``: (offs [E] int32, row_map [M] int64), no copy of x."""
+    """The routing half of ``permute``: (offs [E] int32, row_map [M] int64), no copy of x (plain PyTorch; the
+    fused path sorts with moetrain.kernels.sort_rows, which also returns the inverse and each row's token)."""
+    key = _grouping_key(topk_idx.reshape(-1), num_experts)
     # A narrow key: the GPU's radix sort makes one pass per key byte (same stable order either way).
     narrow = torch.int16 if num_experts <= 2**15 else torch.int32
-    key = _grouping_key(topk_idx.reshape(-1), num_experts).to(narrow)
-    sorted_keys, row_map = torch.sort(key, stable=True)
-    # offs[e] = the rows with key <= e, found in the sorted keys: five launches fewer than counting and summing
-    # (bincount would size its output from the data: a device sync).
-    experts = torch.arange(num_experts, dtype=narrow, device=key.device)
-    offs = torch.searchsorted(sorted_keys, experts, right=True, out_int32=True)
+    row_map = torch.argsort(key.to(narrow), stable=True)
+    # scatter_add rather than bincount: bincount sizes its output from the data (a device sync); an id >= E
+    # fails here (index out of bounds) instead of falling past the last group.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=key.device)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    offs = torch.cumsum(counts, dim=0).to(torch.int32)
     return offs, row_map
 
 
@@ -142,15 +144,20 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
     E, K = w1.shape[0], topk_idx.shape[1]
     fused = gemm in ("triton", "auto")
     rows = "triton" if fused else "torch"
-    offs, row_map = sort_rows(topk_idx, E)
-    inverse = inverse_permutation(row_map)
+    if fused:  # one Triton sort with the inverse and each row's token (the PyTorch ops were ~20 launches)
+        from moetrain.kernels import sort_rows as sorting
+
+        offs, row_map, inverse, token_of_row = sorting.sort_rows(topk_idx, E)
+    else:
+        offs, row_map = sort_rows(topk_idx, E)
+        inverse, token_of_row = inverse_permutation(row_map), None
     weight = _live_weight(topk_idx, topk_weight)
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
     if fused:
         from moetrain.ops.moe_fused import fc1_gathered
 
-        h = fc1_gathered(x, w1, offs, row_map, inverse, K, gemm)
+        h = fc1_gathered(x, w1, offs, row_map, inverse, K, gemm, token_of_row)
     else:
         h = grouped_gemm(moe_rows.expand_rows(x, row_map, inverse, K), w1, offs, gemm)
     if b1 is not None:
@@ -180,9 +187,8 @@ def _live_weight(topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Ten
 
 
 def _grouping_key(flat_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """The group of each assignment: its expert, or the last expert for a dropped one (-1 -> E - 1: the
-    remainder's sign follows the divisor's)."""
-    return flat_idx.remainder(num_experts)
+    """The group of each assignment: its expert, or the last expert for a dropped one (-1)."""
+    return torch.where(flat_idx < 0, num_experts - 1, flat_idx)
 
 
 def _expert_of_row(topk_idx: torch.Tensor, row_map: torch.Tensor, num_experts: int) -> torch.Tensor:

@@ -53,8 +53,9 @@ class GatherFC1(torch.autograd.Function):
     """h = grouped_gemm(x[row_map // K], w1, offs) without materializing x[row_map // K]."""
 
     @staticmethod
-    def forward(ctx, x, w1, offs, row_map, inverse, topk, gemm):
-        offs, token_of_row = offs.to(torch.int32), (row_map // topk).to(torch.int32)
+    def forward(ctx, x, w1, offs, row_map, inverse, topk, gemm, token_of_row):
+        offs = offs.to(torch.int32)
+        token_of_row = (row_map // topk).to(torch.int32) if token_of_row is None else token_of_row
         ctx.save_for_backward(x, w1, offs, inverse, token_of_row)
         ctx.topk, ctx.gemm = topk, gemm
         variant = "gather"
@@ -70,7 +71,7 @@ class GatherFC1(torch.autograd.Function):
         x, w1, offs, inverse, token_of_row = ctx.saved_tensors
         dx, dw1 = _fc1_grads(ctx.needs_input_grad[0], ctx.needs_input_grad[1], dh, x, w1, offs, inverse,
                              token_of_row, ctx.topk, ctx.gemm)
-        return dx, dw1, None, None, None, None, None
+        return dx, dw1, None, None, None, None, None, None
 
 
 def _fc1_grads(needs_x: bool, needs_w: bool, dh, x, w1, offs, inverse, token_of_row, topk: int, gemm: str):
@@ -91,6 +92,8 @@ def _fc1_grads(needs_x: bool, needs_w: bool, dh, x, w1, offs, inverse, token_of_
 
 
 def fc1_gathered(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, row_map: torch.Tensor,
-                 inverse: torch.Tensor, topk: int, gemm: str = "triton") -> torch.Tensor:
-    """x [T, H], w1 [E, 2I, H], offs [E] int32, row_map / inverse [M] int64 -> h [M, 2I] in x.dtype."""
-    return GatherFC1.apply(x, w1, offs, row_map, inverse, topk, gemm)
+                 inverse: torch.Tensor, topk: int, gemm: str = "triton",
+                 token_of_row: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, H], w1 [E, 2I, H], offs [E] int32, row_map / inverse [M] int64 -> h [M, 2I] in x.dtype.
+    token_of_row [M] int32 = row_map // K when the caller has it (kernels.sort_rows returns it)."""
+    return GatherFC1.apply(x, w1, offs, row_map, inverse, topk, gemm, token_of_row)

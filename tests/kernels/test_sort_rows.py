@@ -1,0 +1,107 @@
+"""The fused path's Triton sort (moetrain.kernels.sort_rows) against the PyTorch sort it replaces
+(ops.moe.sort_rows + moe_rows.inverse_permutation): the same stable order, group ends, inverse and tokens.
+Runs in the Triton interpreter on the CPU (TRITON_INTERPRET=1, set before triton is imported), on CUDA with one.
+Outputs are compared exactly (integers)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
+
+ON_GPU = use_gpu_or_interpreter()
+
+from moetrain.kernels import sort_rows as kernel  # noqa: E402
+from moetrain.ops import moe, moe_rows  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def routing(T, K, E, seed, *, skew=False, dropped=0.0, one_expert=False):
+    g = torch.Generator().manual_seed(seed)
+    if E >= K:
+        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) if T else torch.zeros(0, K)
+    else:
+        idx = torch.randint(0, E, (T, K), generator=g)
+    idx = idx.long()
+    if skew:  # most rows to two experts, many experts empty
+        idx[: T * 3 // 4, 0] = E - 1
+        idx[: T // 2, -1] = 0 if K > 1 else idx[: T // 2, -1]
+    if one_expert:
+        idx[:] = 0
+    if dropped:
+        idx[torch.rand(T, K, generator=g) < dropped] = -1
+    return idx
+
+
+CASES = {  # name: (T, K, E, options)
+    "uneven": (300, 4, 16, {"skew": True}),
+    "dropped": (257, 2, 8, {"dropped": 0.2}),
+    "one_expert_gets_all": (130, 8, 64, {"one_expert": True}),
+    "single_expert": (77, 1, 1, {}),
+    "k1": (1000, 1, 128, {}),
+    "k8_qwen3_like": (1500, 8, 128, {}),
+    "dsv3_like_256_experts": (700, 8, 256, {"skew": True, "dropped": 0.05}),
+    "many_chunks": (32769, 8, 32, {"dropped": 0.01}),  # 262152 rows: chunks of 2048, 129 of them
+    "empty": (0, 4, 8, {}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_the_pytorch_sort(name):
+    T, K, E, opts = CASES[name]
+    idx = routing(T, K, E, seed=T + E, **opts).to(DEVICE)
+    offs, row_map, inverse, tokens = kernel.sort_rows(idx, E)
+    want_offs, want_map = moe.sort_rows(idx, E)
+    assert offs.dtype == torch.int32 and row_map.dtype == torch.int64 and inverse.dtype == torch.int64
+    assert tokens.dtype == torch.int32
+    assert torch.equal(offs.cpu(), want_offs.cpu())
+    assert torch.equal(row_map.cpu(), want_map.cpu())  # the same stable order
+    assert torch.equal(inverse.cpu(), moe_rows.inverse_permutation(want_map).cpu())
+    assert torch.equal(tokens.cpu().long(), want_map.cpu() // K)
+
+
+@pytest.mark.gpu
+def test_an_expert_id_past_the_last_is_a_device_side_error():
+    # in a subprocess: a device-side assert leaves its CUDA context unusable
+    if not ON_GPU:
+        pytest.skip("the device assert is compiled for the GPU (the interpreter skips device asserts)")
+    code = ("import torch; from moetrain.kernels.sort_rows import sort_rows; "
+            "sort_rows(torch.tensor([[0, 1], [2, 4]], device='cuda'), 4); torch.cuda.synchronize()")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0 and "expert id >= num_experts" in proc.stderr + proc.stdout
+
+
+_COMPILE = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from moetrain.kernels import sort_rows as k
+common = {"idx_ptr": "*i64", "counts_ptr": "*i32", "M": "i32", "E": "i32"}
+counts = ASTSource(fn=k._chunk_counts_kernel, signature={**common, "CHUNK": "constexpr", "BLOCK_E": "constexpr"},
+                   constexprs={"CHUNK": 1024, "BLOCK_E": 256})
+place = ASTSource(fn=k._place_rows_kernel, signature={
+    **common, "offs_ptr": "*i32", "row_map_ptr": "*i64", "inverse_ptr": "*i64", "token_ptr": "*i32", "K": "i32",
+    "n_chunks": "i32", "CHUNK": "constexpr", "SUB": "constexpr", "BLOCK_E": "constexpr", "BLOCK_C": "constexpr"},
+    constexprs={"CHUNK": 1024, "SUB": k.SUB, "BLOCK_E": 256, "BLOCK_C": 16})
+for src, warps in ((counts, 4), (place, 8)):
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    assert ck.metadata.shared <= 232448, ck.metadata.shared
+print("ok")
+"""
+
+
+def test_both_kernels_compile_for_sm90():
+    # the GPU lowering of histogram, cumsum and gather at the largest sizes the launcher picks for <= 256 experts
+    if ON_GPU:
+        pytest.skip("the CUDA tests run the kernels themselves")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
