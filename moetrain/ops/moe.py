@@ -3,7 +3,8 @@
 Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K routed rows.
 
 Backends:
-  "triton" : the fused path. FC1 reads token rows through an index inside the GEMM (no permuted
+  "triton" : the fused path. The rows are sorted by expert with one Triton kernel pair
+             (kernels/sort_rows.py), FC1 reads token rows through an index inside the GEMM (no permuted
              copy of x; moe_fused.py), SwiGLU and the combine are one Triton kernel per direction
              (moe_rows.py), every GEMM is our Triton grouped GEMM. Without FC2 biases the routing
              weights scale SwiGLU's output rows (FC2 is linear) and the combine is a plain sum, so
