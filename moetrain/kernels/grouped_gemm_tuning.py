@@ -123,19 +123,12 @@ def interpreting() -> bool:
 TRIAL_ROWGROUP_CONFIGS: tuple = ()
 TRIAL_WGRAD_CONFIGS: tuple = (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
-    # (session 6: they lost everywhere; kept as the reference for the next ones)
+    # (session 6: they lost everywhere; kept as the reference for the next ones). Refuted in session 8 and dropped:
+    # 128 rows per reduction step (128x256x128, 128x128x128) and two programs per SM with register stores
+    # (128x128x64/s3/w4/x2): none beat 128x256x64/s3/w8 at DeepSeek-V3 (bench/NOTES.md)
     GemmConfig(128, 256, 64, 4, 8, tma_store=False),
     GemmConfig(128, 256, 64, 3, 8, tma_store=False),
     GemmConfig(128, 128, 64, 4, 4, tma_store=False),
-    # 128 rows per reduction step: DeepSeek-V3's 256-row experts in 2 steps instead of 4 (half the per-step
-    # waits and barriers of a dw tile whose whole reduction is that short; 224-229 KB of shared memory)
-    GemmConfig(128, 256, 128, 2, 8, tma_store=False),
-    GemmConfig(128, 128, 128, 3, 8),
-    GemmConfig(128, 128, 128, 3, 4),
-    # Two programs per SM, dw stored from registers (no 32 KiB store buffer, so three stages fit twice): while one
-    # program runs its tile's epilogue the other's MMAs keep the tensor cores busy (DeepSeek-V3's 256-row
-    # reductions are 4 steps per tile: the serialized epilogue is a large share of each tile)
-    GemmConfig(128, 128, 64, 3, 4, tma_store=False, programs_per_sm=2),
 )
 
 
