@@ -122,10 +122,7 @@ def moe_experts(
 
     See the module docstring for the backends; every one is sync-free except "loop".
     """
-    if topk_idx.shape != topk_weight.shape or topk_idx.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"moe_experts: topk_idx {tuple(topk_idx.shape)} / topk_weight {tuple(topk_weight.shape)} "
-            f"must both be [T, K] with T = {x.shape[0]}")
+    _check_operands(x, topk_idx, topk_weight, w1, w2, b1, b2)
     gemm = _ALIASES.get(backend, backend)
     if gemm != "auto" or not autoselect.measures(x.device):
         gemm = resolve_backend(gemm, x.device)
@@ -138,6 +135,29 @@ def moe_experts(
         # traced. The rest of the layer stays compiled.
         return _eager_fused(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
     return _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
+
+
+def _check_operands(x, topk_idx, topk_weight, w1, w2, b1, b2) -> None:
+    """Shapes and the routing's dtype, on the host (no device reads): a mismatch is one line naming both sides
+    instead of an error from inside a kernel."""
+    if x.dim() != 2 or topk_idx.dim() != 2:
+        raise ValueError(f"moe_experts: x {tuple(x.shape)} must be [T, H] and topk_idx {tuple(topk_idx.shape)} [T, K]")
+    if topk_idx.shape != topk_weight.shape or topk_idx.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"moe_experts: topk_idx {tuple(topk_idx.shape)} / topk_weight {tuple(topk_weight.shape)} "
+            f"must both be [T, K] with T = {x.shape[0]}")
+    if topk_idx.dtype != torch.int64:
+        raise ValueError(f"moe_experts: topk_idx must hold int64 expert ids (as ops.route returns), got {topk_idx.dtype}")
+    H = x.shape[1]
+    if w1.dim() != 3 or w1.shape[2] != H or w1.shape[1] % 2:
+        raise ValueError(f"moe_experts: w1 {tuple(w1.shape)} must be [E, 2I, H] with H = {H} (x's columns)")
+    E, I = w1.shape[0], w1.shape[1] // 2  # noqa: E741 - the legend's name
+    if tuple(w2.shape) != (E, H, I):
+        raise ValueError(f"moe_experts: w2 {tuple(w2.shape)} must be [E, H, I] = {(E, H, I)} to match w1 "
+                         f"{tuple(w1.shape)} and x {tuple(x.shape)}")
+    for name, b, want in (("b1", b1, (E, 2 * I)), ("b2", b2, (E, H))):
+        if b is not None and tuple(b.shape) != want:
+            raise ValueError(f"moe_experts: {name} {tuple(b.shape)} must be {want}")
 
 
 def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm: str) -> torch.Tensor:

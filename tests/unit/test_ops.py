@@ -73,6 +73,26 @@ def test_moe_experts_gradients_match_naive():
     assert leaves[1].grad[2, 1] == 0  # a dropped assignment gets no weight gradient
 
 
+@pytest.mark.parametrize("change, match", [
+    ({"w2": (5, 6, 3)}, r"w2 \(5, 6, 3\) must be \[E, H, I\] = \(5, 6, 4\)"),
+    ({"w1": (5, 8, 7)}, r"w1 \(5, 8, 7\) must be \[E, 2I, H\] with H = 6"),
+    ({"w1": (5, 7, 6)}, r"w1 \(5, 7, 6\) must be \[E, 2I, H\]"),
+    ({"b1": (5, 4)}, r"b1 \(5, 4\) must be \(5, 8\)"),
+    ({"b2": (4, 6)}, r"b2 \(4, 6\) must be \(5, 6\)"),
+    ({"weight": (10, 2)}, r"topk_idx \(10, 3\) / topk_weight \(10, 2\) must both be \[T, K\]"),
+    ({"idx_dtype": torch.int32}, "int64 expert ids"),
+])
+def test_moe_experts_names_mismatched_operands(change, match):
+    x, idx, weight, w1, w2, b1, b2 = make(10, 6, 4, 5, 3, seed=2, bias=True)
+    shaped = {name: torch.zeros(change[name], dtype=t.dtype) if name in change else t
+              for name, t in (("weight", weight), ("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2))}
+    if "idx_dtype" in change:
+        idx = idx.to(change["idx_dtype"])
+    with pytest.raises(ValueError, match=match):
+        ops.moe_experts(x, idx, shaped["weight"], shaped["w1"], shaped["w2"], b1=shaped["b1"], b2=shaped["b2"],
+                        backend="reference")
+
+
 def test_swiglu_formulas():
     h = torch.tensor([[1.0, -2.0, 9.0, 0.5, 3.0, -8.0]])
     g, u = h[:, :3], h[:, 3:]
