@@ -171,14 +171,14 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
         offs, row_map, inverse, token_of_row = sorting.sort_rows(topk_idx, E)
     else:
         offs, row_map = sort_rows(topk_idx, E)
-        inverse, token_of_row = inverse_permutation(row_map), None
+        inverse = inverse_permutation(row_map)
     weight = _live_weight(topk_idx, topk_weight)
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
     if fused:
         from moetrain.ops.moe_fused import fc1_gathered
 
-        h = fc1_gathered(x, w1, offs, row_map, inverse, K, gemm, token_of_row)
+        h = fc1_gathered(x, w1, offs, token_of_row, inverse, K, gemm)
     else:
         h = grouped_gemm(moe_rows.expand_rows(x, row_map, inverse, K), w1, offs, gemm)
     if b1 is not None:
@@ -201,6 +201,7 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
 
 
 _eager_fused = eager_under_compile(_moe_experts)
+
 
 def _live_weight(topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
     """topk_weight with dropped assignments (-1) zeroed: their rows add nothing and get no gradient."""

@@ -50,12 +50,11 @@ def _fc1_wgrad(variant: str, gemm: str, dh, x, offs, token_of_row, w_shape):
 
 
 class GatherFC1(torch.autograd.Function):
-    """h = grouped_gemm(x[row_map // K], w1, offs) without materializing x[row_map // K]."""
+    """h = grouped_gemm(x[token_of_row], w1, offs) without materializing x[token_of_row]."""
 
     @staticmethod
-    def forward(ctx, x, w1, offs, row_map, inverse, topk, gemm, token_of_row):
+    def forward(ctx, x, w1, offs, token_of_row, inverse, topk, gemm):
         offs = offs.to(torch.int32)
-        token_of_row = (row_map // topk).to(torch.int32) if token_of_row is None else token_of_row
         ctx.save_for_backward(x, w1, offs, inverse, token_of_row)
         ctx.topk, ctx.gemm = topk, gemm
         variant = "gather"
@@ -69,31 +68,23 @@ class GatherFC1(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dh):
         x, w1, offs, inverse, token_of_row = ctx.saved_tensors
-        dx, dw1 = _fc1_grads(ctx.needs_input_grad[0], ctx.needs_input_grad[1], dh, x, w1, offs, inverse,
-                             token_of_row, ctx.topk, ctx.gemm)
-        return dx, dw1, None, None, None, None, None, None
+        dh = dh.to(x.dtype).contiguous()
+        dx = dw1 = None
+        if ctx.needs_input_grad[0]:
+            dx_perm = grouped_gemm_op("dgrad", ctx.gemm, dh, w1, offs, w1.shape)
+            dx = combine(dx_perm, inverse, None, ctx.topk, "triton")
+        if ctx.needs_input_grad[1]:
+            variant = "copy"
+            if ctx.gemm == "auto":
+                G, N, K = w1.shape
+                variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G,
+                                            lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, w1.shape))
+            dw1 = _fc1_wgrad(variant, ctx.gemm, dh, x, offs, token_of_row, w1.shape)
+        return dx, dw1, None, None, None, None, None
 
 
-def _fc1_grads(needs_x: bool, needs_w: bool, dh, x, w1, offs, inverse, token_of_row, topk: int, gemm: str):
-    """(dx [T, H] or None, dw1 [E, 2I, H] or None) of h = x[token_of_row] @ w1_g^T given dh [M, 2I]."""
-    dh = dh.to(x.dtype).contiguous()
-    dx = dw1 = None
-    if needs_x:
-        dx_perm = grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape)
-        dx = combine(dx_perm, inverse, None, topk, "triton")
-    if needs_w:
-        variant = "copy"
-        if gemm == "auto":
-            G, N, K = w1.shape
-            variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G,
-                                        lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, w1.shape))
-        dw1 = _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, w1.shape)
-    return dx, dw1
-
-
-def fc1_gathered(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, row_map: torch.Tensor,
-                 inverse: torch.Tensor, topk: int, gemm: str = "triton",
-                 token_of_row: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, H], w1 [E, 2I, H], offs [E] int32, row_map / inverse [M] int64 -> h [M, 2I] in x.dtype.
-    token_of_row [M] int32 = row_map // K when the caller has it (kernels.sort_rows returns it)."""
-    return GatherFC1.apply(x, w1, offs, row_map, inverse, topk, gemm, token_of_row)
+def fc1_gathered(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_row: torch.Tensor,
+                 inverse: torch.Tensor, topk: int, gemm: str = "triton") -> torch.Tensor:
+    """x [T, H], w1 [E, 2I, H], offs [E] int32, token_of_row [M] int32 (row_map // K: kernels.sort_rows
+    returns it), inverse [M] int64 -> h [M, 2I] in x.dtype."""
+    return GatherFC1.apply(x, w1, offs, token_of_row, inverse, topk, gemm)

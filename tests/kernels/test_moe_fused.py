@@ -159,7 +159,7 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
     monkeypatch.setattr(autoselect, "time_backend", fake_timer)
     used = []
     real = moe_fused.GatherFC1.apply
-    monkeypatch.setattr(moe_fused.GatherFC1, "apply", lambda *a: used.append(a[6]) or real(*a))  # a[6]: gemm
+    monkeypatch.setattr(moe_fused.GatherFC1, "apply", lambda *a: used.append(a[-1]) or real(*a))
     inputs = make(9, 16, 8, 4, 2, seed=11)
     probe = torch.randn(9, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     got = run("auto", torch.float32, *inputs, probe)
