@@ -307,8 +307,7 @@ def print_auto_choices() -> None:
 
     print(f"\nauto's choices ({autoselect.cache_path()}):", flush=True)
     for key, entry in sorted(autoselect.entries().items()):
-        ms = ", ".join(f"{name} {t:.3f}" if t is not None else f"{name} failed" for name, t in entry["ms"].items())
-        print(f"  {key:60s} -> {entry['backend']:7s} ({ms} ms)", flush=True)
+        print(f"  {key:60s} -> {entry['backend']:7s} ({autoselect.describe_times(entry['ms'])} ms)", flush=True)
     if autoselect.triton_available():  # the tile config each of our kernels ran with (what "triton" above means)
         from moetrain.kernels.grouped_gemm_tuning import tuned_configs
 

@@ -213,8 +213,8 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
         results.append(row)
         ours = f"{best['tflops']:.0f} TF/s ({best['config']})" if best else "no valid config"
         log(f"{label} {op}: torch {row['torch_tflops']:.0f} TF/s, ours {ours}", t0)
-        if row.get("auto_own_ms"):
-            own = ", ".join(f"{b} {t:.3f}" if t is not None else f"{b} failed" for b, t in row["auto_own_ms"].items())
+        if row.get("auto_own_ms"):  # set only where auto ran above (autoselect imported there)
+            own = autoselect.describe_times(row["auto_own_ms"])
             print(f"    auto picked {row['auto_choice']} on its own timing ({own} ms; triton config "
                   f"{row['auto_triton_config'] or 'tuned earlier'})", flush=True)
         print("    " + ", ".join(f"{c['config']} {c['tflops']:.0f}" for c in good), flush=True)

@@ -107,6 +107,11 @@ def entries() -> dict:
     return dict(_entries())
 
 
+def describe_times(ms: dict) -> str:
+    """An entry's timings as one phrase: "torch 2.653, triton failed" (ms; None = the candidate failed)."""
+    return ", ".join(f"{name} {t:.3f}" if t is not None else f"{name} failed" for name, t in ms.items())
+
+
 def lookup(key: str) -> str | None:
     entry = _entries().get(key)
     return entry["backend"] if entry else None

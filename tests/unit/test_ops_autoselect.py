@@ -278,3 +278,7 @@ def test_cache_of_another_version_is_measured_again_quietly(monkeypatch, cache_d
         warnings.simplefilter("error")
         assert autoselect.pick(KEY, lambda name: None) == "torch"
     assert json.loads(path.read_text())["version"] == autoselect.VERSION
+
+
+def test_describe_times_names_each_candidate_and_failures():
+    assert autoselect.describe_times({"torch": 2.6534, "triton": None}) == "torch 2.653, triton failed"
