@@ -8,13 +8,10 @@ CUDA in float32 (IEEE dots). Outputs are poisoned with NaN before every run.
 Legend: M rows, G groups, N = w.shape[1], K = w.shape[2].
 """
 
-import os
-import sys
-
 import pytest
 import torch
 
-from kernel_checks import FP32_BOUND, rel_err
+from kernel_checks import FP32_BOUND, rel_err, run_without_interpreter
 from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
 
 ON_GPU = use_gpu_or_interpreter()
@@ -223,13 +220,9 @@ def test_resolve_backend_triton(monkeypatch):
 
 
 def test_ops_import_does_not_import_triton():
-    import subprocess
-
     code = "import sys, moetrain.ops; assert 'triton' not in sys.modules, 'moetrain.ops imported triton'"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    proc = run_without_interpreter(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_autotuner_prefers_a_tail_split_config_within_the_slack(monkeypatch):

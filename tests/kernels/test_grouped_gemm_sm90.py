@@ -7,11 +7,10 @@ Runs in a subprocess: the compiled kernels are unavailable in a process that set
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from kernel_checks import run_without_interpreter
 
 pytest.importorskip("triton", reason="the triton package is not installed")
 
@@ -56,10 +55,7 @@ print(json.dumps(rows))
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_without_interpreter(_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

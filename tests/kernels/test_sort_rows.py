@@ -3,13 +3,10 @@
 Runs in the Triton interpreter on the CPU (TRITON_INTERPRET=1, set before triton is imported), on CUDA with one.
 Outputs are compared exactly (integers)."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
+from kernel_checks import run_without_interpreter
 from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
 
 ON_GPU = use_gpu_or_interpreter()
@@ -18,7 +15,6 @@ from moetrain.kernels import sort_rows as kernel  # noqa: E402
 from moetrain.ops import moe, moe_rows  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def routing(T, K, E, seed, *, skew=False, dropped=0.0, one_expert=False):
@@ -30,7 +26,8 @@ def routing(T, K, E, seed, *, skew=False, dropped=0.0, one_expert=False):
     idx = idx.long()
     if skew:  # most rows to two experts, many experts empty
         idx[: T * 3 // 4, 0] = E - 1
-        idx[: T // 2, -1] = 0 if K > 1 else idx[: T // 2, -1]
+        if K > 1:
+            idx[: T // 2, -1] = 0
     if one_expert:
         idx[:] = 0
     if dropped:
@@ -72,9 +69,7 @@ def test_an_expert_id_past_the_last_is_a_device_side_error():
         pytest.skip("the device assert is compiled for the GPU (the interpreter skips device asserts)")
     code = ("import torch; from moetrain.kernels.sort_rows import sort_rows; "
             "sort_rows(torch.tensor([[0, 1], [2, 4]], device='cuda'), 4); torch.cuda.synchronize()")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_without_interpreter(code)
     assert proc.returncode != 0 and "expert id >= num_experts" in proc.stderr + proc.stdout
 
 
@@ -101,7 +96,5 @@ def test_both_kernels_compile_for_sm90():
     # the GPU lowering of histogram, cumsum and gather at the largest sizes the launcher picks for <= 256 experts
     if ON_GPU:
         pytest.skip("the CUDA tests run the kernels themselves")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_without_interpreter(_COMPILE)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
