@@ -21,6 +21,11 @@ Contenders:
   per-expert loop        the reference with one mm per expert (host-side counts)
   ..., graph (--graphs)  ours and the eager reference captured in one CUDA graph per forward+backward
                          and replayed: GPU time without host launch gaps
+  ..., host ahead        (--host-ahead) ours and both references run eagerly as above, but each timed
+                         call starts behind HOST_LEAD_MS of queued GPU work (a sleep kernel before the start
+                         event), as a layer inside a training step does: the host's launch latency before
+                         the first kernels is hidden, while its syncs, allocations and per-kernel gaps still
+                         count. The plain rows time each call from an idle GPU (the host's latency counts)
   six torch GEMMs        not a layer: the six grouped GEMMs alone (torch._grouped_mm) on the same
                          routing's group sizes and the same expert weights, timed in turn with the
                          others; "/ GEMMs" = a contender's time over this floor (the issue's "within
@@ -194,6 +199,8 @@ def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict
         for name, fn in contenders.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             before = _allocator_events()
+            if isinstance(fn, HostAhead):
+                fn.lead_in()
             start.record()
             _fwd_bwd(fn, args)
             end.record()
@@ -236,6 +243,36 @@ class GemmFloor:
             self.run = six_gemms(self.s, self.routing, w1.device, w1.dtype, weights=(w1.detach(), w2.detach()))
             self.args = args
         self.run(keep=False)
+
+
+HOST_LEAD_MS = 20.0  # GPU work queued before a host-ahead call: more than a layer's whole host time
+
+
+class HostAhead:
+    """A contender run eagerly, each timed call queued behind HOST_LEAD_MS of GPU sleep (``lead_in``, before the
+    start event): the host has issued the call's first launches before the GPU reaches them, as inside a
+    training step where earlier layers keep the GPU busy. A device sync inside the call still waits out the
+    sleep and then idles the GPU, so it still counts."""
+
+    _cycles_per_ms: float | None = None
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def lead_in(self) -> None:
+        if HostAhead._cycles_per_ms is None:  # the sleep kernel counts SM clock cycles: calibrate once
+            cycles = 10**7
+            torch.cuda._sleep(cycles // 10)  # first launch out of the way
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            HostAhead._cycles_per_ms = cycles / start.elapsed_time(end)
+        torch.cuda._sleep(int(HOST_LEAD_MS * HostAhead._cycles_per_ms))
 
 
 class Graphed:
@@ -289,7 +326,7 @@ def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, ca
 
     args = make_args()
     for name, fn in contenders.items():
-        if name == "per-expert loop" or isinstance(fn, (Graphed, GemmFloor)):  # a replay: its eager twin's kernels
+        if name == "per-expert loop" or isinstance(fn, (Graphed, GemmFloor, HostAhead)):  # its eager twin's kernels
             continue
         timelines = profile_calls(lambda fn=fn: _fwd_bwd(fn, args), calls=calls)  # one profiled run serves both
         kernels = sorted(kernel_totals(timelines).items(), key=lambda kv: -kv[1][1])
@@ -357,7 +394,7 @@ def check_correct(contenders: dict, make_args) -> dict:
 
 
 def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: int, compile_ref: bool,
-              profile: bool = False, graphs: bool = False) -> list[dict]:
+              profile: bool = False, graphs: bool = False, host_ahead: bool = False) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def make_args():
@@ -380,6 +417,9 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     for backend in backends:
         contenders[f"ours ({backend})"] = ours(backend)
     contenders["per-expert loop"] = lambda *a: reference_layer(*a, per_expert_loop=True)
+    if host_ahead:  # the same eager layers, each call behind queued GPU work (see HostAhead)
+        for name in [n for n in contenders if n.startswith(("ours", "reference"))]:
+            contenders[f"{name}, host ahead"] = HostAhead(contenders[name])
     if graphs:  # both sides without host gaps: ours and the eager reference, each from one CUDA graph
         contenders["reference, graph"] = Graphed(reference_layer)
         for backend in backends:
@@ -398,11 +438,14 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
     ref_ms, gemm_ms = timed["reference eager"][0], timed[FLOOR][0]
     rows = []
     for name, (ms, peak, spread, alloc_events) in timed.items():
+        # host-ahead rows against the host-ahead reference (both without the host's latency), the rest against
+        # the reference timed from an idle GPU
+        ref = timed.get("reference eager, host ahead", (ref_ms,))[0] if name.endswith("host ahead") else ref_ms
         # a replayed graph allocates nothing (its memory was taken at capture): no peak to report
         no_peak = name == FLOOR or isinstance(contenders.get(name), Graphed)
         rows.append({"shape": s.name, "routing": routing, "contender": name, "ms": ms, "spread_pct": spread,
                      "tflops": flops / ms / 1e9, "peak_gib": float("nan") if no_peak else peak,
-                     "vs_eager": ref_ms / ms, "vs_gemms": ms / gemm_ms, "rel_err": errors[name],
+                     "vs_eager": ref / ms, "vs_gemms": ms / gemm_ms, "rel_err": errors[name],
                      "alloc_events": alloc_events})
     return rows
 
@@ -474,6 +517,8 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--graphs", action="store_true",
                         help="also time ours and the eager reference replayed from one CUDA graph each (no host gaps)")
+    parser.add_argument("--host-ahead", action="store_true",
+                        help="also time ours and the references eagerly behind queued GPU work (host latency hidden)")
     parser.add_argument("--profile", action="store_true",
                         help="after timing, print each contender's top CUDA kernels (torch.profiler)")
     args = parser.parse_args(argv)
@@ -485,15 +530,15 @@ def main(argv=None) -> None:
     backends = parse_backends(args.backends, torch.device("cuda"))
     print(f"MoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           "TFLOP/s counts the six expert GEMMs", flush=True)
-    print(f"{'shape':16s} {'routing':8s} {'contender':20s} {'ms':>8s} {'+-%':>5s} {'TFLOP/s':>8s} {'x eager':>8s} "
+    print(f"{'shape':16s} {'routing':8s} {'contender':30s} {'ms':>8s} {'+-%':>5s} {'TFLOP/s':>8s} {'x eager':>8s} "
           f"{'/ GEMMs':>8s} {'peak GiB':>9s} {'rel err':>8s} {'mallocs':>7s}", flush=True)
     rows = []
     for shape_name in args.shapes.split(","):
         for routing in args.routing.split(","):
             new = run_shape(SHAPES[shape_name], routing, backends, args.warmup, args.reps,
-                            not args.no_compile, args.profile, args.graphs)
+                            not args.no_compile, args.profile, args.graphs, args.host_ahead)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
-                print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:20s} {r['ms']:8.2f} {r['spread_pct']:5.1f} "
+                print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:30s} {r['ms']:8.2f} {r['spread_pct']:5.1f} "
                       f"{r['tflops']:8.1f} "
                       f"{r['vs_eager']:8.2f} {r['vs_gemms']:8.2f} {r['peak_gib']:9.2f} {r['rel_err']:8.1e} "
                       f"{r['alloc_events']:7d}", flush=True)

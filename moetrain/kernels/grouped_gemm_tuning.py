@@ -129,6 +129,12 @@ TRIAL_WGRAD_CONFIGS: tuple = (
     GemmConfig(128, 256, 64, 4, 8, tma_store=False),
     GemmConfig(128, 256, 64, 3, 8, tma_store=False),
     GemmConfig(128, 128, 64, 4, 4, tma_store=False),
+    # Session 9 (Nsight Compute at DeepSeek-V3: the tensor pipe ~52% busy, 13% of warp samples waiting on TMA data
+    # at the top of a step, 11% in the per-tile index math): steps of 32 rows with 5-6 stages keep more rows in
+    # flight across a tile's end (120-144 KiB against 96); bands of 1 tile need half the per-tile divisions.
+    GemmConfig(128, 256, 32, 5, 8),
+    GemmConfig(128, 256, 32, 6, 8),
+    GemmConfig(128, 256, 64, 3, 8, group_m=1),
 )
 
 

@@ -161,14 +161,17 @@ def test_bench_graphed_contender_replays_the_eager_result():
 
 
 def test_bench_moe_rows_on_a_small_shape():
-    """The benchmark's whole flow (correctness check, warm-up, interleaved timing with the GEMM floor and
-    the graphed contenders) on a small shape: every row timed, the floor's ratio 1."""
-    from moetrain.bench.moe_layer import FLOOR, Shape, run_shape
+    """The benchmark's whole flow (correctness check, warm-up, interleaved timing with the GEMM floor, the
+    graphed and the host-ahead contenders) on a small shape: every row timed, the floor's ratio 1, the host-ahead
+    rows without their lead-in sleep."""
+    from moetrain.bench.moe_layer import FLOOR, HOST_LEAD_MS, Shape, run_shape
 
     rows = run_shape(Shape("small", T=1024, H=256, I=128, E=16, K=4), "skewed", ["triton", "auto"], warmup=1, reps=2,
-                     compile_ref=False, graphs=True)
+                     compile_ref=False, graphs=True, host_ahead=True)
     names = [r["contender"] for r in rows]
-    assert {"reference eager", "ours (auto)", "ours (auto), graph", "reference, graph", FLOOR} <= set(names)
+    assert {"reference eager", "ours (auto)", "ours (auto), graph", "reference, graph", FLOOR,
+            "ours (auto), host ahead", "reference eager, host ahead"} <= set(names)
+    assert all(r["ms"] < HOST_LEAD_MS / 2 for r in rows if r["contender"].endswith("host ahead"))
     assert all(r["ms"] > 0 for r in rows)
     assert [r["vs_gemms"] for r in rows if r["contender"] == FLOOR] == [1.0]
     assert all(r["rel_err"] < 2e-2 for r in rows if r["contender"] != FLOOR)
