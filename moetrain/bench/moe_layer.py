@@ -34,6 +34,8 @@ Before anything is timed every contender runs once (the correctness check) and t
 times: Triton autotuning and auto's measurement happen there, never inside the timed reps.
 Routing is forced through the router logits so that all contenders route identically:
 balanced (round-robin) or skewed (per-expert shares drawn from a Dirichlet).
+"peak GiB": the most memory a contender's warm-up calls held beyond the inputs, the weights and one set of
+gradients (each call frees the previous call's gradients and makes its own).
 "mallocs": the caching allocator's cudaMalloc calls and allocation retries (a retry frees cached blocks: a
 device sync) during a contender's timed repetitions; nonzero means its time includes them.
 
@@ -180,10 +182,14 @@ def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict
     peaks = {}
     args = make_args()
     for name, fn in list(contenders.items()):  # warm-up and peak memory, one contender at a time
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
         try:
+            # One call before the baseline, so that every contender's baseline holds one set of gradients (x, w1,
+            # w2: its own), which each call frees and makes again. Without it the first contender's peak counted
+            # the gradients (22 GB at DeepSeek-V3) and the others' did not (sessions 2-8 tables).
+            _fwd_bwd(fn, args)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
             for _ in range(warmup):
                 _fwd_bwd(fn, args)
         except torch.OutOfMemoryError:

@@ -125,16 +125,12 @@ TRIAL_WGRAD_CONFIGS: tuple = (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
     # (session 6: they lost everywhere; kept as the reference for the next ones). Refuted in session 8 and dropped:
     # 128 rows per reduction step (128x256x128, 128x128x128) and two programs per SM with register stores
-    # (128x128x64/s3/w4/x2): none beat 128x256x64/s3/w8 at DeepSeek-V3 (bench/NOTES.md)
+    # (128x128x64/s3/w4/x2): none beat 128x256x64/s3/w8 at DeepSeek-V3 (bench/NOTES.md). Refuted in session 9 and
+    # dropped: 32-row steps with 5-6 stages (more rows in flight across a tile's end) and bands of one tile (half
+    # the per-tile divisions): within noise of it (439-456 against 434-440 TF/s)
     GemmConfig(128, 256, 64, 4, 8, tma_store=False),
     GemmConfig(128, 256, 64, 3, 8, tma_store=False),
     GemmConfig(128, 128, 64, 4, 4, tma_store=False),
-    # Session 9 (Nsight Compute at DeepSeek-V3: the tensor pipe ~52% busy, 13% of warp samples waiting on TMA data
-    # at the top of a step, 11% in the per-tile index math): steps of 32 rows with 5-6 stages keep more rows in
-    # flight across a tile's end (120-144 KiB against 96); bands of 1 tile need half the per-tile divisions.
-    GemmConfig(128, 256, 32, 5, 8),
-    GemmConfig(128, 256, 32, 6, 8),
-    GemmConfig(128, 256, 64, 3, 8, group_m=1),
 )
 
 

@@ -71,8 +71,9 @@ class GatherFC1(torch.autograd.Function):
         dh = dh.to(x.dtype).contiguous()
         dx = dw1 = None
         if ctx.needs_input_grad[0]:
-            dx_perm = grouped_gemm_op("dgrad", ctx.gemm, dh, w1, offs, w1.shape)
-            dx = combine(dx_perm, inverse, None, ctx.topk, "triton")
+            # dx_perm [M, H] is freed before the weight gradient runs (its "copy" variant gathers another
+            # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md session 9)
+            dx = combine(grouped_gemm_op("dgrad", ctx.gemm, dh, w1, offs, w1.shape), inverse, None, ctx.topk, "triton")
         if ctx.needs_input_grad[1]:
             variant = "copy"
             if ctx.gemm == "auto":

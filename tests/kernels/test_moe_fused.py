@@ -198,3 +198,30 @@ def test_auto_fc1_variants_match_the_reference(monkeypatch, tmp_path, fwd, wgrad
         assert rel_err(a, b) < BOUND
     assert calls == [False, wgrad == "gather"]  # FC2's weight gradient, then FC1's (gathered or not)
     autoselect.reset()
+
+
+def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch):
+    # dx_perm [M, H] (FC1's data gradient, before the sum over each token's K rows) held while the weight gradient
+    # ran (whose "copy" variant gathers another [M, H]) was the layer's memory peak at DeepSeek-V3
+    import weakref
+
+    real_op, real_wgrad = moe_fused.grouped_gemm_op, moe_fused._fc1_wgrad
+    dgrad_rows, alive_at_wgrad = [], []
+
+    def op(name, *args, **kwargs):
+        out = real_op(name, *args, **kwargs)
+        if name == "dgrad" and out.shape[1] == H:  # FC1's (FC2's data gradient has I columns)
+            dgrad_rows.append(weakref.ref(out))
+        return out
+
+    def wgrad(*args, **kwargs):
+        alive_at_wgrad.extend(ref() is not None for ref in dgrad_rows)
+        return real_wgrad(*args, **kwargs)
+
+    monkeypatch.setattr(moe_fused, "grouped_gemm_op", op)
+    monkeypatch.setattr(moe_fused, "_fc1_wgrad", wgrad)
+    T, H, I, E, K = 12, 24, 8, 4, 2
+    inputs = make(T, H, I, E, K, seed=5)
+    probe = torch.randn(T, H, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    run("triton", torch.float32, *inputs, probe)
+    assert len(dgrad_rows) == 1 and alive_at_wgrad == [False]
