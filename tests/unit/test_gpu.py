@@ -163,7 +163,7 @@ def test_bench_graphed_contender_replays_the_eager_result():
 def test_bench_moe_rows_on_a_small_shape():
     """The benchmark's whole flow (correctness check, warm-up, interleaved timing with the GEMM floor, the
     graphed and the host-ahead contenders) on a small shape: every row timed, the floor's ratio 1, the host-ahead
-    rows without their lead-in sleep."""
+    rows without their lead-in work."""
     from moetrain.bench.moe_layer import FLOOR, HOST_LEAD_MS, Shape, run_shape
 
     rows = run_shape(Shape("small", T=1024, H=256, I=128, E=16, K=4), "skewed", ["triton", "auto"], warmup=1, reps=2,
