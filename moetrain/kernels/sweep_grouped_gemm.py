@@ -2,8 +2,8 @@
 
     python -m moetrain.kernels.sweep_grouped_gemm [--shapes dsv3,qwen3] [--ops fwd,wgrad] [--json PATH]
 
-(--ops fwd_gather adds the forward with A rows gathered through an index array, against torch
-on the already-permuted copy.)
+(--ops fwd_gather adds the forward with A rows gathered through an index array, wgrad_gather the weight
+gradient with x's rows gathered so, each against torch on the already-permuted copy.)
 
 One GPU, one process. For each benchmark shape (balanced routing: M/G rows per expert; --routing
 skewed adds Dirichlet(0.3) shares, labelled SHAPE/skew) and each
@@ -49,7 +49,7 @@ SHAPES = {  # the many-small-experts shapes first: they decide the 1.1x claim
     "mixtral": (32768, 8, 4096, 14336),
 }
 OPS = ("fwd", "dgrad", "wgrad")
-EXTRA_OPS = ("fwd_gather",)
+EXTRA_OPS = ("fwd_gather", "wgrad_gather")
 FINAL_ROUNDS = 5
 BOUND = 1e-2  # bf16 outputs of two fp32-accumulating GEMMs, and bf16 vs fp64
 
@@ -98,7 +98,7 @@ def make_inputs(m: int, g: int, n: int, k: int, sets: int, seed: int, gather: bo
 def op_inputs(op: str, inp):
     """The two operands as the GEMM sees them (torch and the fp64 checks use these)."""
     x, w, dy, x_perm, _ = inp
-    return {"fwd": (x, w), "fwd_gather": (x_perm, w), "dgrad": (dy, w), "wgrad": (dy, x)}[op]
+    return {"fwd": (x, w), "fwd_gather": (x_perm, w), "dgrad": (dy, w), "wgrad": (dy, x), "wgrad_gather": (dy, x_perm)}[op]
 
 
 def run_ours(gg, op: str, inp, offs, cfg, out):
@@ -107,6 +107,8 @@ def run_ours(gg, op: str, inp, offs, cfg, out):
         return gg.grouped_gemm_fwd(x, w, offs, config=cfg, out=out)
     if op == "fwd_gather":
         return gg.grouped_gemm_fwd(x, w, offs, gather_rows=perm, config=cfg, out=out)
+    if op == "wgrad_gather":
+        return gg.grouped_gemm_wgrad(dy, x, offs, gather_rows=perm, config=cfg, out=out)
     if op == "dgrad":
         return gg.grouped_gemm_dgrad(dy, w, offs, config=cfg, out=out)
     return gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=out)
@@ -137,7 +139,7 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     set_bytes = 2 * (m * k + g * n * k + m * n)
     sets = max(1, min(4, math.ceil(2 * l2 / set_bytes)))  # rotate so the working set exceeds the L2
-    inputs, offs = make_inputs(m, g, n, k, sets, seed=m + n + k, gather="fwd_gather" in ops, routing=routing)
+    inputs, offs = make_inputs(m, g, n, k, sets, seed=m + n + k, gather=any(o.endswith("_gather") for o in ops), routing=routing)
     flops = 2.0 * m * n * k
     ends = offs.tolist()  # host copy for the fp64 spot checks only (outside any timed region)
     starts = [0] + ends[:-1]
@@ -224,7 +226,7 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="moetrain bench gemm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
-    parser.add_argument("--ops", default=",".join(OPS), help="comma list of fwd, dgrad, wgrad, fwd_gather")
+    parser.add_argument("--ops", default=",".join(OPS), help="comma list of fwd, dgrad, wgrad, fwd_gather, wgrad_gather")
     parser.add_argument("--json", default=None, help="write every config's numbers here")
     parser.add_argument("--routing", default="balanced",
                         help="comma list of balanced (M/G rows per expert) and skewed (Dirichlet(0.3) shares)")
