@@ -60,9 +60,9 @@ import triton.language as tl
 from moetrain.kernels import cuda_device
 from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
 
-from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for, the trial lists: public API)
-    INTERPRETER_PROGRAMS, ROWGROUP_CONFIGS, TRIAL_WGRAD_GATHER_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for,
-    interpreter_numpy_shim, interpreting, pick_config, tail_config)
+from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
+    INTERPRETER_PROGRAMS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for, interpreter_numpy_shim,
+    interpreting, pick_config, tail_config)
 
 # ----------------------------------------------------------------------------------------------
 # References (obviously correct; they read offs on the host).

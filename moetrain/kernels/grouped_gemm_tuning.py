@@ -127,30 +127,19 @@ TRIAL_WGRAD_CONFIGS: tuple = (
     # 128 rows per reduction step (128x256x128, 128x128x128) and two programs per SM with register stores
     # (128x128x64/s3/w4/x2): none beat 128x256x64/s3/w8 at DeepSeek-V3 (bench/NOTES.md). Refuted in session 9 and
     # dropped: 32-row steps with 5-6 stages (more rows in flight across a tile's end) and bands of one tile (half
-    # the per-tile divisions): within noise of it (439-456 against 434-440 TF/s)
+    # the per-tile divisions): within noise of it (439-456 against 434-440 TF/s). Also refuted in session 9: 5-stage
+    # configs for the gathered weight gradient (3-4 stages let the index and row loads share one wait, one step of
+    # prefetch; 5 keep two in flight) ran no faster: 311 / 398 / 388 TF/s at DeepSeek-V3 / EP8 / Qwen3 against
+    # 309-336 / 386-439 / 368-401 for the usual configs, ~0.7x torch on the permuted copy
     GemmConfig(128, 256, 64, 4, 8, tma_store=False),
     GemmConfig(128, 256, 64, 3, 8, tma_store=False),
     GemmConfig(128, 128, 64, 4, 4, tma_store=False),
 )
 
 
-# On trial for the weight gradient with x gathered through an index (pointer loads of x, TMA loads of dy): with 3-4
-# stages Triton's pipeliner loads the index in one stage and the rows in the next, and its wait before each step's
-# MMA covers both (ttgir: async_wait num = 0), so the gathered rows were in flight for one step only (auto timed this
-# variant 60% over the copy one at EP8, session 8). With 5 stages the in-loop waits leave 2 groups in flight
-# (checked in the sm_90a compile test). Only for the gathered op: the TMA operands of 5 stages do not fit.
-TRIAL_WGRAD_GATHER_CONFIGS: tuple = (
-    GemmConfig(128, 256, 64, 5, 8, tma_store=False),
-    GemmConfig(128, 256, 32, 5, 8),
-    GemmConfig(128, 128, 64, 5, 4),
-)
-
-
 def configs_for(op: str, trial: bool = True) -> tuple:
     """Candidates of an op ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather"): the autotuner's, and with
     ``trial`` the configs on trial (bench gemm, the sm_90a compile test)."""
-    if op == "wgrad_gather":
-        return WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS + TRIAL_WGRAD_GATHER_CONFIGS if trial else ())
     if op.startswith("wgrad"):
         return WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS if trial else ())
     return ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())

@@ -218,8 +218,7 @@ def _trial_cases():
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
     return ([("fwd", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS] + [("dgrad", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS]
-            + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS]
-            + [("wgrad_gather", c) for c in tuning.TRIAL_WGRAD_GATHER_CONFIGS])
+            + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS])
 
 
 @pytest.mark.parametrize("op,cfg", _trial_cases(), ids=lambda v: str(v))
@@ -240,13 +239,12 @@ def test_bf16_trial_configs_on_skewed_routing(op, cfg):
         got = gg.grouped_gemm_dgrad(dy, w, offs, config=cfg, out=torch.full((m, k), float("nan"), device="cuda",
                                                                            dtype=torch.bfloat16))
         a, b = dy, w
-    else:  # wgrad, or wgrad_gather: x's rows read through a permutation (the grouped rows are x[perm])
-        perm = torch.randperm(m, device="cuda").to(torch.int32) if op == "wgrad_gather" else None
-        got = gg.grouped_gemm_wgrad(dy, x, offs, gather_rows=perm, config=cfg,
-                                    out=torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16))
-        a, b = dy, x if perm is None else x[perm]
+    else:
+        got = gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=torch.full((g, n, k), float("nan"), device="cuda",
+                                                                           dtype=torch.bfloat16))
+        a, b = dy, x
     assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    check_groups_fp64(op.removesuffix("_gather"), got, a, b, offs, list(range(g)))
-    if not op.startswith("wgrad"):
+    check_groups_fp64(op, got, a, b, offs, list(range(g)))
+    if op != "wgrad":
         tail = offs[-1].item()
         assert torch.equal(got[tail:], torch.zeros_like(got[tail:]))
