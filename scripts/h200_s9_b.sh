@@ -2,6 +2,7 @@
 # Session 9, call B (< 9.5 min): the weight gradient's new trial configs (32-row steps with 5-6 stages; bands of one
 # tile) against torch at DeepSeek-V3 and Qwen3; then the layers with the new host-ahead rows (each eager call behind
 # queued GPU work) beside the idle-GPU and graphed ones: is the eager-over-graphed gap the host's start latency?
+# (Kept as it ran: the trial configs were dropped after this call, and host-ahead's lead-in is dense GEMMs since call E.)
 source scripts/device_common.sh "$@"
 echo "== bench test"
 timeout -k 10 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/unit/test_gpu.py -k "bench" 2>&1 \
