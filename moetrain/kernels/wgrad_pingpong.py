@@ -1,0 +1,210 @@
+"""Weight gradient of the grouped GEMM as a warp-specialized ping-pong kernel (Gluon, Hopper): a prototype.
+
+Legend as in grouped_gemm.py: M grouped rows, G groups, dy [M, N], x [M, K], offs [G] int32 cumulative row ends.
+
+    dw [G, N, K] = dy_g^T @ x_g per group (bf16 in, fp32 accumulation, bf16 out; empty groups: zeros)
+
+Why: under Nsight Compute our Triton weight gradient keeps the tensor pipe ~52% busy at DeepSeek-V3 (4 reduction
+steps per 128x256 tile): the same warps issue the TMA loads, the MMAs and the epilogue, so the epilogue (26% of the
+warp samples) and the TMA issue (17%) stall the MMAs (bench/NOTES.md, session 9). Here:
+- a producer warp issues every TMA load into a ring of STAGES stages (ready / empty mbarriers);
+- two consumer warpgroups each own whole 128x128 dw tiles, alternately (tile j of this program goes to warpgroup
+  j % 2), and take turns at the tensor cores (turn mbarriers): while one runs its epilogue (convert, shared store, TMA
+  store) the other issues its MMAs. This is CUTLASS's "ping-pong" schedule.
+Each consumer's fp32 accumulator is 128x128 (128 registers per thread); a 128x256 accumulator would not fit one
+warpgroup. The price: 128x128 tiles read a third more operand bytes per FLOP than 128x256 ones.
+Row ranges use the "ragged" 4-D TMA descriptors of grouped_gemm.py (loads past a group's end read zeros).
+
+Status: compile-checked for sm_90a on the CPU; not yet run on a GPU (no device time was left in session 9). Not
+wired into the autotuner or ops; see tests/kernels/test_wgrad_pingpong_gpu.py and scripts/wgrad_pingpong_bench.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from moetrain.kernels import cuda_device
+from moetrain.kernels.grouped_gemm import RAGGED_ROWS
+from moetrain.kernels.host import cdiv
+
+BLOCK_N = 128  # dw tile rows (over N)
+BLOCK_K = 128  # dw tile columns (over K)
+BLOCK_R = 64  # reduction step: grouped rows per stage
+PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (setmaxnreg)
+CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup (a 128x128 fp32 accumulator: 128)
+
+
+@gluon.jit
+def _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr):
+    """(group, first dw row n0, first dw column k0, the group's first row, its row end, reduction steps) of a tile;
+    tiles are group-major, row-major inside a group. An empty group still takes one step (its zero tile is stored)."""
+    per_group = tiles_n * tiles_k
+    g = tile // per_group
+    local = tile - g * per_group
+    n0 = (local // tiles_k) * TN
+    k0 = (local % tiles_k) * TK
+    row_end = gl.load(offs_ptr + g)
+    row0 = gl.load(offs_ptr + gl.maximum(g - 1, 0))
+    row0 = gl.where(g > 0, row0, 0)
+    row0 = gl.minimum(gl.maximum(row0, 0), M)
+    row_end = gl.maximum(gl.minimum(row_end, M), row0)
+    steps = gl.maximum((row_end - row0 + BR - 1) // BR, 1)
+    return g, n0, k0, row0, row_end, steps
+
+
+@gluon.jit
+def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS,
+              TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, RAGGED: gl.constexpr):
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    it = 0
+    for tile in range(gl.program_id(0), total, NUM_PROGS):
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN, TK, BR)
+        for step in range(steps):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: the ring starts empty
+            mbarrier.expect(ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+            r0 = row0 + step * BR
+            tma.async_copy_global_to_shared(dy_desc, [RAGGED, row_end, RAGGED - row_end + r0, n0], ready.index(s),
+                                            dy_bufs.index(s))
+            tma.async_copy_global_to_shared(x_desc, [RAGGED, row_end, RAGGED - row_end + r0, k0], ready.index(s),
+                                            x_bufs.index(s))
+            it += 1
+
+
+@gluon.jit
+def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
+              NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr):
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
+    out = out_bufs.index(ROLE).reshape([TN, TK])
+    it = 0
+    j = 0
+    turn_phase = 1 - ROLE  # warpgroup 0 goes first (a fresh barrier passes phase 1); 1 waits for 0's first turn
+    for tile in range(gl.program_id(0), total, NUM_PROGS):
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN, TK, BR)
+        if j % 2 == ROLE:
+            mbarrier.wait(turn.index(ROLE), turn_phase)
+            turn_phase ^= 1
+            acc = gl.zeros((TN, TK), dtype=gl.float32, layout=acc_layout)
+            for step in range(steps):
+                s = (it + step) % STAGES
+                mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
+                a = dy_bufs.index(s).reshape([BR, TN]).permute((1, 0))  # dy_g^T block [TN, BR]
+                b = x_bufs.index(s).reshape([BR, TK])  # x_g block [BR, TK]
+                acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                if step > 0:  # the previous step's MMA is done: its stage can be refilled
+                    mbarrier.arrive(empty.index((it + step - 1) % STAGES), count=1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index((it + steps - 1) % STAGES), count=1)
+            mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
+            tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffer
+            out.store(acc.to(dw_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dw_desc, [g, n0, k0], out_bufs.index(ROLE))
+        it += steps
+        j += 1
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
+def _wgrad_pingpong_kernel(dy_desc, x_desc, dw_desc, offs_ptr, M, N, K, G, NUM_PROGS,
+                           STAGES: gl.constexpr, RAGGED: gl.constexpr, num_warps: gl.constexpr):
+    TN: gl.constexpr = dw_desc.block_type.shape[1]
+    TK: gl.constexpr = dw_desc.block_type.shape[2]
+    BR: gl.constexpr = x_desc.block_type.shape[2]
+    tiles_n = (N + TN - 1) // TN
+    tiles_k = (K + TK - 1) // TK
+    total = G * tiles_n * tiles_k
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    out_bufs = gl.allocate_shared_memory(dw_desc.dtype, [2] + dw_desc.block_type.shape, dw_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    gl.warp_specialize([
+        (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
+                     NUM_PROGS, 0, TN, TK, BR)),
+        (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
+                     NUM_PROGS, 1, TN, TK, BR)),
+        (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total,
+                     NUM_PROGS, TN, TK, BR, RAGGED)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def _layout(block):
+    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+
+
+def _ragged_desc(t: torch.Tensor, block: list):
+    """The 4-D "ragged" descriptor of grouped_gemm.py, as a Gluon descriptor (its shared layout explicit)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rs = t.stride(0)
+    full = [1, 1, *block]
+    return TensorDescriptor(t, [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, t.shape[1]], [(1 << 34) - rs, rs, rs, 1], full,
+                            _layout(full))
+
+
+def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, stages: int = 4,
+                                out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
+    """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
+    Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. A prototype: see the module docstring."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
+        raise ValueError("grouped_gemm_wgrad_pingpong: bf16 CUDA tensors only (a Hopper prototype)")
+    if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != x.shape[0] or offs.dim() != 1:
+        raise ValueError(f"grouped_gemm_wgrad_pingpong: dy {tuple(dy.shape)}, x {tuple(x.shape)}, offs "
+                         f"{tuple(offs.shape)} must be [M,N], [M,K], [G]")
+    if cuda_device.capability_major(dy.device) != 9:
+        raise ValueError("grouped_gemm_wgrad_pingpong: Hopper (sm_90) only")
+    dy, x = dy.contiguous(), x.contiguous()
+    offs = offs.to(torch.int32).contiguous()
+    M, N = dy.shape
+    K, G = x.shape[1], offs.shape[0]
+    if (N * 2) % 16 or (K * 2) % 16:
+        raise ValueError(f"grouped_gemm_wgrad_pingpong: N={N} and K={K} must be multiples of 8 (16-byte TMA rows)")
+    if M >= RAGGED_ROWS:
+        raise ValueError(f"grouped_gemm_wgrad_pingpong: M={M} rows must be < 2^30 (ragged descriptors)")
+    if out is None:
+        out = torch.empty(G, N, K, dtype=dy.dtype, device=dy.device)
+    if G == 0 or N == 0 or K == 0:
+        return out
+    dw_block = [1, BLOCK_N, BLOCK_K]
+    dw_desc = TensorDescriptor(out, [G, N, K], [N * K, K, 1], dw_block, _layout(dw_block))
+    total = G * cdiv(N, BLOCK_N) * cdiv(K, BLOCK_K)
+    nprog = max(1, min(num_programs or cuda_device.sm_count(dy.device), total))
+    with torch.cuda.device(dy.device):
+        _wgrad_pingpong_kernel[(nprog,)](
+            _ragged_desc(dy, [BLOCK_R, BLOCK_N]), _ragged_desc(x, [BLOCK_R, BLOCK_K]), dw_desc, offs, M, N, K, G,
+            nprog, STAGES=stages, RAGGED=RAGGED_ROWS, num_warps=4, maxnreg=168)
+    return out
+
+
+def aot_compile(stages: int = 4, capability: int = 90):
+    """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
+    triton CompiledKernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def desc(block):
+        return f"tensordesc<bf16[{', '.join(str(b) for b in block)}],{_layout(block)!r}>"
+
+    sig = {"dy_desc": desc([1, 1, BLOCK_R, BLOCK_N]), "x_desc": desc([1, 1, BLOCK_R, BLOCK_K]),
+           "dw_desc": desc([1, BLOCK_N, BLOCK_K]), "offs_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "G": "i32",
+           "NUM_PROGS": "i32", "STAGES": "constexpr", "RAGGED": "constexpr", "num_warps": "constexpr"}
+    src = GluonASTSource(_wgrad_pingpong_kernel, sig,
+                         constexprs={"STAGES": stages, "RAGGED": RAGGED_ROWS, "num_warps": 4},
+                         attrs={(3,): [["tt.divisibility", 16]]})
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4, "maxnreg": 168})

@@ -1,0 +1,61 @@
+"""The ping-pong weight gradient (kernels/wgrad_pingpong.py, Gluon prototype) against our Triton weight gradient
+(autotuned) and torch._grouped_mm, on the same routed rows, in turns; outputs checked against torch first.
+
+    python scripts/wgrad_pingpong_bench.py [--shapes dsv3,qwen3,dsv3-ep8] [--routing balanced,skewed] [--rounds 5]
+
+Prints one row per (shape, layer, routing): ms and TFLOP/s of each, and ping-pong over the Triton kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def main(argv=None) -> int:
+    from moetrain.kernels import grouped_gemm as gg
+    from moetrain.kernels import sweep_grouped_gemm as sweep
+    from moetrain.kernels import wgrad_pingpong as wp
+    from moetrain.kernels.timing import in_turns, median_ms, skewed_offs
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="dsv3,qwen3,dsv3-ep8")
+    ap.add_argument("--routing", default="balanced,skewed")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts/wgrad_pingpong_bench.py times GPU kernels: no CUDA device visible")
+    print(f"{'shape':10s} {'layer':5s} {'routing':8s} " + " ".join(f"{c:>17s}" for c in
+          ("torch", "triton", "pingpong s3", "pingpong s4")) + "  pingpong/triton", flush=True)
+    for shape in args.shapes.split(","):
+        m, g, h, i = sweep.SHAPES[shape]
+        for layer, (n, k) in (("fc1", (2 * i, h)), ("fc2", (h, i))):
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            dy = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            for routing in args.routing.split(","):
+                offs = (skewed_offs(m, g, 0, torch.device("cuda")) if routing == "skewed"
+                        else torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g))
+                runs = {"torch": lambda: torch._grouped_mm(dy.t(), x, offs=offs),
+                        "triton": lambda: gg.grouped_gemm_wgrad(dy, x, offs),
+                        "pingpong s3": lambda: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=3),
+                        "pingpong s4": lambda: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=4)}
+                want = runs["torch"]()
+                for name in ("triton", "pingpong s3", "pingpong s4"):
+                    err = sweep.rel_err(runs[name](), want)
+                    if not err < sweep.BOUND:
+                        raise SystemExit(f"{shape} {layer} {routing}: {name} disagrees with torch (rel err {err:.2e})")
+                want = None
+                med, failed = in_turns(list(runs), lambda name: median_ms(runs[name], warmup=2, reps=10), args.rounds)
+                if failed:
+                    raise next(iter(failed.values()))
+                flops = 2.0 * m * n * k
+                cells = " ".join(f"{med[c]:7.3f} {flops / med[c] / 1e9:5.0f} TF/s" for c in runs)
+                best = min(med["pingpong s3"], med["pingpong s4"])
+                print(f"{shape:10s} {layer:5s} {routing:8s} {cells}  {med['triton'] / best:6.3f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

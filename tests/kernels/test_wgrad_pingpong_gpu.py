@@ -1,0 +1,67 @@
+"""GPU checks of the warp-specialized ping-pong weight gradient (kernels/wgrad_pingpong.py, a Gluon prototype; marked
+gpu, skipped without a Hopper GPU): bf16 against float64 per group on skewed routing with empty groups and trailing
+rows, and against torch._grouped_mm at DeepSeek-V3's and Qwen3's FC1 shapes (fewer experts, same rows per expert).
+A hang here is a barrier-phase bug: the device scripts run this file under a timeout."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("triton", reason="the triton package is not installed")
+
+BF16_BOUND = 1e-2
+
+
+def kernel():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper GPU")
+    from moetrain.kernels import grouped_gemm, wgrad_pingpong
+
+    if grouped_gemm.interpreting():
+        pytest.skip("TRITON_INTERPRET is set in this process: the compiled kernels are unavailable")
+    return wgrad_pingpong
+
+
+def skewed_offs(m, g, seed, trailing=37):
+    gen = torch.Generator().manual_seed(seed)
+    shares = torch.rand(g, generator=gen, dtype=torch.float64) ** 3  # a few experts get most rows
+    counts = (shares / shares.sum() * (m - trailing)).floor().long()
+    counts[torch.randperm(g, generator=gen)[: g // 8]] = 0  # some empty experts
+    return torch.cumsum(counts, 0).to(torch.int32).cuda()
+
+
+@pytest.mark.parametrize("stages", [3, 4])
+def test_matches_float64_on_skewed_routing(stages):
+    wp = kernel()
+    m, g, n, k = 9000, 24, 768, 1024
+    offs = skewed_offs(m, g, seed=11)
+    torch.manual_seed(12)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=stages,
+                                         out=torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        if end == start:
+            assert torch.equal(got[e], torch.zeros_like(got[e])), f"empty group {e} not zero"
+        else:
+            want = dy[start:end].double().T @ x[start:end].double()
+            err = ((got[e].double() - want).norm() / want.norm()).item()
+            assert err < BF16_BOUND, f"group {e} ({end - start} rows): rel err {err:.2e}"
+        start = end
+
+
+@pytest.mark.parametrize("m, g, n, k", [(65536 // 8, 32, 4096, 7168), (131072 // 8, 16, 1536, 2048)],
+                         ids=["dsv3_fc1", "qwen3_fc1"])
+def test_matches_torch_at_the_expert_shapes(m, g, n, k):
+    wp = kernel()
+    offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
+    torch.manual_seed(13)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs)
+    want = torch._grouped_mm(dy.t(), x, offs=offs)
+    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert err < BF16_BOUND, err
