@@ -12,3 +12,18 @@ gpu_tests() {
   timeout -k 10 "$1" python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 \
     | tee "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|Error|tiny step" | tail -8
 }
+# Nsight Compute, when the machine has it: `ncu_profile NAME COMMAND...` profiles the launches COMMAND brackets with
+# cudaProfilerStart/Stop (full set, SASS with stall samples, clocks left alone) into $out/NAME.ncu-rep, writes the
+# details page and the SASS page (CSV) beside it, and prints the headline metrics of each kernel.
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu_profile() {
+  local name=$1; shift
+  [ -n "$NCU" ] || { echo "== ncu_profile $name: no ncu on this machine"; return 0; }
+  echo "== ncu $name"
+  timeout -k 5 150 "$NCU" --profile-from-start off --clock-control none --set full --import-source yes \
+    -o "$out/$name" -f "$@" 2>&1 | grep -Ev "^==PROF==" | filter | tail -3
+  "$NCU" -i "$out/$name.ncu-rep" --page details > "$out/${name}_details.txt" 2>&1
+  "$NCU" -i "$out/$name.ncu-rep" --page source --csv --print-source sass > "$out/${name}_sass.csv" 2>&1
+  grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Hit Rate |Warp Cycles Per Issued|Issued Warp|No Eligible|Registers Per" \
+    "$out/${name}_details.txt" | head -40
+}

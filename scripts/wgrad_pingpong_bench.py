@@ -2,8 +2,12 @@
 (autotuned) and torch._grouped_mm, on the same routed rows, in turns; outputs checked against torch first.
 
     python scripts/wgrad_pingpong_bench.py [--shapes dsv3,qwen3,dsv3-ep8] [--routing balanced,skewed] [--rounds 5]
+    python scripts/wgrad_pingpong_bench.py --shapes dsv3 --layers fc1 --routing balanced --groups 64 --profile
 
 Prints one row per (shape, layer, routing): ms and TFLOP/s of each, and ping-pong over the Triton kernel.
+--groups keeps the shape's rows per expert with fewer experts (a smaller dw for a profiler's replays). --profile:
+after the check, each contender runs once more between cudaProfilerStart and cudaProfilerStop (for Nsight Compute
+with --profile-from-start off) instead of being timed.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,dsv3-ep8")
     ap.add_argument("--routing", default="balanced,skewed")
+    ap.add_argument("--layers", default="fc1,fc2")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--groups", type=int, default=None, help="experts (rows per expert kept)")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts/wgrad_pingpong_bench.py times GPU kernels: no CUDA device visible")
@@ -30,7 +37,11 @@ def main(argv=None) -> int:
           ("torch", "triton", "pingpong s3", "pingpong s4")) + "  pingpong/triton", flush=True)
     for shape in args.shapes.split(","):
         m, g, h, i = sweep.SHAPES[shape]
+        if args.groups:
+            m, g = m // g * args.groups, args.groups
         for layer, (n, k) in (("fc1", (2 * i, h)), ("fc2", (h, i))):
+            if layer not in args.layers.split(","):
+                continue
             gen = torch.Generator(device="cuda").manual_seed(0)
             dy = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
@@ -47,6 +58,15 @@ def main(argv=None) -> int:
                     if not err < sweep.BOUND:
                         raise SystemExit(f"{shape} {layer} {routing}: {name} disagrees with torch (rel err {err:.2e})")
                 want = None
+                if args.profile:
+                    torch.cuda.synchronize()
+                    torch.cuda.cudart().cudaProfilerStart()
+                    for run in runs.values():
+                        run()
+                    torch.cuda.synchronize()
+                    torch.cuda.cudart().cudaProfilerStop()
+                    print(f"{shape:10s} {layer:5s} {routing:8s} profiled (M={m} G={g} N={n} K={k})", flush=True)
+                    continue
                 med, failed = in_turns(list(runs), lambda name: median_ms(runs[name], warmup=2, reps=10), args.rounds)
                 if failed:
                     raise next(iter(failed.values()))
