@@ -30,11 +30,18 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--groups", type=int, default=None, help="experts (rows per expert kept)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--variants", default="128x128/s3/g8,128x128/s4/g8",
+                    help="ping-pong variants: TNxTK/sSTAGES/gGROUP_N, comma-separated")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts/wgrad_pingpong_bench.py times GPU kernels: no CUDA device visible")
-    print(f"{'shape':10s} {'layer':5s} {'routing':8s} " + " ".join(f"{c:>17s}" for c in
-          ("torch", "triton", "pingpong s3", "pingpong s4")) + "  pingpong/triton", flush=True)
+    variants = {}
+    for v in args.variants.split(","):
+        tile, stages, group = v.split("/")
+        tn, tk = (int(t) for t in tile.split("x"))
+        variants[v] = dict(tile=(tn, tk), stages=int(stages[1:]), group_n=int(group[1:]))
+    print(f"{'shape':10s} {'layer':5s} {'routing':8s} " + " ".join(f"{c:>17s}" for c in ("torch", "triton", *variants))
+          + "  best ping-pong/triton", flush=True)
     for shape in args.shapes.split(","):
         m, g, h, i = sweep.SHAPES[shape]
         if args.groups:
@@ -49,11 +56,11 @@ def main(argv=None) -> int:
                 offs = (skewed_offs(m, g, 0, torch.device("cuda")) if routing == "skewed"
                         else torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g))
                 runs = {"torch": lambda: torch._grouped_mm(dy.t(), x, offs=offs),
-                        "triton": lambda: gg.grouped_gemm_wgrad(dy, x, offs),
-                        "pingpong s3": lambda: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=3),
-                        "pingpong s4": lambda: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=4)}
+                        "triton": lambda: gg.grouped_gemm_wgrad(dy, x, offs)}
+                for v, kw in variants.items():
+                    runs[v] = lambda kw=kw: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, **kw)
                 want = runs["torch"]()
-                for name in ("triton", "pingpong s3", "pingpong s4"):
+                for name in list(runs)[1:]:
                     err = sweep.rel_err(runs[name](), want)
                     if not err < sweep.BOUND:
                         raise SystemExit(f"{shape} {layer} {routing}: {name} disagrees with torch (rel err {err:.2e})")
@@ -72,7 +79,7 @@ def main(argv=None) -> int:
                     raise next(iter(failed.values()))
                 flops = 2.0 * m * n * k
                 cells = " ".join(f"{med[c]:7.3f} {flops / med[c] / 1e9:5.0f} TF/s" for c in runs)
-                best = min(med["pingpong s3"], med["pingpong s4"])
+                best = min(med[v] for v in variants)
                 print(f"{shape:10s} {layer:5s} {routing:8s} {cells}  {med['triton'] / best:6.3f}x", flush=True)
     return 0
 

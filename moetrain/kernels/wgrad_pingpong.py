@@ -32,22 +32,30 @@ from moetrain.kernels import cuda_device
 from moetrain.kernels.grouped_gemm import RAGGED_ROWS
 from moetrain.kernels.host import cdiv
 
-BLOCK_N = 128  # dw tile rows (over N)
-BLOCK_K = 128  # dw tile columns (over K)
+BLOCK_N = 128  # dw tile rows (over N), by default
+BLOCK_K = 128  # dw tile columns (over K), by default
+TILES = ((128, 128), (64, 256))  # a consumer's dw tile: its fp32 accumulator is 128 registers per thread either way
 BLOCK_R = 64  # reduction step: grouped rows per stage
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (setmaxnreg)
 CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup (a 128x128 fp32 accumulator: 128)
 
 
 @gluon.jit
-def _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr):
-    """(group, first dw row n0, first dw column k0, the group's first row, its row end, reduction steps) of a tile;
-    tiles are group-major, row-major inside a group. An empty group still takes one step (its zero tile is stored)."""
+def _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
+          GROUP_N: gl.constexpr):
+    """(group, first dw row n0, first dw column k0, the group's first row, its row end, reduction steps) of a tile.
+    Tiles are group-major; inside a group, bands of GROUP_N dw row tiles, column-major inside a band, so that the
+    tiles running at once read GROUP_N column blocks of dy_g and a fraction of x_g's (as _wgrad_kernel's bands: a
+    big group's rows do not fit in L2). An empty group still takes one step (its zero tile is stored)."""
     per_group = tiles_n * tiles_k
     g = tile // per_group
     local = tile - g * per_group
-    n0 = (local // tiles_k) * TN
-    k0 = (local % tiles_k) * TK
+    band = GROUP_N * tiles_k
+    first_n = (local // band) * GROUP_N
+    band_rows = gl.minimum(tiles_n - first_n, GROUP_N)
+    in_band = local - (local // band) * band
+    n0 = (first_n + in_band % band_rows) * TN
+    k0 = (in_band // band_rows) * TK
     row_end = gl.load(offs_ptr + g)
     row0 = gl.load(offs_ptr + gl.maximum(g - 1, 0))
     row0 = gl.where(g > 0, row0, 0)
@@ -59,11 +67,11 @@ def _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN: gl.constexpr, TK: gl.constexp
 
 @gluon.jit
 def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS,
-              TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, RAGGED: gl.constexpr):
+              TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr, RAGGED: gl.constexpr):
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     it = 0
     for tile in range(gl.program_id(0), total, NUM_PROGS):
-        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN, TK, BR)
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN, TK, BR, GROUP_N)
         for step in range(steps):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: the ring starts empty
@@ -78,7 +86,8 @@ def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles
 
 @gluon.jit
 def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
-              NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr):
+              NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
+              GROUP_N: gl.constexpr):
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
     out = out_bufs.index(ROLE).reshape([TN, TK])
@@ -86,7 +95,7 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, 
     j = 0
     turn_phase = 1 - ROLE  # warpgroup 0 goes first (a fresh barrier passes phase 1); 1 waits for 0's first turn
     for tile in range(gl.program_id(0), total, NUM_PROGS):
-        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN, TK, BR)
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN, TK, BR, GROUP_N)
         if j % 2 == ROLE:
             mbarrier.wait(turn.index(ROLE), turn_phase)
             turn_phase ^= 1
@@ -114,7 +123,8 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, 
 
 @gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
 def _wgrad_pingpong_kernel(dy_desc, x_desc, dw_desc, offs_ptr, M, N, K, G, NUM_PROGS,
-                           STAGES: gl.constexpr, RAGGED: gl.constexpr, num_warps: gl.constexpr):
+                           STAGES: gl.constexpr, GROUP_N: gl.constexpr, RAGGED: gl.constexpr,
+                           num_warps: gl.constexpr):
     TN: gl.constexpr = dw_desc.block_type.shape[1]
     TK: gl.constexpr = dw_desc.block_type.shape[2]
     BR: gl.constexpr = x_desc.block_type.shape[2]
@@ -134,11 +144,11 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, dw_desc, offs_ptr, M, N, K, G, NUM_P
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
         (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
-                     NUM_PROGS, 0, TN, TK, BR)),
+                     NUM_PROGS, 0, TN, TK, BR, GROUP_N)),
         (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
-                     NUM_PROGS, 1, TN, TK, BR)),
+                     NUM_PROGS, 1, TN, TK, BR, GROUP_N)),
         (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total,
-                     NUM_PROGS, TN, TK, BR, RAGGED)),
+                     NUM_PROGS, TN, TK, BR, GROUP_N, RAGGED)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -157,9 +167,12 @@ def _ragged_desc(t: torch.Tensor, block: list):
 
 
 def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, stages: int = 4,
+                                group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
                                 out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
-    Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. A prototype: see the module docstring."""
+    Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
+    (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads).
+    A prototype: see the module docstring."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
@@ -167,6 +180,8 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != x.shape[0] or offs.dim() != 1:
         raise ValueError(f"grouped_gemm_wgrad_pingpong: dy {tuple(dy.shape)}, x {tuple(x.shape)}, offs "
                          f"{tuple(offs.shape)} must be [M,N], [M,K], [G]")
+    if tuple(tile) not in TILES:
+        raise ValueError(f"grouped_gemm_wgrad_pingpong: tile {tile} is not one of {TILES}")
     if cuda_device.capability_major(dy.device) != 9:
         raise ValueError("grouped_gemm_wgrad_pingpong: Hopper (sm_90) only")
     dy, x = dy.contiguous(), x.contiguous()
@@ -181,18 +196,19 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         out = torch.empty(G, N, K, dtype=dy.dtype, device=dy.device)
     if G == 0 or N == 0 or K == 0:
         return out
-    dw_block = [1, BLOCK_N, BLOCK_K]
+    tn, tk = tile
+    dw_block = [1, tn, tk]
     dw_desc = TensorDescriptor(out, [G, N, K], [N * K, K, 1], dw_block, _layout(dw_block))
-    total = G * cdiv(N, BLOCK_N) * cdiv(K, BLOCK_K)
+    total = G * cdiv(N, tn) * cdiv(K, tk)
     nprog = max(1, min(num_programs or cuda_device.sm_count(dy.device), total))
     with torch.cuda.device(dy.device):
         _wgrad_pingpong_kernel[(nprog,)](
-            _ragged_desc(dy, [BLOCK_R, BLOCK_N]), _ragged_desc(x, [BLOCK_R, BLOCK_K]), dw_desc, offs, M, N, K, G,
-            nprog, STAGES=stages, RAGGED=RAGGED_ROWS, num_warps=4, maxnreg=168)
+            _ragged_desc(dy, [BLOCK_R, tn]), _ragged_desc(x, [BLOCK_R, tk]), dw_desc, offs, M, N, K, G,
+            nprog, STAGES=stages, GROUP_N=group_n, RAGGED=RAGGED_ROWS, num_warps=4, maxnreg=168)
     return out
 
 
-def aot_compile(stages: int = 4, capability: int = 90):
+def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel."""
     from triton.backends.compiler import GPUTarget
@@ -201,10 +217,11 @@ def aot_compile(stages: int = 4, capability: int = 90):
     def desc(block):
         return f"tensordesc<bf16[{', '.join(str(b) for b in block)}],{_layout(block)!r}>"
 
-    sig = {"dy_desc": desc([1, 1, BLOCK_R, BLOCK_N]), "x_desc": desc([1, 1, BLOCK_R, BLOCK_K]),
-           "dw_desc": desc([1, BLOCK_N, BLOCK_K]), "offs_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "G": "i32",
-           "NUM_PROGS": "i32", "STAGES": "constexpr", "RAGGED": "constexpr", "num_warps": "constexpr"}
+    tn, tk = tile
+    sig = {"dy_desc": desc([1, 1, BLOCK_R, tn]), "x_desc": desc([1, 1, BLOCK_R, tk]), "dw_desc": desc([1, tn, tk]), "offs_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "G": "i32",
+           "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_N": "constexpr", "RAGGED": "constexpr",
+           "num_warps": "constexpr"}
     src = GluonASTSource(_wgrad_pingpong_kernel, sig,
-                         constexprs={"STAGES": stages, "RAGGED": RAGGED_ROWS, "num_warps": 4},
+                         constexprs={"STAGES": stages, "GROUP_N": group_n, "RAGGED": RAGGED_ROWS, "num_warps": 4},
                          attrs={(3,): [["tt.divisibility", 16]]})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4, "maxnreg": 168})

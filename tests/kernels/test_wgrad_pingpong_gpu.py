@@ -30,15 +30,16 @@ def skewed_offs(m, g, seed, trailing=37):
     return torch.cumsum(counts, 0).to(torch.int32).cuda()
 
 
-@pytest.mark.parametrize("stages", [3, 4])
-def test_matches_float64_on_skewed_routing(stages):
+@pytest.mark.parametrize("tile, stages, group_n", [((128, 128), 3, 8), ((128, 128), 4, 1), ((128, 128), 5, 8),
+                                                   ((64, 256), 4, 8), ((64, 256), 3, 4)])
+def test_matches_float64_on_skewed_routing(tile, stages, group_n):
     wp = kernel()
-    m, g, n, k = 9000, 24, 768, 1024
+    m, g, n, k = 9000, 24, 768 + 64, 1024 + 8  # partial tiles over N and K
     offs = skewed_offs(m, g, seed=11)
     torch.manual_seed(12)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=stages,
+    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=stages, group_n=group_n, tile=tile,
                                          out=torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
     assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"

@@ -18,15 +18,15 @@ import triton
 from moetrain.kernels import wgrad_pingpong as wp
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 rows = []
-for stages in (3, 4):
-    ck = wp.aot_compile(stages)
+for tile, stages in (((128, 128), 3), ((128, 128), 4), ((128, 128), 5), ((64, 256), 3), ((64, 256), 4)):
+    ck = wp.aot_compile(stages, tile=tile)
     ptx = ck.asm["ptx"]
     with tempfile.TemporaryDirectory() as d:
         open(os.path.join(d, "k.ptx"), "w").write(ptx)
         info = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.cubin")],
                               capture_output=True, text=True).stderr
     spill = re.search(r"(\d+) bytes spill stores", info)
-    rows.append(dict(stages=stages, shared=ck.metadata.shared, spill=int(spill.group(1)) if spill else None,
+    rows.append(dict(tile=tile, stages=stages, shared=ck.metadata.shared, spill=int(spill.group(1)) if spill else None,
                      wgmma="wgmma.mma_async" in ptx, tma="cp.async.bulk.tensor" in ptx,
                      setmaxnreg=len(re.findall(r"setmaxnreg\.(?:inc|dec)", ptx))))
 print(json.dumps(rows))
@@ -37,7 +37,7 @@ def test_compiles_for_sm90_and_fits():
     proc = run_without_interpreter(_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [r["stages"] for r in rows] == [3, 4]
+    assert [r["stages"] for r in rows] == [3, 4, 5, 3, 4]
     for row in rows:
         assert row["shared"] <= SMEM_BLOCK, row
         assert row["spill"] == 0, row
