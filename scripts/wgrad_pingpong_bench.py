@@ -1,4 +1,4 @@
-"""The ping-pong weight gradient (kernels/wgrad_pingpong.py, Gluon prototype) against our Triton weight gradient
+"""The ping-pong weight gradient (kernels/wgrad_pingpong.py, Gluon) against our Triton weight gradient
 (autotuned) and torch._grouped_mm, on the same routed rows, in turns; outputs checked against torch first.
 
     python scripts/wgrad_pingpong_bench.py [--shapes dsv3,qwen3,dsv3-ep8] [--routing balanced,skewed] [--rounds 5]

@@ -61,7 +61,8 @@ from moetrain.kernels import cuda_device
 from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
 
 from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
-    INTERPRETER_PROGRAMS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for, interpreter_numpy_shim,
+    INTERPRETER_PROGRAMS, PINGPONG_WGRAD_CONFIGS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for,
+    interpreter_numpy_shim,
     interpreting, pick_config, tail_config)
 
 # ----------------------------------------------------------------------------------------------
@@ -576,8 +577,18 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
     if M == 0:
         return out.zero_()
     tma_ok = _tma_ok(dy, x, out) and M < RAGGED_ROWS
+    pingpong_ok = tma_ok and gather_rows is None and pingpong_applies(dy)
+    if config is not None and config.kernel == "pingpong" and not pingpong_ok:
+        raise ValueError(f"grouped_gemm_wgrad: config {config} needs a Hopper GPU, bf16 and TMA-aligned tensors "
+                         "whose rows are not gathered")
 
     def run(cfg: GemmConfig):
+        if cfg.kernel == "pingpong":
+            from moetrain.kernels.wgrad_pingpong import grouped_gemm_wgrad_pingpong
+
+            grouped_gemm_wgrad_pingpong(dy, x, offs, stages=cfg.num_stages, group_n=cfg.group_m,
+                                        tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs)
+            return
         use_tma = cfg.use_tma and tma_ok
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         if use_tma:
@@ -599,5 +610,19 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
 
     key = ("wgrad" if gather_rows is None else "wgrad_gather", dy.dtype, dy.device, N, K, rows_bucket(M, G), tma_ok)
     with _on_device(dy.device):
-        run(pick_config(key, WGRAD_CONFIGS, config, run))
+        run(pick_config(key, WGRAD_CONFIGS + (PINGPONG_WGRAD_CONFIGS if pingpong_ok else ()), config, run))
     return out
+
+
+def pingpong_applies(dy: torch.Tensor) -> bool:
+    """Whether the ping-pong weight gradient (wgrad_pingpong.py) can run on dy's device and dtype: compiled kernels
+    (not the interpreter) on a Hopper GPU, bf16, and a triton with Gluon. The caller checks TMA alignment."""
+    if interpreting() or dy.device.type != "cuda" or dy.dtype != torch.bfloat16:
+        return False
+    if cuda_device.capability_major(dy.device) != 9:
+        return False
+    try:
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:
+        return False
+    return True

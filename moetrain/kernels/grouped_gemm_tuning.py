@@ -30,6 +30,8 @@ class GemmConfig:
     from registers.
     programs_per_sm: persistent programs per SM; 2 lets one program's epilogue overlap the
     other's main loop (the config must then fit two blocks' shared memory and registers).
+    kernel (wgrad): "triton" (_wgrad_kernel) or "pingpong" (wgrad_pingpong.py: Gluon, Hopper, bf16, TMA; a
+    producer warp and two consumer warpgroups, each with its own BLOCK_M x BLOCK_N tile; num_warps is per consumer).
     """
 
     block_m: int
@@ -42,8 +44,11 @@ class GemmConfig:
     programs_per_sm: int = 1
     tail_split: bool = False  # forward / dgrad: remainders of <= half a tile go to a half-height launch
     tma_store: bool = True  # wgrad with use_tma: dw stored by TMA (False: TMA loads, stores from registers)
+    kernel: str = "triton"
 
     def __str__(self) -> str:
+        if self.kernel != "triton":
+            return f"{self.kernel}/{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/g{self.group_m}"
         kind = "tma" if self.use_tma else "ptr"
         two = "/x2" if self.programs_per_sm == 2 else ""
         split = "/split" if self.tail_split else ""
@@ -92,6 +97,15 @@ WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
     GemmConfig(256, 128, 64, 3, 8),  # dw tiles 256 (over N) x 128 (over K); promoted from trial in session 5
 )
+# The warp-specialized ping-pong weight gradient (wgrad_pingpong.py; session 10, bench/NOTES.md): candidates where it
+# applies (Hopper, bf16, TMA, rows not gathered). 128x128 consumer tiles; bands of 8 dw row tiles keep a big
+# group's rows in L2 (row-major order, g1, lost 20% on skewed routing at DeepSeek-V3's FC1 but won at its FC2);
+# 5 stages won at EP8's long reductions. 64x256 consumer tiles (m64n256 wgmma) were slower everywhere.
+PINGPONG_WGRAD_CONFIGS = (
+    GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
+    GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
+    GemmConfig(128, 128, 64, 4, 4, group_m=1, kernel="pingpong"),
+)
 # The interpreter runs every program in Python: small tiles keep the CPU tests fast (tail split on, so
 # that every op test also runs the body and tail launches).
 INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True)
@@ -106,7 +120,8 @@ INTERPRETER_PROGRAMS = 3
 
 _BEST: dict = {}  # autotune cache: key -> GemmConfig
 CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
-CONFIG_CACHE_VERSION = 2  # 2: the 256-row configs joined the candidates (winners tuned without them are re-tuned)
+CONFIG_CACHE_VERSION = 3  # 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient (winners
+# tuned without them are re-tuned)
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 
@@ -140,7 +155,9 @@ TRIAL_WGRAD_CONFIGS: tuple = (
 def configs_for(op: str, trial: bool = True) -> tuple:
     """Candidates of an op ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather"): the autotuner's, and with
     ``trial`` the configs on trial (bench gemm, the sm_90a compile test)."""
-    if op.startswith("wgrad"):
+    if op == "wgrad":
+        return WGRAD_CONFIGS + PINGPONG_WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS if trial else ())
+    if op == "wgrad_gather":
         return WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS if trial else ())
     return ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())
 

@@ -1,4 +1,4 @@
-"""Weight gradient of the grouped GEMM as a warp-specialized ping-pong kernel (Gluon, Hopper): a prototype.
+"""Weight gradient of the grouped GEMM as a warp-specialized ping-pong kernel (Gluon, Hopper).
 
 Legend as in grouped_gemm.py: M grouped rows, G groups, dy [M, N], x [M, K], offs [G] int32 cumulative row ends.
 
@@ -15,8 +15,9 @@ Each consumer's fp32 accumulator is 128x128 (128 registers per thread); a 128x25
 warpgroup. The price: 128x128 tiles read a third more operand bytes per FLOP than 128x256 ones.
 Row ranges use the "ragged" 4-D TMA descriptors of grouped_gemm.py (loads past a group's end read zeros).
 
-Status: compile-checked for sm_90a on the CPU; not yet run on a GPU (no device time was left in session 9). Not
-wired into the autotuner or ops; see tests/kernels/test_wgrad_pingpong_gpu.py and scripts/wgrad_pingpong_bench.py.
+Measured on the H200 (session 10, bench/NOTES.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
+with bands (GROUP_N 8), about level at EP8's long reductions. grouped_gemm_wgrad offers it to the autotuner
+(grouped_gemm_tuning.PINGPONG_WGRAD_CONFIGS) where it applies: Hopper, bf16, TMA-aligned, rows not gathered.
 """
 
 from __future__ import annotations
@@ -171,12 +172,12 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
                                 out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
-    (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads).
-    A prototype: see the module docstring."""
+    (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
+    slower on the H200, session 10). Called by grouped_gemm_wgrad for the "pingpong" configs."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
-        raise ValueError("grouped_gemm_wgrad_pingpong: bf16 CUDA tensors only (a Hopper prototype)")
+        raise ValueError("grouped_gemm_wgrad_pingpong: bf16 CUDA tensors only (a Hopper kernel)")
     if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != x.shape[0] or offs.dim() != 1:
         raise ValueError(f"grouped_gemm_wgrad_pingpong: dy {tuple(dy.shape)}, x {tuple(x.shape)}, offs "
                          f"{tuple(offs.shape)} must be [M,N], [M,K], [G]")

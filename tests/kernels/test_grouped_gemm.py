@@ -152,6 +152,19 @@ def test_unaligned_rows_fall_back_to_pointer_loads():
     assert rel_err(dw, gg.grouped_gemm_wgrad_ref(dy.double(), x.double(), offs_t)) < FP32_BOUND
 
 
+def test_pingpong_wgrad_config_refused_where_it_cannot_run():
+    # the Gluon ping-pong kernel needs compiled kernels on a Hopper GPU and bf16: elsewhere an explicit request is a
+    # clear error, and the autotuner never offers it
+    pingpong = gg.PINGPONG_WGRAD_CONFIGS[0]
+    assert str(pingpong) == "pingpong/128x128x64/s4/g8"
+    assert pingpong in gg.configs_for("wgrad") and pingpong not in gg.configs_for("wgrad_gather")
+    x, _, dy, offs_t = make([6, 6, 30], 33, 16, 24, seed=3)
+    if gg.pingpong_applies(dy.to(torch.bfloat16)):
+        pytest.skip("this GPU runs the ping-pong kernel (its GPU tests cover it)")
+    with pytest.raises(ValueError, match="needs a Hopper GPU, bf16"):
+        gg.grouped_gemm_wgrad(dy, x, offs_t, config=pingpong)
+
+
 def test_default_config_path_and_shape_errors():
     offs = [6, 6, 30]
     x, w, dy, offs_t = make(offs, 33, 16, 24, seed=3)

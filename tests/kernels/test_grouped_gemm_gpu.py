@@ -218,7 +218,35 @@ def _trial_cases():
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
     return ([("fwd", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS] + [("dgrad", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS]
-            + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS])
+            + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS + tuning.PINGPONG_WGRAD_CONFIGS])
+
+
+@pytest.mark.parametrize("cfg_index", range(3))
+def test_pingpong_wgrad_in_a_cuda_graph_with_new_routing(cfg_index):
+    # the ping-pong weight gradient reads the routing on the device only: one capture, replayed on new routings
+    gg = kernels()
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    if not torch.cuda.get_device_capability()[0] == 9:
+        pytest.skip("the ping-pong weight gradient is Hopper-only")
+    cfg = tuning.PINGPONG_WGRAD_CONFIGS[cfg_index]
+    m, g, n, k = 8192, 32, 1024, 512
+    torch.manual_seed(7)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    offs = skewed_offs(m, g, seed=1)
+    dw = torch.empty(g, n, k, device="cuda", dtype=torch.bfloat16)
+    gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=dw)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=dw)
+    for seed in (2, 5):
+        offs.copy_(skewed_offs(m, g, seed=seed))
+        dw.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(dw, gg.grouped_gemm_wgrad_ref(dy.double(), x.double(), offs)) < BF16_BOUND
 
 
 @pytest.mark.parametrize("op,cfg", _trial_cases(), ids=lambda v: str(v))

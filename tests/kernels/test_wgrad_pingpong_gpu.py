@@ -1,4 +1,4 @@
-"""GPU checks of the warp-specialized ping-pong weight gradient (kernels/wgrad_pingpong.py, a Gluon prototype; marked
+"""GPU checks of the warp-specialized ping-pong weight gradient (kernels/wgrad_pingpong.py, Gluon; marked
 gpu, skipped without a Hopper GPU): bf16 against float64 per group on skewed routing with empty groups and trailing
 rows, and against torch._grouped_mm at DeepSeek-V3's and Qwen3's FC1 shapes (fewer experts, same rows per expert).
 A hang here is a barrier-phase bug: the device scripts run this file under a timeout."""
