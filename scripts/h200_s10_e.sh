@@ -5,9 +5,11 @@
 # view's layer (both routings, every peer).
 source scripts/device_common.sh "$@"
 echo "== autotuner probe"
+n=0
 for args in "--layer fc1" "--layer fc1 --routing skewed" "--layer fc2"; do
-  timeout -k 10 120 python3 scripts/autotune_probe.py --shape dsv3 $args > "$out/probe.log" 2>&1
-  filter < "$out/probe.log" | tail -20
+  n=$((n + 1))
+  timeout -k 10 120 python3 scripts/autotune_probe.py --shape dsv3 $args > "$out/probe$n.log" 2>&1
+  filter < "$out/probe$n.log" | tail -20
 done
 echo "== layer"
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 200 python3 -m moetrain bench moe \
