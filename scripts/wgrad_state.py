@@ -1,0 +1,60 @@
+"""Which earlier kernel slows the ping-pong weight gradient for the rest of a process? (Session 10, call G: after
+the autotuner's search at DeepSeek-V3's FC1 the ping-pong kernel ran at ~10 ms in that process; in a process that
+ran only it and our 128x256 Triton kernel, at ~7.5 ms, on the same GPU.)
+
+    python scripts/wgrad_state.py --shape dsv3 --layer fc1
+
+Times ping-pong and Triton (128x256x64/s3/w8/tma) in turns, then runs each other weight-gradient config once and
+times the two again after each, printing one row per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def main(argv=None) -> int:
+    from moetrain.kernels import grouped_gemm as gg
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+    from moetrain.kernels import sweep_grouped_gemm as sweep
+    from moetrain.kernels.timing import in_turns, median_ms
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="dsv3")
+    ap.add_argument("--layer", default="fc1", choices=("fc1", "fc2"))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts/wgrad_state.py times GPU kernels: no CUDA device visible")
+    m, g, h, i = sweep.SHAPES[args.shape]
+    n, k = (2 * i, h) if args.layer == "fc1" else (h, i)
+    inputs, offs = sweep.make_inputs(m, g, n, k, 1, seed=0, gather=False)
+    x, _, dy, _, _ = inputs[0]
+    out = torch.empty(g, n, k, device="cuda", dtype=torch.bfloat16)
+    pair = {"triton": tuning.WGRAD_CONFIGS[0], "pingpong": tuning.PINGPONG_WGRAD_CONFIGS[0]}
+
+    def run(cfg):
+        gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=out)
+
+    def measure(label):
+        med, failed = in_turns(list(pair), lambda name: median_ms(lambda: run(pair[name]), warmup=1, reps=6), 3)
+        if failed:
+            raise next(iter(failed.values()))
+        print(f"  after {label:36s} triton {med['triton']:7.3f}  pingpong {med['pingpong']:7.3f}", flush=True)
+
+    measure("nothing else")
+    measure("nothing else (again)")
+    for cfg in tuning.WGRAD_CONFIGS[1:] + tuning.PINGPONG_WGRAD_CONFIGS[1:]:
+        try:
+            run(cfg)
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 (report and go on: the question is what a launch leaves behind)
+            print(f"  {cfg} failed: {type(exc).__name__}: {exc}"[:200], flush=True)
+            continue
+        measure(f"one launch of {cfg}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
