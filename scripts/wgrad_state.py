@@ -24,6 +24,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="dsv3")
     ap.add_argument("--layer", default="fc1", choices=("fc1", "fc2"))
+    ap.add_argument("--first", default=None, help="OP:CONFIG (fwd, fwd_gather, dgrad, wgrad_gather, wgrad): launch only "
+                    "this one, once, between the two baseline measurements and the last, instead of every wgrad config")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts/wgrad_state.py times GPU kernels: no CUDA device visible")
@@ -45,6 +47,17 @@ def main(argv=None) -> int:
 
     measure("nothing else")
     measure("nothing else (again)")
+    if args.first:
+        op, name = args.first.split(":", 1)
+        cfg = next(c for c in gg.configs_for(op) if str(c) == name)
+        inputs_op, offs_op = sweep.make_inputs(m, g, n, k, 1, seed=1, gather=op.endswith("_gather"))
+        want = sweep.torch_op(op, *sweep.op_inputs(op, inputs_op[0]), offs_op)
+        sweep.run_ours(gg, op, inputs_op[0], offs_op, cfg, torch.empty_like(want))
+        del want, inputs_op
+        torch.cuda.synchronize()
+        measure(f"one launch of {op} {cfg}")
+        measure("(again)")
+        return 0
     for cfg in tuning.WGRAD_CONFIGS[1:] + tuning.PINGPONG_WGRAD_CONFIGS[1:]:
         try:
             run(cfg)
