@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layer", default="fc1", choices=("fc1", "fc2"))
     ap.add_argument("--first", default=None, help="OP:CONFIG (fwd, fwd_gather, dgrad, wgrad_gather, wgrad): launch only "
                     "this one, once, between the two baseline measurements and the last, instead of every wgrad config")
+    ap.add_argument("--protocols", action="store_true", help="also time under do_bench (L2 flush) and queued")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts/wgrad_state.py times GPU kernels: no CUDA device visible")
@@ -39,11 +40,28 @@ def main(argv=None) -> int:
     def run(cfg):
         gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=out)
 
+    def stream(cfg, calls=20):  # queued back to back, no sync between calls
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            run(cfg)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls
+
     def measure(label):
         med, failed = in_turns(list(pair), lambda name: median_ms(lambda: run(pair[name]), warmup=1, reps=6), 3)
         if failed:
             raise next(iter(failed.values()))
         print(f"  after {label:36s} triton {med['triton']:7.3f}  pingpong {med['pingpong']:7.3f}", flush=True)
+        if args.protocols:  # the same two under bench gemm's protocol (L2 flush before each call) and queued
+            import triton
+
+            bench = {n_: triton.testing.do_bench(lambda c=c: run(c), warmup=5, rep=60, return_mode="median")
+                     for n_, c in pair.items()}
+            queued = {n_: stream(c) for n_, c in pair.items()}
+            print(f"    do_bench (flush) triton {bench['triton']:7.3f}  pingpong {bench['pingpong']:7.3f};  queued "
+                  f"triton {queued['triton']:7.3f}  pingpong {queued['pingpong']:7.3f}", flush=True)
 
     measure("nothing else")
     measure("nothing else (again)")
