@@ -11,6 +11,7 @@ times the two again after each, printing one row per step.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -27,6 +28,10 @@ def main(argv=None) -> int:
     ap.add_argument("--first", default=None, help="OP:CONFIG (fwd, fwd_gather, dgrad, wgrad_gather, wgrad): launch only "
                     "this one, once, between the two baseline measurements and the last, instead of every wgrad config")
     ap.add_argument("--protocols", action="store_true", help="also time under do_bench (L2 flush) and queued")
+    ap.add_argument("--probes", action="store_true", help="with --first, after it: the ping-pong with fewer programs "
+                    "than SMs, and after 2 s idle")
+    ap.add_argument("--profile", action="store_true", help="with --first: one ping-pong launch before it and one after, "
+                    "each between cudaProfilerStart and cudaProfilerStop (Nsight Compute), instead of timing")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts/wgrad_state.py times GPU kernels: no CUDA device visible")
@@ -37,8 +42,15 @@ def main(argv=None) -> int:
     out = torch.empty(g, n, k, device="cuda", dtype=torch.bfloat16)
     pair = {"triton": tuning.WGRAD_CONFIGS[0], "pingpong": tuning.PINGPONG_WGRAD_CONFIGS[0]}
 
-    def run(cfg):
-        gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=out)
+    def run(cfg, num_programs=None):
+        gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=out, num_programs=num_programs)
+
+    def profiled(cfg):
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        run(cfg)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
 
     def stream(cfg, calls=20):  # queued back to back, no sync between calls
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -63,8 +75,12 @@ def main(argv=None) -> int:
             print(f"    do_bench (flush) triton {bench['triton']:7.3f}  pingpong {bench['pingpong']:7.3f};  queued "
                   f"triton {queued['triton']:7.3f}  pingpong {queued['pingpong']:7.3f}", flush=True)
 
-    measure("nothing else")
-    measure("nothing else (again)")
+    if args.profile:
+        run(pair["pingpong"])
+        profiled(pair["pingpong"])
+    else:
+        measure("nothing else")
+        measure("nothing else (again)")
     if args.first:
         op, name = args.first.split(":", 1)
         cfg = next(c for c in gg.configs_for(op) if str(c) == name)
@@ -73,8 +89,20 @@ def main(argv=None) -> int:
         sweep.run_ours(gg, op, inputs_op[0], offs_op, cfg, torch.empty_like(want))
         del want, inputs_op
         torch.cuda.synchronize()
+        if args.profile:
+            profiled(pair["pingpong"])
+            print(f"profiled one ping-pong launch before and one after {op} {cfg}", flush=True)
+            return 0
         measure(f"one launch of {op} {cfg}")
         measure("(again)")
+        if args.probes:
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            for programs in (sms, sms - 4, sms - 12, sms // 2):
+                ms = median_ms(lambda p=programs: run(pair["pingpong"], p), warmup=1, reps=6)
+                print(f"    pingpong with {programs:3d} programs {ms:7.3f}", flush=True)
+            time.sleep(2)
+            print(f"    pingpong after 2 s idle {median_ms(lambda: run(pair['pingpong']), warmup=0, reps=1):7.3f}",
+                  flush=True)
         return 0
     for cfg in tuning.WGRAD_CONFIGS[1:] + tuning.PINGPONG_WGRAD_CONFIGS[1:]:
         try:
