@@ -18,6 +18,9 @@ Row ranges use the "ragged" 4-D TMA descriptors of grouped_gemm.py (loads past a
 Measured on the H200 (session 10, bench/NOTES.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
 with bands (GROUP_N 8), about level at EP8's long reductions. grouped_gemm_wgrad offers it to the autotuner
 (grouped_gemm_tuning.PINGPONG_WGRAD_CONFIGS) where it applies: Hopper, bf16, TMA-aligned, rows not gathered.
+Its speed depends on what the process ran before: after one launch of any two-programs-per-SM grouped GEMM config
+it ran ~27% slower for the rest of the process when each call was timed from an idle GPU (not explained yet); the
+autotuner times it in the process's own state, which does not revert.
 """
 
 from __future__ import annotations
