@@ -32,6 +32,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--variants", default="128x128/s3/g8,128x128/s4/g8",
                     help="ping-pong variants: TNxTK/sSTAGES/gGROUP_N, comma-separated")
+    ap.add_argument("--gather", action="store_true",
+                    help="FC1's case: x is [M/8, K] token rows read through a top-8 index. Every contender but "
+                         "'triton gather' and the ping-pong variants pays for the permuted copy x[rows] (timed with "
+                         "it); the variants gather the rows themselves (128x128 tiles, K a multiple of 128)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts/wgrad_pingpong_bench.py times GPU kernels: no CUDA device visible")
@@ -40,25 +44,37 @@ def main(argv=None) -> int:
         tile, stages, group = v.split("/")
         tn, tk = (int(t) for t in tile.split("x"))
         variants[v] = dict(tile=(tn, tk), stages=int(stages[1:]), group_n=int(group[1:]))
-    print(f"{'shape':10s} {'layer':5s} {'routing':8s} " + " ".join(f"{c:>17s}" for c in ("torch", "triton", *variants))
-          + "  best ping-pong/triton", flush=True)
+    extra = ("triton gather", "pingpong copy") if args.gather else ()
+    print(f"{'shape':10s} {'layer':5s} {'routing':8s} "
+          + " ".join(f"{c:>17s}" for c in ("torch", "triton", *extra, *variants)) + "  best ping-pong/triton",
+          flush=True)
     for shape in args.shapes.split(","):
         m, g, h, i = sweep.SHAPES[shape]
         if args.groups:
             m, g = m // g * args.groups, args.groups
         for layer, (n, k) in (("fc1", (2 * i, h)), ("fc2", (h, i))):
-            if layer not in args.layers.split(","):
+            if layer not in args.layers.split(",") or (args.gather and layer != "fc1"):
                 continue
             gen = torch.Generator(device="cuda").manual_seed(0)
             dy = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
-            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            x = torch.randn(m // 8 if args.gather else m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            rows = (torch.randperm(m, device="cuda", generator=gen).remainder(m // 8).to(torch.int32) if args.gather
+                    else None)
             for routing in args.routing.split(","):
                 offs = (skewed_offs(m, g, 0, torch.device("cuda")) if routing == "skewed"
                         else torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g))
-                runs = {"torch": lambda: torch._grouped_mm(dy.t(), x, offs=offs),
-                        "triton": lambda: gg.grouped_gemm_wgrad(dy, x, offs)}
-                for v, kw in variants.items():
-                    runs[v] = lambda kw=kw: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, **kw)
+                if args.gather:
+                    runs = {"torch": lambda: torch._grouped_mm(dy.t(), x[rows.long()], offs=offs),
+                            "triton": lambda: gg.grouped_gemm_wgrad(dy, x[rows.long()], offs),
+                            "triton gather": lambda: gg.grouped_gemm_wgrad(dy, x, offs, gather_rows=rows),
+                            "pingpong copy": lambda: wp.grouped_gemm_wgrad_pingpong(dy, x[rows.long()], offs)}
+                    for v, kw in variants.items():
+                        runs[v] = lambda kw=kw: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, gather_rows=rows, **kw)
+                else:
+                    runs = {"torch": lambda: torch._grouped_mm(dy.t(), x, offs=offs),
+                            "triton": lambda: gg.grouped_gemm_wgrad(dy, x, offs)}
+                    for v, kw in variants.items():
+                        runs[v] = lambda kw=kw: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, **kw)
                 want = runs["torch"]()
                 for name in list(runs)[1:]:
                     err = sweep.rel_err(runs[name](), want)

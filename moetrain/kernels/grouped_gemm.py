@@ -577,17 +577,18 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
     if M == 0:
         return out.zero_()
     tma_ok = _tma_ok(dy, x, out) and M < RAGGED_ROWS
-    pingpong_ok = tma_ok and gather_rows is None and pingpong_applies(dy)
+    pingpong_ok = tma_ok and pingpong_applies(dy) and (gather_rows is None or K % 128 == 0)
     if config is not None and config.kernel == "pingpong" and not pingpong_ok:
         raise ValueError(f"grouped_gemm_wgrad: config {config} needs a Hopper GPU, bf16 and TMA-aligned tensors "
-                         "whose rows are not gathered")
+                         "(with gathered rows, K a multiple of 128)")
 
     def run(cfg: GemmConfig):
         if cfg.kernel == "pingpong":
             from moetrain.kernels.wgrad_pingpong import grouped_gemm_wgrad_pingpong
 
             grouped_gemm_wgrad_pingpong(dy, x, offs, stages=cfg.num_stages, group_n=cfg.group_m,
-                                        tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs)
+                                        tile=(cfg.block_m, cfg.block_n), gather_rows=gather_rows, out=out,
+                                        num_programs=num_programs)
             return
         use_tma = cfg.use_tma and tma_ok
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -610,7 +611,9 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
 
     key = ("wgrad" if gather_rows is None else "wgrad_gather", dy.dtype, dy.device, N, K, rows_bucket(M, G), tma_ok)
     with _on_device(dy.device):
-        run(pick_config(key, WGRAD_CONFIGS + (PINGPONG_WGRAD_CONFIGS if pingpong_ok else ()), config, run))
+        # (the gathered ping-pong configs are on trial: explicit configs only)
+        pingpong = PINGPONG_WGRAD_CONFIGS if pingpong_ok and gather_rows is None else ()
+        run(pick_config(key, WGRAD_CONFIGS + pingpong, config, run))
     return out
 
 

@@ -24,12 +24,12 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
     from triton.compiler import ASTSource
 
     if config.kernel == "pingpong":
-        if op != "wgrad" or dtype != "bf16":
+        if op not in ("wgrad", "wgrad_gather") or dtype != "bf16":
             raise ValueError(f"the ping-pong kernel computes bf16 weight gradients only (asked: {op}, {dtype})")
         from moetrain.kernels import wgrad_pingpong
 
         return wgrad_pingpong.aot_compile(config.num_stages, config.group_m, (config.block_m, config.block_n),
-                                          capability)
+                                          capability, gather=op == "wgrad_gather")
     bm, bn, bk, tma = config.block_m, config.block_n, config.block_k, config.use_tma
     ptr = f"*{dtype}"
 

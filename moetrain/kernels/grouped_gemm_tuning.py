@@ -106,6 +106,13 @@ PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 4, 4, group_m=1, kernel="pingpong"),
 )
+# On trial (bench gemm's sweep and the sm_90a compile test only, not the autotuner: never run on a GPU yet): the
+# ping-pong weight gradient with x's rows gathered by a fourth warpgroup (cp.async), the permuted copy of x never
+# made; K a multiple of 128.
+TRIAL_PINGPONG_GATHER_CONFIGS = (
+    GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
+    GemmConfig(128, 128, 64, 3, 4, group_m=8, kernel="pingpong"),
+)
 # The interpreter runs every program in Python: small tiles keep the CPU tests fast (tail split on, so
 # that every op test also runs the body and tail launches).
 INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True)
@@ -158,7 +165,7 @@ def configs_for(op: str, trial: bool = True) -> tuple:
     if op == "wgrad":
         return WGRAD_CONFIGS + PINGPONG_WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS if trial else ())
     if op == "wgrad_gather":
-        return WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS if trial else ())
+        return WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS + TRIAL_PINGPONG_GATHER_CONFIGS if trial else ())
     return ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())
 
 

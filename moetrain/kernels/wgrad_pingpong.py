@@ -29,6 +29,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
@@ -42,6 +43,12 @@ TILES = ((128, 128), (64, 256))  # a consumer's dw tile: its fp32 accumulator is
 BLOCK_R = 64  # reduction step: grouped rows per stage
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (setmaxnreg)
 CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup (a 128x128 fp32 accumulator: 128)
+# With x's rows gathered, a fourth warpgroup copies them (cp.async): the register file (512 per thread summed over
+# the four warpgroups) is shared out again.
+GATHER_CONSUMER_REGS = gl.constexpr(208)
+GATHER_PRODUCER_REGS = gl.constexpr(24)
+GATHERER_REGS = gl.constexpr(72)
+GATHERER_WARPS = gl.constexpr(4)
 
 
 @gluon.jit
@@ -71,7 +78,9 @@ def _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN: gl.constexpr, TK: gl.constexp
 
 @gluon.jit
 def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS,
-              TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr, RAGGED: gl.constexpr):
+              TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr, RAGGED: gl.constexpr,
+              GATHER: gl.constexpr):
+    """TMA loads of each step's dy block, and of its x block unless GATHER (then _gatherer copies x's rows)."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     it = 0
     for tile in range(gl.program_id(0), total, NUM_PROGS):
@@ -79,19 +88,53 @@ def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles
         for step in range(steps):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: the ring starts empty
-            mbarrier.expect(ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
             r0 = row0 + step * BR
+            if GATHER:
+                mbarrier.expect(ready.index(s), dy_desc.block_type.nbytes)
+            else:
+                mbarrier.expect(ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(x_desc, [RAGGED, row_end, RAGGED - row_end + r0, k0], ready.index(s),
+                                                x_bufs.index(s))
             tma.async_copy_global_to_shared(dy_desc, [RAGGED, row_end, RAGGED - row_end + r0, n0], ready.index(s),
                                             dy_bufs.index(s))
-            tma.async_copy_global_to_shared(x_desc, [RAGGED, row_end, RAGGED - row_end + r0, k0], ready.index(s),
-                                            x_bufs.index(s))
             it += 1
 
 
 @gluon.jit
-def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
+def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, M, K, stride_xm, tiles_n, tiles_k, total,
+              NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr):
+    """GATHER: copies each step's x block, rows x[gather[r]] for the step's grouped rows r, with cp.async (Hopper's
+    TMA cannot gather rows). Every thread arrives on ready_x once its own copies have landed (count: all threads);
+    rows past the group's end are zero-filled (they meet dy's zero rows). K must be a multiple of TK."""
+    STAGES: gl.constexpr = x_bufs.type.shape[0]
+    TPW_K: gl.constexpr = TK // 8  # threads along a row: 16-byte copies of 8 bf16
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // TPW_K, TPW_K],
+                                            warps_per_cta=[gl.num_warps(), 1], order=[1, 0])
+    rows = gl.arange(0, BR, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, TK, layout=gl.SliceLayout(0, layout))
+    it = 0
+    for tile in range(gl.program_id(0), total, NUM_PROGS):
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, TN, TK, BR, GROUP_N)
+        # 16-byte runs, one cp.async each; no column mask (it would split the copies into 2-byte ones): the
+        # wrapper asks K to be a multiple of TK
+        k_cols = gl.max_contiguous(gl.multiple_of(k0 + cols, 8), 8)
+        for step in range(steps):
+            s = it % STAGES
+            r = row0 + step * BR + rows
+            row_ok = r < row_end
+            src = gl.load(gather_ptr + r, mask=row_ok, other=0)  # issued before the wait: its latency overlaps it
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            row_base = gl.multiple_of(src.to(gl.int64) * stride_xm, 8)  # stride_xm: a multiple of 8 (16-byte rows)
+            ptrs = x_ptr + row_base[:, None] + k_cols[None, :]
+            async_copy.async_copy_global_to_shared(x_bufs.index(s), ptrs, row_ok[:, None])  # past the end: zeros
+            async_copy.mbarrier_arrive(ready_x.index(s), increment_count=False)
+            it += 1
+
+
+@gluon.jit
+def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
               NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
-              GROUP_N: gl.constexpr):
+              GROUP_N: gl.constexpr, GATHER: gl.constexpr):
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
     out = out_bufs.index(ROLE).reshape([TN, TK])
@@ -107,6 +150,9 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, 
             for step in range(steps):
                 s = (it + step) % STAGES
                 mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
+                if GATHER:
+                    mbarrier.wait(ready_x.index(s), ((it + step) // STAGES) & 1)
+                    fence_async_shared()  # cp.async wrote x's rows through the generic proxy; wgmma reads the async one
                 a = dy_bufs.index(s).reshape([BR, TN]).permute((1, 0))  # dy_g^T block [TN, BR]
                 b = x_bufs.index(s).reshape([BR, TK])  # x_g block [BR, TK]
                 acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
@@ -126,34 +172,54 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, 
 
 
 @gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
-def _wgrad_pingpong_kernel(dy_desc, x_desc, dw_desc, offs_ptr, M, N, K, G, NUM_PROGS,
-                           STAGES: gl.constexpr, GROUP_N: gl.constexpr, RAGGED: gl.constexpr,
+def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr, M, N, K, G, stride_xm, NUM_PROGS,
+                           STAGES: gl.constexpr, GROUP_N: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr,
                            num_warps: gl.constexpr):
+    """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused)."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
     TK: gl.constexpr = dw_desc.block_type.shape[2]
-    BR: gl.constexpr = x_desc.block_type.shape[2]
+    BR: gl.constexpr = dy_desc.block_type.shape[2]
     tiles_n = (N + TN - 1) // TN
     tiles_k = (K + TK - 1) // TK
     total = G * tiles_n * tiles_k
     dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    if GATHER:
+        x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, TK], gl.bfloat16)
+        x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BR, TK], x_layout)
+    else:
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     out_bufs = gl.allocate_shared_memory(dw_desc.dtype, [2] + dw_desc.block_type.shape, dw_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ready_x = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready_x.index(i), count=GATHERER_WARPS * 32)  # one cp.async arrival per gathering thread
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
-    gl.warp_specialize([
-        (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
-                     NUM_PROGS, 0, TN, TK, BR, GROUP_N)),
-        (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
-                     NUM_PROGS, 1, TN, TK, BR, GROUP_N)),
-        (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total,
-                     NUM_PROGS, TN, TK, BR, GROUP_N, RAGGED)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # (the partition lists are spelled out: a jit function cannot be held in a variable)
+    if GATHER:
+        gl.warp_specialize([
+            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n,
+                         tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, GATHER)),
+            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n,
+                         tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, GATHER)),
+            (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total,
+                         NUM_PROGS, TN, TK, BR, GROUP_N, RAGGED, GATHER)),
+            (_gatherer, (x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, M, K, stride_xm, tiles_n, tiles_k, total,
+                         NUM_PROGS, TN, TK, BR, GROUP_N)),
+        ], [4, 1, GATHERER_WARPS], [GATHER_CONSUMER_REGS, GATHER_PRODUCER_REGS, GATHERER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n,
+                         tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, GATHER)),
+            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n,
+                         tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, GATHER)),
+            (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total,
+                         NUM_PROGS, TN, TK, BR, GROUP_N, RAGGED, GATHER)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def _layout(block):
@@ -170,22 +236,33 @@ def _ragged_desc(t: torch.Tensor, block: list):
                             _layout(full))
 
 
+def _maxnreg(gather: bool) -> int:
+    # registers per thread at launch: the whole file over the kernel's warpgroups (3, or 4 with the gatherer; the
+    # producer's single warp takes a warpgroup's slot); setmaxnreg shares them out again
+    return 128 if gather else 168
+
+
 def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, stages: int = 4,
                                 group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
-                                out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
+                                gather_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                                num_programs: int | None = None) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
-    slower on the H200, session 10). Called by grouped_gemm_wgrad for the "pingpong" configs."""
+    slower on the H200, session 10). gather_rows [M] int32 (optional; 128x128 tiles only): row r of the grouped x
+    operand is x[gather_rows[r]], with x [T, K] the token rows, copied by a fourth warpgroup (cp.async).
+    Called by grouped_gemm_wgrad for the "pingpong" configs."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    gather = gather_rows is not None
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
         raise ValueError("grouped_gemm_wgrad_pingpong: bf16 CUDA tensors only (a Hopper kernel)")
-    if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != x.shape[0] or offs.dim() != 1:
+    rows_x = gather_rows.shape[0] if gather else x.shape[0]
+    if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != rows_x or offs.dim() != 1:
         raise ValueError(f"grouped_gemm_wgrad_pingpong: dy {tuple(dy.shape)}, x {tuple(x.shape)}, offs "
-                         f"{tuple(offs.shape)} must be [M,N], [M,K], [G]")
-    if tuple(tile) not in TILES:
-        raise ValueError(f"grouped_gemm_wgrad_pingpong: tile {tile} is not one of {TILES}")
+                         f"{tuple(offs.shape)} must be [M,N], [M,K] (or [T,K] with gather_rows [M]), [G]")
+    if tuple(tile) not in TILES or (gather and tuple(tile) != (128, 128)):
+        raise ValueError(f"grouped_gemm_wgrad_pingpong: tile {tile} is not one of {TILES} (gathered rows: (128, 128))")
     if cuda_device.capability_major(dy.device) != 9:
         raise ValueError("grouped_gemm_wgrad_pingpong: Hopper (sm_90) only")
     dy, x = dy.contiguous(), x.contiguous()
@@ -194,6 +271,8 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     K, G = x.shape[1], offs.shape[0]
     if (N * 2) % 16 or (K * 2) % 16:
         raise ValueError(f"grouped_gemm_wgrad_pingpong: N={N} and K={K} must be multiples of 8 (16-byte TMA rows)")
+    if gather and K % tile[1]:
+        raise ValueError(f"grouped_gemm_wgrad_pingpong: gathered rows need K={K} to be a multiple of {tile[1]}")
     if M >= RAGGED_ROWS:
         raise ValueError(f"grouped_gemm_wgrad_pingpong: M={M} rows must be < 2^30 (ragged descriptors)")
     if out is None:
@@ -205,14 +284,21 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     dw_desc = TensorDescriptor(out, [G, N, K], [N * K, K, 1], dw_block, _layout(dw_block))
     total = G * cdiv(N, tn) * cdiv(K, tk)
     nprog = max(1, min(num_programs or cuda_device.sm_count(dy.device), total))
+    dy_desc = _ragged_desc(dy, [BLOCK_R, tn])
+    if gather:
+        gather_rows = gather_rows.to(torch.int32).contiguous()
+        x_desc, gather_arg = dy_desc, gather_rows  # x_desc unused
+    else:
+        x_desc, gather_arg = _ragged_desc(x, [BLOCK_R, tk]), offs  # gather_ptr unused
     with torch.cuda.device(dy.device):
         _wgrad_pingpong_kernel[(nprog,)](
-            _ragged_desc(dy, [BLOCK_R, tn]), _ragged_desc(x, [BLOCK_R, tk]), dw_desc, offs, M, N, K, G,
-            nprog, STAGES=stages, GROUP_N=group_n, RAGGED=RAGGED_ROWS, num_warps=4, maxnreg=168)
+            dy_desc, x_desc, x, gather_arg, dw_desc, offs, M, N, K, G, x.stride(0), nprog, STAGES=stages,
+            GROUP_N=group_n, RAGGED=RAGGED_ROWS, GATHER=gather, num_warps=4, maxnreg=_maxnreg(gather))
     return out
 
 
-def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90):
+def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90,
+                gather: bool = False):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel."""
     from triton.backends.compiler import GPUTarget
@@ -222,10 +308,16 @@ def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOC
         return f"tensordesc<bf16[{', '.join(str(b) for b in block)}],{_layout(block)!r}>"
 
     tn, tk = tile
-    sig = {"dy_desc": desc([1, 1, BLOCK_R, tn]), "x_desc": desc([1, 1, BLOCK_R, tk]), "dw_desc": desc([1, tn, tk]), "offs_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "G": "i32",
-           "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_N": "constexpr", "RAGGED": "constexpr",
-           "num_warps": "constexpr"}
+    dy_desc = desc([1, 1, BLOCK_R, tn])
+    sig = {"dy_desc": dy_desc, "x_desc": dy_desc if gather else desc([1, 1, BLOCK_R, tk]), "x_ptr": "*bf16",
+           "gather_ptr": "*i32", "dw_desc": desc([1, tn, tk]), "offs_ptr": "*i32", "M": "i32", "N": "i32",
+           "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
+           "GROUP_N": "constexpr", "RAGGED": "constexpr", "GATHER": "constexpr", "num_warps": "constexpr"}
+    names = list(sig)
+    aligned = ["x_ptr", "gather_ptr", "offs_ptr", "stride_xm"]
     src = GluonASTSource(_wgrad_pingpong_kernel, sig,
-                         constexprs={"STAGES": stages, "GROUP_N": group_n, "RAGGED": RAGGED_ROWS, "num_warps": 4},
-                         attrs={(3,): [["tt.divisibility", 16]]})
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4, "maxnreg": 168})
+                         constexprs={"STAGES": stages, "GROUP_N": group_n, "RAGGED": RAGGED_ROWS, "GATHER": gather,
+                                     "num_warps": 4},
+                         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": 4, "maxnreg": _maxnreg(gather)})

@@ -218,7 +218,8 @@ def _trial_cases():
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
     return ([("fwd", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS] + [("dgrad", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS]
-            + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS + tuning.PINGPONG_WGRAD_CONFIGS])
+            + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS + tuning.PINGPONG_WGRAD_CONFIGS]
+            + [("wgrad_gather", c) for c in tuning.TRIAL_PINGPONG_GATHER_CONFIGS])
 
 
 @pytest.mark.parametrize("cfg_index", range(3))
@@ -267,12 +268,17 @@ def test_bf16_trial_configs_on_skewed_routing(op, cfg):
         got = gg.grouped_gemm_dgrad(dy, w, offs, config=cfg, out=torch.full((m, k), float("nan"), device="cuda",
                                                                            dtype=torch.bfloat16))
         a, b = dy, w
-    else:
+    elif op == "wgrad":
         got = gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=torch.full((g, n, k), float("nan"), device="cuda",
                                                                            dtype=torch.bfloat16))
         a, b = dy, x
+    else:  # x's rows read through an index with repeats (top-k copies of 3000 tokens), as FC1's weight gradient
+        rows = torch.randint(0, m // 3, (m,), device="cuda", dtype=torch.int32)
+        got = gg.grouped_gemm_wgrad(dy, x[: m // 3], offs, gather_rows=rows, config=cfg,
+                                    out=torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16))
+        a, b = dy, x[: m // 3][rows.long()]
     assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    check_groups_fp64(op, got, a, b, offs, list(range(g)))
-    if op != "wgrad":
+    check_groups_fp64("wgrad" if op == "wgrad_gather" else op, got, a, b, offs, list(range(g)))
+    if op in ("fwd", "dgrad"):
         tail = offs[-1].item()
         assert torch.equal(got[tail:], torch.zeros_like(got[tail:]))

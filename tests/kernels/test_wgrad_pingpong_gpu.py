@@ -1,6 +1,7 @@
 """GPU checks of the warp-specialized ping-pong weight gradient (kernels/wgrad_pingpong.py, Gluon; marked
 gpu, skipped without a Hopper GPU): bf16 against float64 per group on skewed routing with empty groups and trailing
-rows, and against torch._grouped_mm at DeepSeek-V3's and Qwen3's FC1 shapes (fewer experts, same rows per expert).
+rows, and against torch._grouped_mm at DeepSeek-V3's and Qwen3's FC1 shapes (fewer experts, same rows per expert);
+x's rows gathered through an index (the fourth, cp.async warpgroup) against float64 and against the permuted copy.
 A hang here is a barrier-phase bug: the device scripts run this file under a timeout."""
 
 import pytest
@@ -66,3 +67,45 @@ def test_matches_torch_at_the_expert_shapes(m, g, n, k):
     want = torch._grouped_mm(dy.t(), x, offs=offs)
     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
     assert err < BF16_BOUND, err
+
+
+@pytest.mark.parametrize("stages", [3, 4])
+def test_gathered_rows_match_float64_on_skewed_routing(stages):
+    # x's rows through an index with repeats (top-8 copies of each token), copied by the gathering warpgroup
+    wp = kernel()
+    t, topk, g, n, k = 1200, 8, 24, 768 + 64, 1024
+    m = t * topk
+    offs = skewed_offs(m, g, seed=21)
+    torch.manual_seed(22)
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    rows = torch.randint(0, t, (m,), device="cuda", dtype=torch.int32)
+    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=stages, gather_rows=rows,
+                                         out=torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
+    x_perm = x[rows.long()]
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        if end == start:
+            assert torch.equal(got[e], torch.zeros_like(got[e])), f"empty group {e} not zero"
+        else:
+            want = dy[start:end].double().T @ x_perm[start:end].double()
+            err = ((got[e].double() - want).norm() / want.norm()).item()
+            assert err < BF16_BOUND, f"group {e} ({end - start} rows): rel err {err:.2e}"
+        start = end
+
+
+def test_gathered_rows_match_the_copy_at_qwen3_fc1():
+    wp = kernel()
+    t, topk, g, n, k = 16384, 8, 128, 1536, 2048
+    m = t * topk
+    offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
+    torch.manual_seed(23)
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    rows = torch.randperm(m, device="cuda").remainder(t).to(torch.int32)
+    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, gather_rows=rows)
+    want = wp.grouped_gemm_wgrad_pingpong(dy, x[rows.long()], offs)
+    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert err < 1e-6, err  # the same products in the same order: equal up to nothing
