@@ -14,6 +14,10 @@ warp samples) and the TMA issue (17%) stall the MMAs (bench/NOTES.md, session 9)
 Each consumer's fp32 accumulator is 128x128 (128 registers per thread); a 128x256 accumulator would not fit one
 warpgroup. The price: 128x128 tiles read a third more operand bytes per FLOP than 128x256 ones.
 Row ranges use the "ragged" 4-D TMA descriptors of grouped_gemm.py (loads past a group's end read zeros).
+With gather_rows (FC1's weight gradient, x read from the token rows without the permuted copy) a fourth warpgroup
+copies each step's x rows with cp.async, since Hopper's TMA cannot gather rows; its address arithmetic, which made
+our Triton kernel's pointer-gathered operand ~0.7x as fast as TMA (session 9), runs beside the MMAs. On trial: it
+was written after session 10's device time was spent (scripts/h200_next_gather.sh runs it first).
 
 Measured on the H200 (session 10, bench/NOTES.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
 with bands (GROUP_N 8), about level at EP8's long reductions. grouped_gemm_wgrad offers it to the autotuner
