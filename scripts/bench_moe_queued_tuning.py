@@ -11,29 +11,19 @@ from __future__ import annotations
 
 import sys
 
-import torch
 
+def tuning_timer(run, warmup: int = 1, reps: int = 4) -> float:
+    """pick_config's median_ms signature, timed as one queued batch (kernels.timing.queued_ms)."""
+    from moetrain.kernels.timing import queued_ms
 
-def queued_ms(run, warmup: int = 1, reps: int = 4) -> float:
-    """Milliseconds per call of ``run()`` issued ``reps`` times back to back on the current stream, after ``warmup``
-    synchronized calls."""
-    for _ in range(warmup):
-        run()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        run()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+    return queued_ms(run, reps=reps, warmup=warmup)
 
 
 def main(argv=None) -> int:
     from moetrain import cli
     from moetrain.kernels import grouped_gemm_tuning
 
-    grouped_gemm_tuning.median_ms = queued_ms  # pick_config's timer (module global)
+    grouped_gemm_tuning.median_ms = tuning_timer  # pick_config's timer (module global)
     print("grouped GEMM autotuner: candidates timed as queued batches", flush=True)
     return cli.main(["bench", "moe", *(sys.argv[1:] if argv is None else argv)])
 

@@ -20,7 +20,7 @@ import torch
 def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import sweep_grouped_gemm as sweep
-    from moetrain.kernels.timing import in_turns, median_ms
+    from moetrain.kernels.timing import in_turns, median_ms, profiled_once
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="dsv3", choices=sorted(sweep.SHAPES))
@@ -55,12 +55,7 @@ def main(argv=None) -> int:
     if not err < sweep.BOUND:
         raise SystemExit(f"ours disagrees with torch._grouped_mm (rel err {err:.2e})")
     if args.profile:
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        for run in runs.values():
-            run()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+        profiled_once(*runs.values())
         return 0
     flops = 2.0 * m * n * k
     med, failed = in_turns(list(runs), lambda name: median_ms(runs[name], warmup=2, reps=10), args.rounds)

@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import grouped_gemm_tuning as tuning
     from moetrain.kernels import sweep_grouped_gemm as sweep
-    from moetrain.kernels.timing import in_turns, median_ms
+    from moetrain.kernels.timing import in_turns, median_ms, queued_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="dsv3")
@@ -43,14 +43,8 @@ def main(argv=None) -> int:
         runs[name]()
     torch.cuda.synchronize()
 
-    def stream(name, calls=40):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            runs[name]()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / calls
+    def stream(name):
+        return queued_ms(runs[name], reps=40)
 
     def cool(name, reps=10):
         times = []

@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import sweep_grouped_gemm as sweep
     from moetrain.kernels import wgrad_pingpong as wp
-    from moetrain.kernels.timing import in_turns, median_ms, skewed_offs
+    from moetrain.kernels.timing import in_turns, median_ms, profiled_once, skewed_offs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,dsv3-ep8")
@@ -82,12 +82,7 @@ def main(argv=None) -> int:
                         raise SystemExit(f"{shape} {layer} {routing}: {name} disagrees with torch (rel err {err:.2e})")
                 want = None
                 if args.profile:
-                    torch.cuda.synchronize()
-                    torch.cuda.cudart().cudaProfilerStart()
-                    for run in runs.values():
-                        run()
-                    torch.cuda.synchronize()
-                    torch.cuda.cudart().cudaProfilerStop()
+                    profiled_once(*runs.values())
                     print(f"{shape:10s} {layer:5s} {routing:8s} profiled (M={m} G={g} N={n} K={k})", flush=True)
                     continue
                 med, failed = in_turns(list(runs), lambda name: median_ms(runs[name], warmup=2, reps=10), args.rounds)

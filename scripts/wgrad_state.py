@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import grouped_gemm_tuning as tuning
     from moetrain.kernels import sweep_grouped_gemm as sweep
-    from moetrain.kernels.timing import in_turns, median_ms
+    from moetrain.kernels.timing import in_turns, median_ms, profiled_once, queued_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="dsv3")
@@ -46,20 +46,7 @@ def main(argv=None) -> int:
         gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=out, num_programs=num_programs)
 
     def profiled(cfg):
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        run(cfg)
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
-
-    def stream(cfg, calls=20):  # queued back to back, no sync between calls
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            run(cfg)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / calls
+        profiled_once(lambda: run(cfg))
 
     def measure(label):
         med, failed = in_turns(list(pair), lambda name: median_ms(lambda: run(pair[name]), warmup=1, reps=6), 3)
@@ -71,7 +58,7 @@ def main(argv=None) -> int:
 
             bench = {n_: triton.testing.do_bench(lambda c=c: run(c), warmup=5, rep=60, return_mode="median")
                      for n_, c in pair.items()}
-            queued = {n_: stream(c) for n_, c in pair.items()}
+            queued = {n_: queued_ms(lambda c=c: run(c), reps=20) for n_, c in pair.items()}
             print(f"    do_bench (flush) triton {bench['triton']:7.3f}  pingpong {bench['pingpong']:7.3f};  queued "
                   f"triton {queued['triton']:7.3f}  pingpong {queued['pingpong']:7.3f}", flush=True)
 

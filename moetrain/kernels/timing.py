@@ -26,6 +26,34 @@ def median_ms(run, warmup: int = 3, reps: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def queued_ms(run, reps: int, warmup: int = 0) -> float:
+    """Milliseconds per call of ``run()`` issued ``reps`` times back to back on the current CUDA stream (one pair
+    of events around them all, no synchronisation between calls: as kernels run inside a layer), after ``warmup``
+    synchronised calls."""
+    if warmup:
+        for _ in range(warmup):
+            run()
+        torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def profiled_once(*runs) -> None:
+    """Each of ``runs`` called once between cudaProfilerStart and cudaProfilerStop, after a synchronisation: what
+    Nsight Compute (--profile-from-start off) captures, one launch each."""
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for run in runs:
+        run()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def skewed_offs(m: int, g: int, seed: int, device: torch.device) -> torch.Tensor:
     """[G] int32 group ends of m rows over g groups with shares drawn from Dirichlet(0.3) (the benchmarks'
     skewed routing, and the second routing auto times grouped GEMMs on; a fixed draw per seed), built on

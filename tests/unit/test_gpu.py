@@ -188,3 +188,18 @@ def test_cuda_device_properties_match_torch():
     assert cuda_device.device_name(torch.device("cuda")) == torch.cuda.get_device_name()
     assert cuda_device.sm_count(dev) == torch.cuda.get_device_properties(dev).multi_processor_count
     assert cuda_device.capability_major(dev) == torch.cuda.get_device_capability(dev)[0]
+
+
+def test_queued_ms_times_a_known_kernel_like_median_ms():
+    # kernels.timing.queued_ms (one event pair around back-to-back calls) against median_ms (one per call) on a
+    # sleep kernel of fixed length: the same per-call time within a third, and 4x the sleep about 4x the time
+    from moetrain.kernels.timing import median_ms, queued_ms
+
+    cycles = 2_000_000  # ~1 ms at the H200's clock
+
+    def sleep(n=1):
+        torch.cuda._sleep(cycles * n)
+
+    one = queued_ms(sleep, reps=10, warmup=1)
+    assert 0.5 < one / median_ms(sleep, warmup=1, reps=10) < 1.5
+    assert 3.0 < queued_ms(lambda: sleep(4), reps=5) / one < 5.0
