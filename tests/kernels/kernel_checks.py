@@ -1,6 +1,7 @@
 """Shared by the kernel test modules (plain torch: safe to import before triton): the relative error against a
-float64 reference, with the NaN check that catches outputs a kernel never wrote (they are poisoned first), and
-a fresh Python process without the interpreter (for compiled-kernel checks from a process that set it)."""
+float64 reference, with the NaN check that catches outputs a kernel never wrote (they are poisoned first), a
+fresh Python process without the interpreter (for compiled-kernel checks from a process that set it), and the GPU
+tests' skewed routing with empty groups and their per-group float64 checks of bf16 grouped GEMMs."""
 
 import os
 import subprocess
@@ -11,6 +12,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FP32_BOUND = 1e-5  # fp32 accumulation over <= 100 terms, compared with fp64
+BF16_BOUND = 1e-2  # bf16 inputs and outputs, fp32 accumulation, compared with fp64
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -26,3 +28,39 @@ def run_without_interpreter(code: str, timeout: int = 300) -> subprocess.Complet
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def skewed_offs_cuda(m: int, g: int, seed: int, trailing: int = 37) -> torch.Tensor:
+    """[G] int32 group ends on the GPU: a few groups get most of the m - trailing rows, g // 8 get none, and the
+    last ``trailing`` rows belong to no group."""
+    gen = torch.Generator().manual_seed(seed)
+    shares = torch.rand(g, generator=gen, dtype=torch.float64) ** 3  # a few experts get most rows
+    counts = (shares / shares.sum() * (m - trailing)).floor().long()
+    counts[torch.randperm(g, generator=gen)[: g // 8]] = 0  # some empty experts
+    return torch.cumsum(counts, 0).to(torch.int32).cuda()
+
+
+def group_ranges(offs: torch.Tensor) -> list:
+    """[(first row, row end)] of each group."""
+    ends = offs.tolist()
+    return list(zip([0] + ends[:-1], ends))
+
+
+def check_groups_fp64(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, groups) -> None:
+    """A grouped GEMM's bf16 output against float64, group by group (a, b: the op's two inputs as the op reads
+    them; op "fwd", "dgrad" or "wgrad"); an empty group's output must be exactly zero. Computed on the inputs'
+    device (no host copies of large groups)."""
+    rng = group_ranges(offs)
+    for g in groups:
+        s, e = rng[g]
+        if op == "fwd":
+            want, have = a[s:e].double() @ b[g].double().T, got[s:e]
+        elif op == "dgrad":
+            want, have = a[s:e].double() @ b[g].double(), got[s:e]
+        else:
+            want, have = a[s:e].double().T @ b[s:e].double(), got[g]
+        if e == s:
+            assert torch.equal(have, torch.zeros_like(have)), (op, g, "empty group not zero")
+        else:
+            err = ((have.double() - want).norm() / want.norm()).item()
+            assert err < BF16_BOUND, (op, g, e - s, err)

@@ -9,10 +9,10 @@ Legend: M routed rows, G experts, N = w.shape[1], K = w.shape[2]; fc1: N = 2I, K
 import pytest
 import torch
 
+from kernel_checks import BF16_BOUND, check_groups_fp64, group_ranges as ranges, skewed_offs_cuda as skewed_offs
+
 pytestmark = pytest.mark.gpu
 pytest.importorskip("triton", reason="the triton package is not installed")
-
-BF16_BOUND = 1e-2
 
 # (name, M, G, N, K): DeepSeek-V3 (256 experts x 256 rows, H 7168, I 2048), Qwen3-30B-A3B
 # (128 experts x 1024 rows, H 2048, I 768).
@@ -48,36 +48,6 @@ def chunked_rel_err(got, want):
 
 def balanced_offs(m, g):
     return torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
-
-
-def skewed_offs(m, g, seed, trailing=37):
-    gen = torch.Generator().manual_seed(seed)
-    shares = torch.rand(g, generator=gen, dtype=torch.float64) ** 3  # a few experts get most rows
-    counts = (shares / shares.sum() * (m - trailing)).floor().long()
-    counts[torch.randperm(g, generator=gen)[: g // 8]] = 0  # some empty experts
-    return torch.cumsum(counts, 0).to(torch.int32).cuda()
-
-
-def ranges(offs):
-    ends = offs.tolist()
-    return list(zip([0] + ends[:-1], ends))
-
-
-def check_groups_fp64(op, got, a, b, offs, groups):
-    """got vs float64 for a few groups (a, b: the op's two bf16 inputs)."""
-    rng = ranges(offs)
-    for g in groups:
-        s, e = rng[g]
-        if op == "fwd":
-            want, have = a[s:e].double() @ b[g].double().T, got[s:e]
-        elif op == "dgrad":
-            want, have = a[s:e].double() @ b[g].double(), got[s:e]
-        else:
-            want, have = a[s:e].double().T @ b[s:e].double(), got[g]
-        if e == s:
-            assert torch.equal(have, torch.zeros_like(have))
-        else:
-            assert rel_err(have, want) < BF16_BOUND, (op, g)
 
 
 def run_op(gg, op, m, g, n, k, offs, seed, with_torch=True):

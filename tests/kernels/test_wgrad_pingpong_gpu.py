@@ -7,10 +7,10 @@ A hang here is a barrier-phase bug: the device scripts run this file under a tim
 import pytest
 import torch
 
+from kernel_checks import BF16_BOUND, check_groups_fp64, skewed_offs_cuda
+
 pytestmark = pytest.mark.gpu
 pytest.importorskip("triton", reason="the triton package is not installed")
-
-BF16_BOUND = 1e-2
 
 
 def kernel():
@@ -23,20 +23,12 @@ def kernel():
     return wgrad_pingpong
 
 
-def skewed_offs(m, g, seed, trailing=37):
-    gen = torch.Generator().manual_seed(seed)
-    shares = torch.rand(g, generator=gen, dtype=torch.float64) ** 3  # a few experts get most rows
-    counts = (shares / shares.sum() * (m - trailing)).floor().long()
-    counts[torch.randperm(g, generator=gen)[: g // 8]] = 0  # some empty experts
-    return torch.cumsum(counts, 0).to(torch.int32).cuda()
-
-
 @pytest.mark.parametrize("tile, stages, group_n", [((128, 128), 3, 8), ((128, 128), 4, 1), ((128, 128), 5, 8),
                                                    ((64, 256), 4, 8), ((64, 256), 3, 4)])
 def test_matches_float64_on_skewed_routing(tile, stages, group_n):
     wp = kernel()
     m, g, n, k = 9000, 24, 768 + 64, 1024 + 8  # partial tiles over N and K
-    offs = skewed_offs(m, g, seed=11)
+    offs = skewed_offs_cuda(m, g, seed=11)
     torch.manual_seed(12)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -44,15 +36,7 @@ def test_matches_float64_on_skewed_routing(tile, stages, group_n):
                                          out=torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
     assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    start = 0
-    for e, end in enumerate(offs.tolist()):
-        if end == start:
-            assert torch.equal(got[e], torch.zeros_like(got[e])), f"empty group {e} not zero"
-        else:
-            want = dy[start:end].double().T @ x[start:end].double()
-            err = ((got[e].double() - want).norm() / want.norm()).item()
-            assert err < BF16_BOUND, f"group {e} ({end - start} rows): rel err {err:.2e}"
-        start = end
+    check_groups_fp64("wgrad", got, dy, x, offs, range(g))
 
 
 @pytest.mark.parametrize("m, g, n, k", [(65536 // 8, 32, 4096, 7168), (131072 // 8, 16, 1536, 2048)],
@@ -75,7 +59,7 @@ def test_gathered_rows_match_float64_on_skewed_routing(stages):
     wp = kernel()
     t, topk, g, n, k = 1200, 8, 24, 768 + 64, 1024
     m = t * topk
-    offs = skewed_offs(m, g, seed=21)
+    offs = skewed_offs_cuda(m, g, seed=21)
     torch.manual_seed(22)
     x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -84,16 +68,7 @@ def test_gathered_rows_match_float64_on_skewed_routing(stages):
                                          out=torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
     assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    x_perm = x[rows.long()]
-    start = 0
-    for e, end in enumerate(offs.tolist()):
-        if end == start:
-            assert torch.equal(got[e], torch.zeros_like(got[e])), f"empty group {e} not zero"
-        else:
-            want = dy[start:end].double().T @ x_perm[start:end].double()
-            err = ((got[e].double() - want).norm() / want.norm()).item()
-            assert err < BF16_BOUND, f"group {e} ({end - start} rows): rel err {err:.2e}"
-        start = end
+    check_groups_fp64("wgrad", got, dy, x[rows.long()], offs, range(g))
 
 
 def test_gathered_rows_match_the_copy_at_qwen3_fc1():
