@@ -15,8 +15,10 @@ import torch
 
 
 def main(argv=None) -> int:
+    from moetrain.kernels.sweep_grouped_gemm import SHAPES  # (the config cache is read only at the first tuning)
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="dsv3")
+    ap.add_argument("--shape", default="dsv3", choices=sorted(SHAPES))
     ap.add_argument("--layer", default="fc1", choices=("fc1", "fc2"))
     ap.add_argument("--routing", default="balanced", choices=("balanced", "skewed"))
     ap.add_argument("--groups", type=int, default=None)

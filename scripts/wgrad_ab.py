@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     from moetrain.kernels.timing import in_turns, median_ms, queued_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="dsv3")
+    ap.add_argument("--shape", default="dsv3", choices=sorted(sweep.SHAPES))
     ap.add_argument("--layer", default="fc1", choices=("fc1", "fc2"))
     ap.add_argument("--routing", default="balanced", choices=("balanced", "skewed"))
     args = ap.parse_args(argv)

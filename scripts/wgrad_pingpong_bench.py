@@ -37,13 +37,21 @@ def main(argv=None) -> int:
                          "'triton gather' and the ping-pong variants pays for the permuted copy x[rows] (timed with "
                          "it); the variants gather the rows themselves (128x128 tiles, K a multiple of 128)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts/wgrad_pingpong_bench.py times GPU kernels: no CUDA device visible")
     variants = {}
     for v in args.variants.split(","):
-        tile, stages, group = v.split("/")
-        tn, tk = (int(t) for t in tile.split("x"))
-        variants[v] = dict(tile=(tn, tk), stages=int(stages[1:]), group_n=int(group[1:]))
+        try:
+            tile, stages, group = v.split("/")
+            tn, tk = (int(t) for t in tile.split("x"))
+            variants[v] = dict(tile=(tn, tk), stages=int(stages.removeprefix("s")), group_n=int(group.removeprefix("g")))
+        except ValueError:
+            raise SystemExit(f"--variants: {v!r} is not TNxTK/sSTAGES/gGROUP_N (e.g. 128x128/s4/g8)") from None
+        if args.gather and (tn, tk) != (128, 128):
+            raise SystemExit(f"--variants: {v!r}: gathered rows need 128x128 tiles")
+    unknown = [sh for sh in args.shapes.split(",") if sh not in sweep.SHAPES]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(sorted(sweep.SHAPES))}")
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts/wgrad_pingpong_bench.py times GPU kernels: no CUDA device visible")
     extra = ("triton gather", "pingpong copy") if args.gather else ()
     print(f"{'shape':10s} {'layer':5s} {'routing':8s} "
           + " ".join(f"{c:>17s}" for c in ("torch", "triton", *extra, *variants)) + "  best ping-pong/triton",

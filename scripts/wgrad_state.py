@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     from moetrain.kernels.timing import in_turns, median_ms, profiled_once, queued_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="dsv3")
+    ap.add_argument("--shape", default="dsv3", choices=sorted(sweep.SHAPES))
     ap.add_argument("--layer", default="fc1", choices=("fc1", "fc2"))
     ap.add_argument("--first", default=None, help="OP:CONFIG (fwd, fwd_gather, dgrad, wgrad_gather, wgrad): launch only "
                     "this one, once, between the two baseline measurements and the last, instead of every wgrad config")
@@ -33,6 +33,15 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="with --first: one ping-pong launch before it and one after, "
                     "each between cudaProfilerStart and cudaProfilerStop (Nsight Compute), instead of timing")
     args = ap.parse_args(argv)
+    first = None
+    if args.first:
+        op, _, name = args.first.partition(":")
+        ops = sweep.OPS + sweep.EXTRA_OPS
+        cfg = next((c for c in gg.configs_for(op) if str(c) == name), None) if op in ops else None
+        if cfg is None:
+            raise SystemExit(f"--first {args.first!r}: not OP:CONFIG with OP one of {', '.join(ops)} and CONFIG one "
+                             "of its configs_for(OP), as printed")
+        first = (op, cfg)
     if not torch.cuda.is_available():
         raise SystemExit("scripts/wgrad_state.py times GPU kernels: no CUDA device visible")
     m, g, h, i = sweep.SHAPES[args.shape]
@@ -68,9 +77,8 @@ def main(argv=None) -> int:
     else:
         measure("nothing else")
         measure("nothing else (again)")
-    if args.first:
-        op, name = args.first.split(":", 1)
-        cfg = next(c for c in gg.configs_for(op) if str(c) == name)
+    if first:
+        op, cfg = first
         inputs_op, offs_op = sweep.make_inputs(m, g, n, k, 1, seed=1, gather=op.endswith("_gather"))
         want = sweep.torch_op(op, *sweep.op_inputs(op, inputs_op[0]), offs_op)
         sweep.run_ours(gg, op, inputs_op[0], offs_op, cfg, torch.empty_like(want))
