@@ -52,6 +52,7 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import triton
@@ -622,8 +623,11 @@ def pingpong_applies(dy: torch.Tensor) -> bool:
     (not the interpreter) on a Hopper GPU, bf16, and a triton with Gluon. The caller checks TMA alignment."""
     if interpreting() or dy.device.type != "cuda" or dy.dtype != torch.bfloat16:
         return False
-    if cuda_device.capability_major(dy.device) != 9:
-        return False
+    return cuda_device.capability_major(dy.device) == 9 and _gluon_available()
+
+
+@functools.cache  # asked on every weight-gradient call (the layer's host path)
+def _gluon_available() -> bool:
     try:
         import triton.experimental.gluon  # noqa: F401
     except ImportError:
