@@ -13,3 +13,5 @@ echo "== timing"
 timeout -k 10 200 python3 scripts/wgrad_pingpong_bench.py --gather --shapes dsv3,qwen3,dsv3-ep8 \
   --variants 128x128/s3/g8,128x128/s4/g8 > "$out/gather_bench.log" 2>&1
 filter < "$out/gather_bench.log" | tail -10
+echo "== queued_ms GPU test (new in session 10)"
+timeout -k 10 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/unit/test_gpu.py -k queued 2>&1 | tail -3
