@@ -1,0 +1,86 @@
+"""The whole MoE layer (forward + backward, `bench moe`'s "ours (auto)") with its weight gradients forced to one
+config or another, in turns, in one process: does the ping-pong weight gradient make the layer faster where the
+autotuner rejected it? (Session 11: in isolation the ping-pong ran 7.1-7.3 ms against our Triton kernel's 8.8 at
+DeepSeek-V3's FC1, yet the autotuner, timing inside the layer's first call, kept the Triton kernel in two processes.)
+
+    python scripts/layer_wgrad_ab.py --shapes deepseek-v3,qwen3-30b-a3b --reps 9
+
+Contenders: the eager reference, ours with the autotuner's choices, ours with every weight gradient on each
+ping-pong config, the same behind queued GPU work (host ahead), and the six torch GEMMs. Each row prints the wall
+time (time.time()) at its start, so that a GPU clock log (nvidia-smi) can be laid beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def forced(layer, configs: dict):
+    """The layer with the autotuner's cache entries set to configs (key -> GemmConfig) for its call (forward and the
+    backward that follows it: the contenders run one at a time)."""
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    def run(*args):
+        tuning._BEST.update(configs)
+        return layer(*args)
+    return run
+
+
+def main(argv=None) -> int:
+    from moetrain.bench import moe_layer as ml
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="deepseek-v3")
+    ap.add_argument("--routing", default="balanced", choices=("balanced", "skewed"))
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args(argv)
+    names = args.shapes.split(",")
+    unknown = [n for n in names if n not in ml.SHAPES]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(ml.SHAPES)}")
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts/layer_wgrad_ab.py times the layer on a GPU: no CUDA device visible")
+    for name in names:
+        s = ml.SHAPES[name]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def make_args():
+            return ml.layer_inputs(s, args.routing, gen)
+
+        auto = ml.ours("auto")
+        print(f"{time.time():.1f} {name} {args.routing}: first call (autotuning)", flush=True)
+        ml._fwd_bwd(auto, make_args())
+        torch.cuda.synchronize()
+        tuned = tuning.tuned_configs()
+        keys = [k for k in tuned if k[0] == "wgrad"]
+        if not keys:  # auto chose torch for both weight gradients: nothing of ours to force
+            print(f"  {name}: no weight gradient of ours in the layer (auto chose torch); skipped", flush=True)
+            continue
+        chosen = {str(k[3:6]): str(tuned[k]) for k in keys}
+        print(f"  autotuner's weight-gradient choices: {chosen}", flush=True)
+        contenders = {"reference eager": ml.reference_layer,
+                      "ours (auto's choices)": forced(auto, {k: tuned[k] for k in keys})}
+        for cfg in tuning.PINGPONG_WGRAD_CONFIGS[:2] + tuning.WGRAD_CONFIGS[:1]:
+            contenders[f"ours, wgrad {cfg}"] = forced(auto, dict.fromkeys(keys, cfg))
+        for label in [n for n in contenders if n.startswith("ours")]:
+            contenders[f"{label}, host ahead"] = ml.HostAhead(contenders[label])
+        contenders[ml.FLOOR] = ml.GemmFloor(s, args.routing)
+        for fn in contenders.values():  # every forced config compiled and tuned before timing
+            ml._fwd_bwd(fn, make_args())
+        print(f"{time.time():.1f} timing {len(contenders)} contenders in turns", flush=True)
+        timed = ml.time_contenders(contenders, make_args, args.warmup, args.reps)
+        tuning._BEST.update(tuned)  # the autotuner's choices back in place
+        ref, floor = timed["reference eager"][0], timed[ml.FLOOR][0]
+        print(f"{time.time():.1f} {name} {args.routing} (ms, median of {args.reps}; x eager; / six torch GEMMs)")
+        for label, (ms, _peak, spread, _events) in timed.items():
+            print(f"  {label:62s} {ms:8.2f} ±{spread:4.1f}%  {ref / ms:5.2f}x  {ms / floor:5.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
