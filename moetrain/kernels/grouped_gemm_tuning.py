@@ -79,8 +79,6 @@ ROWGROUP_CONFIGS = (
     GemmConfig(64, 128, 64, 4, 4),
     GemmConfig(128, 256, 64, 3, 8, use_tma=False),
     GemmConfig(128, 128, 64, 4, 4, use_tma=False),
-    GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
-    GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
     # 256-row tiles: a DeepSeek-V3 expert's balanced 256 rows in one tile, half the weight-tile loads of 128
     # (on trial in session 4; their bf16 GPU test on skewed routing passed in session 5)
     GemmConfig(256, 128, 64, 3, 8, tail_split=True),
@@ -93,8 +91,6 @@ WGRAD_CONFIGS = (
     GemmConfig(128, 256, 64, 3, 8, use_tma=False),
     GemmConfig(128, 128, 64, 4, 4, use_tma=False),
     GemmConfig(128, 128, 64, 4, 8, use_tma=False),
-    GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
-    GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
     GemmConfig(256, 128, 64, 3, 8),  # dw tiles 256 (over N) x 128 (over K); promoted from trial in session 5
 )
 # The warp-specialized ping-pong weight gradient (wgrad_pingpong.py; session 10, bench/NOTES.md): candidates where it
@@ -127,8 +123,9 @@ INTERPRETER_PROGRAMS = 3
 
 _BEST: dict = {}  # autotune cache: key -> GemmConfig
 CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
-CONFIG_CACHE_VERSION = 3  # 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient (winners
-# tuned without them are re-tuned)
+# 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient; 4: the two-programs-per-SM configs
+# left them (winners tuned under another candidate list are re-tuned)
+CONFIG_CACHE_VERSION = 4
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 
@@ -142,8 +139,17 @@ def interpreting() -> bool:
 # On trial: compiled and checked for sm_90a on the CPU (tests/kernels/test_grouped_gemm_sm90.py: they fit in
 # shared memory, no spills, wgmma, pipelined) and timed by `moetrain bench gemm`, but not yet run on a GPU by
 # the correctness tests, so the run-time autotuner does not pick them. Promote them once they have.
-TRIAL_ROWGROUP_CONFIGS: tuple = ()
-TRIAL_WGRAD_CONFIGS: tuple = (
+# Also here, though they passed their GPU tests: the two-programs-per-SM configs. They won only the gathered weight
+# gradient, which no layer ran (the permuted copy + weight gradient beat it everywhere, sessions 7-11), and one launch of any of them left the
+# ping-pong weight gradient ~27% slower for a while after (session 10, wgrad_state.py): timed after them, the
+# ping-pong lost the autotuner's choice at DeepSeek-V3's FC1, where it makes the layer 5-7% faster than that pick (session 11,
+# layer_wgrad_ab.py; bench/NOTES.md).
+TWO_PER_SM_CONFIGS = (
+    GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
+    GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
+)
+TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS
+TRIAL_WGRAD_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
     # (session 6: they lost everywhere; kept as the reference for the next ones). Refuted in session 8 and dropped:
     # 128 rows per reduction step (128x256x128, 128x128x128) and two programs per SM with register stores
