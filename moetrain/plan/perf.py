@@ -199,9 +199,11 @@ def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str,
     separate = o.main_grads_dtype != cfg.precision.dtype
     # each part: GPU time or host launch time, whichever is longer (the host runs ahead)
     # zero_grad drops param.grad (host only) and zeroes separate main grads with one multi-tensor op
-    out = {"zero_grad": max(b_g * n_local / bw, 3 * eager_launch) if separate else 0.0,
-           "grad_norm_clip": max(3 * b_g * n_local / bw, 3 * launch)}
     fused = b_t == b_g == b_m == b_v
+    # the norm reads the gradients; on the fused path the clip is the AdamW kernel's grad_scale (optim.step_on_device),
+    # on the explicit path a scaling pass reads and writes them again
+    out = {"zero_grad": max(b_g * n_local / bw, 3 * eager_launch) if separate else 0.0,
+           "grad_norm_clip": max((1 if fused else 3) * b_g * n_local / bw, (8 if fused else 3) * launch)}
     if fused:
         stream = (2 * b_t + b_g + 2 * b_m + 2 * b_v) * n_local / (bw * FUSED_ADAMW)
         floor = n_local / (hw.measured.get("fused_adamw_gelem_per_s", 147.0 * hw.hbm_tbps / 4.8) * 1e9)

@@ -59,6 +59,23 @@ def forward_backward(model, input_ids: torch.Tensor, labels: torch.Tensor, accum
     return torch.stack([out.loss.float(), out.lm_loss, out.aux_loss, mtp]).detach()
 
 
+@torch.no_grad()
+def device_update(model, optimizer, sums: torch.Tensor, lr: float | torch.Tensor, clip: float,
+                  expert_bias_rate: float | None) -> torch.Tensor:
+    """A step's update with no host in the loop (the graph's tail; the eager trainer too, where every parameter
+    takes the fused AdamW): grad norm, skip on a non-finite loss (sums[0]) or norm, clip and AdamW
+    (``step_on_device``), the expert-bias update masked on a skip. Returns the fp32 vector for the host: [loss terms
+    (sums, 4), grad norm, skipped (1.0 / 0.0), load imbalance per MoE layer]."""
+    norm = optimizer.grad_norm().to(sums.device)
+    keep = (torch.isfinite(sums[0]) & torch.isfinite(norm)).float()
+    optimizer.step_on_device(lr, norm, keep, clip)
+    if expert_bias_rate is not None:
+        model.update_expert_bias(expert_bias_rate, keep)
+    imbalance = model.load_imbalance()
+    parts = [sums, norm.reshape(1), (1.0 - keep).reshape(1)]
+    return torch.cat(parts + ([imbalance.float()] if imbalance is not None else []))
+
+
 @contextlib.contextmanager
 def loop_stream(device: torch.device, enabled: bool = True):
     """Run the block on a fresh non-default CUDA stream (ordered after the current stream's work, and the current
@@ -129,16 +146,9 @@ class GraphedStep:
         terms = forward_backward(self.model, self.input_ids, self.labels, self.accum)
         self.sums.add_(terms / self.accum)
 
-    @torch.no_grad()
     def _tail(self) -> None:
-        norm = self.optimizer.grad_norm().to(self.sums.device)
-        keep = (torch.isfinite(self.sums[0]) & torch.isfinite(norm)).float()
-        self.optimizer.step_on_device(self.lr, norm, keep, self.clip_grad)
-        if self.expert_bias_rate is not None:
-            self.model.update_expert_bias(self.expert_bias_rate, keep)
-        imbalance = self.model.load_imbalance()
-        parts = [self.sums, norm.reshape(1), (1.0 - keep).reshape(1)]
-        self.host = torch.cat(parts + ([imbalance.float()] if imbalance is not None else []))
+        self.host = device_update(self.model, self.optimizer, self.sums, self.lr, self.clip_grad,
+                                  self.expert_bias_rate)
 
     # ---- per step -----------------------------------------------------------------------
 

@@ -166,8 +166,9 @@ class PrecisionAwareAdamW:
         return self._device_step
 
     @torch.no_grad()
-    def step_on_device(self, lr: torch.Tensor, norm: torch.Tensor, keep: torch.Tensor, clip: float) -> None:
-        """``step(lr)`` with no host in the loop: the learning rate is a device scalar, the gradients are
+    def step_on_device(self, lr: float | torch.Tensor, norm: torch.Tensor, keep: torch.Tensor, clip: float) -> None:
+        """``step(lr)`` with no host in the loop: the learning rate is a number or a device scalar (inside a CUDA
+        graph it must be the latter, updated between replays), the gradients are
         clipped to global norm ``clip`` (0: off) by the fused kernel's grad_scale, and nothing moves where
         ``keep`` (fp32 []: 1 apply, 0 skip, e.g. a non-finite gradient) is 0: the kernel's found_inf. The
         host-side ``step_count`` is the caller's to advance (``count_step``) once it has read ``keep``.
@@ -175,7 +176,7 @@ class PrecisionAwareAdamW:
         if self.explicit_slots():
             raise RuntimeError(f"step_on_device needs the fused AdamW path for every parameter; "
                                f"explicit: {self.explicit_slots()[:5]}")
-        step_t = self.device_step_counter(lr.device)
+        step_t = self.device_step_counter(norm.device)
         step_t.add_(keep)
         found_inf = 1.0 - keep
         # grads / grad_scale = grads * min(1, clip / (norm + 1e-6)): the eager path's clip

@@ -108,7 +108,7 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     from moetrain.models.accounting import count_params, train_flops_per_token
     from moetrain.train.data import BatchAhead, build_data
     from moetrain.train.graphed_step import WARMUP_STEPS as GRAPH_WARMUP_STEPS
-    from moetrain.train.graphed_step import GraphedStep, forward_backward, loop_stream
+    from moetrain.train.graphed_step import GraphedStep, device_update, forward_backward, loop_stream
 
     check_single_device(cfg)
     device = resolve_device(cfg)
@@ -150,9 +150,13 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     accum = cfg.grad_accum_steps
     batches = BatchAhead(train_data, t.micro_batch_size)
     graphed = None
+    bias_rate = cfg.moe.expert_bias_update_rate if cfg.is_moe and cfg.moe.expert_bias else None
     if t.cuda_graph:
         graphed = GraphedStep(model, optimizer, accum, t.micro_batch_size, t.seq_length, device, o.clip_grad,
-                              cfg.moe.expert_bias_update_rate if cfg.is_moe and cfg.moe.expert_bias else None)
+                              bias_rate)
+    # Where every parameter takes torch's fused AdamW, the eager step clips and skips inside it too (no pass over
+    # the gradients to scale them, no host sync before the update); mixed-precision state keeps the explicit path.
+    on_device_update = not optimizer.explicit_slots()
     graph_from_step = start_step + GRAPH_WARMUP_STEPS + 1
     tokens_per_step = t.global_batch_size * t.seq_length
     flops_per_token = train_flops_per_token(cfg, t.seq_length)
@@ -220,16 +224,21 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                         sums += terms / accum
                     # Peak memory of forward + backward alone (the optimizer step may add its own temporaries).
                     peak_fwd_bwd = peak_memory_gib(device)
-                    grad_norm = optimizer.grad_norm()
-                    imbalance = model.load_imbalance()
-                    # One host sync per step for everything we log.
-                    host = torch.cat([sums, grad_norm.reshape(1).to(device)]
-                                     + ([imbalance.float()] if imbalance is not None else [])).tolist()
-                    finite = math.isfinite(host[0]) and math.isfinite(host[4])
+                    if on_device_update:  # clip and skip inside the fused AdamW, then one host sync
+                        host = device_update(model, optimizer, sums, lr, o.clip_grad, bias_rate).tolist()
+                        finite = host[5] == 0.0
+                        host = host[:5] + host[6:]
+                    else:
+                        grad_norm = optimizer.grad_norm()
+                        imbalance = model.load_imbalance()
+                        # One host sync per step for everything we log.
+                        host = torch.cat([sums, grad_norm.reshape(1).to(device)]
+                                         + ([imbalance.float()] if imbalance is not None else [])).tolist()
+                        finite = math.isfinite(host[0]) and math.isfinite(host[4])
                 loss, lm_loss, aux_loss, mtp_loss, norm = host[:5]
                 if finite:
                     skipped_in_row = 0
-                    if on_graph:
+                    if on_graph or on_device_update:
                         optimizer.count_step()
                     else:
                         if o.clip_grad > 0 and norm > o.clip_grad:

@@ -52,7 +52,7 @@ def test_optimizer_time_fused_fp32_state_by_hand():
     t = optimizer_time(c, H200, n, n_tensors=10)
     bw = H200.mem_bw
     assert t["zero_grad"] == pytest.approx(4 * n / bw)
-    assert t["grad_norm_clip"] == pytest.approx(12 * n / bw)
+    assert t["grad_norm_clip"] == pytest.approx(4 * n / bw)  # the norm's read; the clip is AdamW's grad_scale
     assert t["adamw"] == pytest.approx(max(28 * n / (bw * 0.75), n / 147e9))
     assert t["master_copy"] == pytest.approx(6 * n / bw)
 
