@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next session, call C, run from branch next/eager-clip-fold (< 9.5 min): the eager step's clip folded into the fused
+# Session 11, call D (from branch next/eager-clip-fold, merged after it; < 9.5 min): the eager step's clip folded into the fused
 # AdamW. Calibration first (STEP_OVERHEAD_S, the trainer's step beside the script's on configs that are not
 # validation configs), then the full validate; pins in tests/plan/h200_measured.py to be refreshed from these.
 source scripts/device_common.sh "$@"

@@ -121,7 +121,29 @@ H200_S6_GRAPHS = {
 }
 H200_S6_TINY_WIDE_STEPS = (0.05561, 0.04429)
 
+# Session 11 (scripts/h200_clip_fold.sh, `moetrain plan validate --steps 16`): the current trainer, whose eager step
+# clips inside the fused AdamW (grad_scale) instead of a separate scaling pass over the gradients; the earlier runs
+# above had that pass. Same code for the graphed configs as session 6's. Another lent host (tiny-wide 45.2 ms).
+H200_S11 = {
+    "tiny-wide": (0.32, 0.04523, {"dense": (0.001794, 0.003356), "moe": (0.003925, 0.00624), "head": (0.0004531, 0.0009312)}),
+    "qwen3-4l": (70.47, 0.1409, {"moe": (0.003851, 0.01069), "head": (0.01501, 0.02055)}),
+    "qwen3-4l-selective": (69.34, 0.1509, {"moe": (0.003855, 0.01239), "head": (0.01502, 0.02073)}),
+    "qwen3-4l-full": (66.48, 0.1577, {"moe": (0.003813, 0.01437), "head": (0.01501, 0.02066)}),
+    "qwen3-bf16-state": (35.65, 0.1101, {"moe": (0.003614, 0.008163), "head": (0.01541, 0.02107)}),
+    "qwen3-accum-bf16-moments": (49.78, 0.2294, {"moe": (0.002885, 0.007615), "head": (0.007538, 0.01074)}),
+    "qwen3-fp32": (28.94, 0.1614, {"moe": (0.01325, 0.0236), "head": (0.02584, 0.04997)}),
+    "deepseek-v3-2l": (88.75, 0.2627, {"dense": (0.01037, 0.0245), "moe": (0.011, 0.02689), "head": (0.01374, 0.02635)}),
+    "deepseek-v3-2l-ids": (85.72, 0.2849, {"dense": (0.01048, 0.02586), "moe": (0.01105, 0.03765), "head": (0.01476, 0.02892)}),
+    "llama3-8b-4l": (50.99, 0.175, {"dense": (0.007407, 0.01649), "head": (0.01808, 0.0303)}),
+    "mixtral-8x7b-2l": (56.87, 0.09836, {"moe": (0.006075, 0.01833), "head": (0.00244, 0.004313)}),
+    "gpt-oss-20b-4l": (86.79, 0.1657, {"moe": (0.007869, 0.01306), "head": (0.005926, 0.01088)}),
+}
+H200_S11_GRAPHS = {
+    "tiny-wide-graph": (0.32, 0.005934, {"dense": (0.0001914, 0.0004386), "moe": (0.0003372, 0.0006245), "head": (7.368e-05, 0.0001048)}),
+    "qwen3-4l-graph": (70.47, 0.1386, {"moe": (0.003751, 0.01049), "head": (0.01499, 0.02044)}),
+}
+
 # host-bound: its step time is the host's eager launch speed, which differed 1.4x between the lent machines
 # (0.054 / 0.065 / 0.076 s for the same code; 0.059-0.072 s on three hosts in session 5; 0.039 / 0.056 / 0.044 s in
-# session 6); a projection cannot be within 10% of all of them
+# session 6; 0.045 s in session 11); a projection cannot be within 10% of all of them
 HOST_BOUND = ("tiny-wide",)

@@ -12,7 +12,8 @@ from moetrain.plan.hardware import load_hardware
 from moetrain.plan.perf import optimizer_time, project_perf
 from h200_measured import (  # this directory is on sys.path (pytest, no __init__.py)
     H200 as MEASURED, H200_S3 as MEASURED_S3, H200_S4 as MEASURED_S4, H200_S5 as MEASURED_S5, H200_S5_F as MEASURED_S5_F,
-    H200_S6 as MEASURED_S6, H200_S6_GRAPHS as MEASURED_S6_GRAPHS, H200_S6_TINY_WIDE_STEPS,
+    H200_S6 as MEASURED_S6, H200_S6_GRAPHS as MEASURED_S6_GRAPHS, H200_S6_TINY_WIDE_STEPS, H200_S11 as MEASURED_S11,
+    H200_S11_GRAPHS as MEASURED_S11_GRAPHS,
     HOST_BOUND)
 
 H200 = load_hardware("h200")
@@ -155,15 +156,21 @@ def test_measured_mode_uses_the_measured_head():
 GPU_BOUND = [n for n in MEASURED_S5 if n not in HOST_BOUND]
 
 
-@pytest.mark.parametrize("run", ["E", "F"])
-@pytest.mark.parametrize("name", GPU_BOUND)
-def test_roofline_within_ten_percent_of_session5(name, run):
-    """The latest validation runs, two lent hosts (current trainer: data read ahead); the constants were fitted on
-    calibration configs only. Earlier sessions' steps included the trainer's data work, ~5-13 ms a step."""
+S11_GPU_BOUND = [n for n in MEASURED_S11 if n not in HOST_BOUND] + list(MEASURED_S11_GRAPHS)
+
+
+@pytest.mark.parametrize("name", S11_GPU_BOUND)
+def test_current_trainer_within_ten_percent_in_both_modes(name):
+    """The latest validation run (session 11), of the trainer as it is: the eager step clips inside the fused AdamW.
+    Roofline and measured mode (the blocks timed in that run); the constants were fitted on calibration configs only."""
     from moetrain.plan.validate import validation_config
 
-    proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
-    assert proj == pytest.approx({"E": MEASURED_S5, "F": MEASURED_S5_F}[run][name][1], rel=0.10)
+    _, step, blocks = {**MEASURED_S11, **MEASURED_S11_GRAPHS}[name]
+    cfg = validation_config(name, 6, "unused")
+    roof = project_perf(cfg, H200).step_time_s
+    meas = project_perf(cfg, H200, dp_overlap=0.0, measured=blocks, measured_hooks=True).step_time_s
+    assert roof == pytest.approx(step, rel=0.10)
+    assert meas == pytest.approx(step, rel=0.10)
 
 
 @pytest.mark.parametrize("name", HOST_BOUND)
@@ -171,7 +178,8 @@ def test_host_bound_projection_lies_within_the_hosts_spread(name):
     from moetrain.plan.validate import validation_config
 
     proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
-    steps = [run[name][1] for run in (MEASURED, MEASURED_S3, MEASURED_S4, MEASURED_S5, MEASURED_S5_F, MEASURED_S6)]
+    steps = [run[name][1] for run in (MEASURED, MEASURED_S3, MEASURED_S4, MEASURED_S5, MEASURED_S5_F, MEASURED_S6,
+                                      MEASURED_S11)]
     steps += list(H200_S6_TINY_WIDE_STEPS)
     assert min(steps) < proj < max(steps)
 
@@ -186,22 +194,24 @@ def _s6(key):
 @pytest.mark.parametrize("key", S6_GPU_BOUND, ids=lambda k: f"{k[0] or 'C'}-{k[1]}")
 def test_session6_within_ten_percent_in_both_modes(key):
     """Session 6: the eager configs of the full run (call C) and train.cuda_graph's configs on two hosts (D, E; the
-    graphed step's host constant fitted on calibration configs only). Roofline and measured mode."""
+    graphed step's host constant fitted on calibration configs only). Measured mode for all; roofline for the graphed
+    configs only: session 6's eager step still ran a separate clip-scaling pass over the gradients, which the
+    projection no longer counts (session 11's run pins the eager roofline)."""
     from moetrain.plan.validate import validation_config
 
     _, step, blocks = _s6(key)
     cfg = validation_config(key[1], 6, "unused")
-    roof = project_perf(cfg, H200).step_time_s
     meas = project_perf(cfg, H200, dp_overlap=0.0, measured=blocks, measured_hooks=True).step_time_s
-    assert roof == pytest.approx(step, rel=0.10)
     assert meas == pytest.approx(step, rel=0.10)
+    if key[0] is not None:
+        assert project_perf(cfg, H200).step_time_s == pytest.approx(step, rel=0.10)
 
 
 
 @pytest.mark.parametrize("run", ["E", "F"])
 @pytest.mark.parametrize("name", GPU_BOUND)
 def test_measured_mode_with_session5_blocks(name, run):
-    """Blocks and head timed with the main-grad hooks (measured_hooks). The host-bound tiny-wide came to -7.8% (E) and
+    """Blocks and head timed with the main-grad hooks (measured_hooks), on two hosts (the trainer before the clip fold). The host-bound tiny-wide came to -7.8% (E) and
     +11.9% (F): its steps wandered 50-73 ms within run E, so its blocks timed alone track its steps only roughly."""
     from moetrain.plan.validate import validation_config
 
