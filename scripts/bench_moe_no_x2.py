@@ -1,6 +1,8 @@
 """`moetrain bench moe` with every two-programs-per-SM config removed from the grouped GEMM autotuner's candidates:
 one launch of such a config left the ping-pong weight gradient ~27% slower for the rest of the process (session 10,
-call H), so the autotuner, timing after it, rejected the ping-pong kernel. An experiment, not a product setting.
+call H), so the autotuner, timing after it, rejected the ping-pong kernel. An experiment, not a product setting; since
+session 11 the autotuner has no such candidates (grouped_gemm_tuning.TWO_PER_SM_CONFIGS are on trial), so this is
+plain `bench moe` now, kept as the record of session 10's call I.
 
     python scripts/bench_moe_no_x2.py --shapes deepseek-v3 --routing balanced ...   (bench moe's arguments)
 """
