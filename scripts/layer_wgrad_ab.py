@@ -38,7 +38,18 @@ def main(argv=None) -> int:
     ap.add_argument("--routing", default="balanced", choices=("balanced", "skewed"))
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--configs", default=None, help="weight-gradient configs to force, comma-separated, as printed "
+                    "(any of configs_for('wgrad'), trial ones included); default: the first two ping-pong configs and "
+                    "the first Triton one")
     args = ap.parse_args(argv)
+    known = {str(c): c for c in tuning.configs_for("wgrad")}
+    if args.configs:
+        bad = [c for c in args.configs.split(",") if c not in known]
+        if bad:
+            raise SystemExit(f"--configs: unknown {bad}; known: {', '.join(known)}")
+        forced_configs = [known[c] for c in args.configs.split(",")]
+    else:
+        forced_configs = list(tuning.PINGPONG_WGRAD_CONFIGS[:2] + tuning.WGRAD_CONFIGS[:1])
     names = args.shapes.split(",")
     unknown = [n for n in names if n not in ml.SHAPES]
     if unknown:
@@ -65,7 +76,7 @@ def main(argv=None) -> int:
         print(f"  autotuner's weight-gradient choices: {chosen}", flush=True)
         contenders = {"reference eager": ml.reference_layer,
                       "ours (auto's choices)": forced(auto, {k: tuned[k] for k in keys})}
-        for cfg in tuning.PINGPONG_WGRAD_CONFIGS[:2] + tuning.WGRAD_CONFIGS[:1]:
+        for cfg in forced_configs:
             contenders[f"ours, wgrad {cfg}"] = forced(auto, dict.fromkeys(keys, cfg))
         for label in [n for n in contenders if n.startswith("ours")]:
             contenders[f"{label}, host ahead"] = ml.HostAhead(contenders[label])

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", type=int, default=None, help="experts (rows per expert kept)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--variants", default="128x128/s3/g8,128x128/s4/g8",
-                    help="ping-pong variants: TNxTK/sSTAGES/gGROUP_N, comma-separated")
+                    help="ping-pong variants: TNxTK/sSTAGES/gGROUP_N[/cCOHORTS], comma-separated")
     ap.add_argument("--gather", action="store_true",
                     help="FC1's case: x is [M/8, K] token rows read through a top-8 index. Every contender but "
                          "'triton gather' and the ping-pong variants pays for the permuted copy x[rows] (timed with "
@@ -40,11 +40,15 @@ def main(argv=None) -> int:
     variants = {}
     for v in args.variants.split(","):
         try:
-            tile, stages, group = v.split("/")
+            tile, stages, group, *cohorts = v.split("/")
             tn, tk = (int(t) for t in tile.split("x"))
-            variants[v] = dict(tile=(tn, tk), stages=int(stages.removeprefix("s")), group_n=int(group.removeprefix("g")))
+            variants[v] = dict(tile=(tn, tk), stages=int(stages.removeprefix("s")), group_n=int(group.removeprefix("g")),
+                               cohorts=int(cohorts[0].removeprefix("c")) if cohorts else 1)
+            if len(cohorts) > 1 or variants[v]["cohorts"] not in wp.COHORT_CHOICES:
+                raise ValueError
         except ValueError:
-            raise SystemExit(f"--variants: {v!r} is not TNxTK/sSTAGES/gGROUP_N (e.g. 128x128/s4/g8)") from None
+            raise SystemExit(f"--variants: {v!r} is not TNxTK/sSTAGES/gGROUP_N[/cCOHORTS] (e.g. 128x128/s4/g8, "
+                             f"128x128/s4/g8/c2; cohorts one of {wp.COHORT_CHOICES})") from None
         if args.gather and (tn, tk) != (128, 128):
             raise SystemExit(f"--variants: {v!r}: gathered rows need 128x128 tiles")
     unknown = [sh for sh in args.shapes.split(",") if sh not in sweep.SHAPES]

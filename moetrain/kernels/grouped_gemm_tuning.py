@@ -32,6 +32,7 @@ class GemmConfig:
     other's main loop (the config must then fit two blocks' shared memory and registers).
     kernel (wgrad): "triton" (_wgrad_kernel) or "pingpong" (wgrad_pingpong.py: Gluon, Hopper, bf16, TMA; a
     producer warp and two consumer warpgroups, each with its own BLOCK_M x BLOCK_N tile; num_warps is per consumer).
+    cohorts (pingpong): groups of programs that start at different points of the tile order (wgrad_pingpong._tile).
     """
 
     block_m: int
@@ -45,10 +46,13 @@ class GemmConfig:
     tail_split: bool = False  # forward / dgrad: remainders of <= half a tile go to a half-height launch
     tma_store: bool = True  # wgrad with use_tma: dw stored by TMA (False: TMA loads, stores from registers)
     kernel: str = "triton"
+    cohorts: int = 1
 
     def __str__(self) -> str:
         if self.kernel != "triton":
-            return f"{self.kernel}/{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/g{self.group_m}"
+            cohorts = "" if self.cohorts == 1 else f"/c{self.cohorts}"
+            return (f"{self.kernel}/{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/g{self.group_m}"
+                    f"{cohorts}")
         kind = "tma" if self.use_tma else "ptr"
         two = "/x2" if self.programs_per_sm == 2 else ""
         split = "/split" if self.tail_split else ""
@@ -105,6 +109,13 @@ PINGPONG_WGRAD_CONFIGS = (
 # On trial (bench gemm's sweep and the sm_90a compile test only, not the autotuner: never run on a GPU yet): the
 # ping-pong weight gradient with x's rows gathered by a fourth warpgroup (cp.async), the permuted copy of x never
 # made; K a multiple of 128.
+# On trial: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order, so that
+# under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (session 11: skew cost the
+# DeepSeek-V3 layer +30%, padding alone +13-16%). Not yet run on a GPU.
+TRIAL_PINGPONG_WGRAD_CONFIGS = (
+    GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=2),
+    GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=4),
+)
 TRIAL_PINGPONG_GATHER_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 3, 4, group_m=8, kernel="pingpong"),
@@ -169,7 +180,8 @@ def configs_for(op: str, trial: bool = True) -> tuple:
     """Candidates of an op ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather"): the autotuner's, and with
     ``trial`` the configs on trial (bench gemm, the sm_90a compile test)."""
     if op == "wgrad":
-        return WGRAD_CONFIGS + PINGPONG_WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS if trial else ())
+        return WGRAD_CONFIGS + PINGPONG_WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS + TRIAL_PINGPONG_WGRAD_CONFIGS
+                                                         if trial else ())
     if op == "wgrad_gather":
         return WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS + TRIAL_PINGPONG_GATHER_CONFIGS if trial else ())
     return ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())

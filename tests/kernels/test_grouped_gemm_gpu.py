@@ -188,7 +188,8 @@ def _trial_cases():
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
     return ([("fwd", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS] + [("dgrad", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS]
-            + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS + tuning.PINGPONG_WGRAD_CONFIGS]
+            + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS + tuning.PINGPONG_WGRAD_CONFIGS
+                                          + tuning.TRIAL_PINGPONG_WGRAD_CONFIGS]
             + [("wgrad_gather", c) for c in tuning.TRIAL_PINGPONG_GATHER_CONFIGS])
 
 

@@ -39,6 +39,33 @@ def test_matches_float64_on_skewed_routing(tile, stages, group_n):
     check_groups_fp64("wgrad", got, dy, x, offs, range(g))
 
 
+@pytest.mark.parametrize("cohorts, programs", [(2, None), (4, None), (4, 7), (2, 3)])
+def test_cohorts_compute_the_same_tiles_in_another_order(cohorts, programs):
+    # cohorts only reorder each program's tiles (wgrad_pingpong._tile): each dw tile is reduced in the same order by
+    # the same code, so the result is bitwise the one-cohort kernel's; and against float64 on skewed routing
+    wp = kernel()
+    m, g, n, k = 9000, 24, 768 + 64, 1024 + 8
+    offs = skewed_offs_cuda(m, g, seed=11)
+    torch.manual_seed(14)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    poisoned = torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, out=poisoned, num_programs=programs, cohorts=cohorts)
+    one = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, num_programs=programs)
+    torch.cuda.synchronize()
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
+    assert torch.equal(got, one)
+    check_groups_fp64("wgrad", got, dy, x, offs, range(g))
+
+
+def test_cohorts_outside_the_choices_are_refused():
+    wp = kernel()
+    dy = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([64], device="cuda", dtype=torch.int32)
+    with pytest.raises(ValueError, match="cohorts=3"):
+        wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, cohorts=3)
+
+
 @pytest.mark.parametrize("m, g, n, k", [(65536 // 8, 32, 4096, 7168), (131072 // 8, 16, 1536, 2048)],
                          ids=["dsv3_fc1", "qwen3_fc1"])
 def test_matches_torch_at_the_expert_shapes(m, g, n, k):
