@@ -1,10 +1,11 @@
-"""The ping-pong weight gradient (kernels/wgrad_pingpong.py, Gluon) against our Triton weight gradient
-(autotuned) and torch._grouped_mm, on the same routed rows, in turns; outputs checked against torch first.
+"""The ping-pong weight gradient (kernels/wgrad_pingpong.py, Gluon) variants against grouped_gemm_wgrad as the layer
+calls it ("tuned": the autotuner's pick, which since session 10 may itself be a ping-pong config) and
+torch._grouped_mm, on the same routed rows, in turns; outputs checked against torch first.
 
     python scripts/wgrad_pingpong_bench.py [--shapes dsv3,qwen3,dsv3-ep8] [--routing balanced,skewed] [--rounds 5]
     python scripts/wgrad_pingpong_bench.py --shapes dsv3 --layers fc1 --routing balanced --groups 64 --profile
 
-Prints one row per (shape, layer, routing): ms and TFLOP/s of each, and ping-pong over the Triton kernel.
+Prints one row per (shape, layer, routing): ms and TFLOP/s of each, and the tuned pick's time over the best variant's.
 --groups keeps the shape's rows per expert with fewer experts (a smaller dw for a profiler's replays). --profile:
 after the check, each contender runs once more between cudaProfilerStart and cudaProfilerStop (for Nsight Compute
 with --profile-from-start off) instead of being timed.
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
         raise SystemExit("scripts/wgrad_pingpong_bench.py times GPU kernels: no CUDA device visible")
     extra = ("triton gather", "pingpong copy") if args.gather else ()
     print(f"{'shape':10s} {'layer':5s} {'routing':8s} "
-          + " ".join(f"{c:>17s}" for c in ("torch", "triton", *extra, *variants)) + "  best ping-pong/triton",
+          + " ".join(f"{c:>17s}" for c in ("torch", "tuned", *extra, *variants)) + "  tuned/best variant",
           flush=True)
     for shape in args.shapes.split(","):
         m, g, h, i = sweep.SHAPES[shape]
@@ -77,14 +78,14 @@ def main(argv=None) -> int:
                         else torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g))
                 if args.gather:
                     runs = {"torch": lambda: torch._grouped_mm(dy.t(), x[rows.long()], offs=offs),
-                            "triton": lambda: gg.grouped_gemm_wgrad(dy, x[rows.long()], offs),
+                            "tuned": lambda: gg.grouped_gemm_wgrad(dy, x[rows.long()], offs),
                             "triton gather": lambda: gg.grouped_gemm_wgrad(dy, x, offs, gather_rows=rows),
                             "pingpong copy": lambda: wp.grouped_gemm_wgrad_pingpong(dy, x[rows.long()], offs)}
                     for v, kw in variants.items():
                         runs[v] = lambda kw=kw: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, gather_rows=rows, **kw)
                 else:
                     runs = {"torch": lambda: torch._grouped_mm(dy.t(), x, offs=offs),
-                            "triton": lambda: gg.grouped_gemm_wgrad(dy, x, offs)}
+                            "tuned": lambda: gg.grouped_gemm_wgrad(dy, x, offs)}
                     for v, kw in variants.items():
                         runs[v] = lambda kw=kw: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, **kw)
                 want = runs["torch"]()
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
                 flops = 2.0 * m * n * k
                 cells = " ".join(f"{med[c]:7.3f} {flops / med[c] / 1e9:5.0f} TF/s" for c in runs)
                 best = min(med[v] for v in variants)
-                print(f"{shape:10s} {layer:5s} {routing:8s} {cells}  {med['triton'] / best:6.3f}x", flush=True)
+                print(f"{shape:10s} {layer:5s} {routing:8s} {cells}  {med['tuned'] / best:6.3f}x", flush=True)
     return 0
 
 

@@ -111,7 +111,9 @@ PINGPONG_WGRAD_CONFIGS = (
 # made; K a multiple of 128.
 # On trial: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order, so that
 # under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (session 11: skew cost the
-# DeepSeek-V3 layer +30%, padding alone +13-16%). Not yet run on a GPU.
+# DeepSeek-V3 layer +30%, padding alone +13-16%). GPU-tested (session 11, call J); timed there against one cohort:
+# 2 cohorts 6% faster at DeepSeek-V3's FC1 on skewed routing, 8% slower on balanced (half as many programs share
+# each group's operands in L2), no gain at Qwen3; 4 slower everywhere. Kept for a skew-aware choice.
 TRIAL_PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=2),
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=4),
