@@ -18,7 +18,12 @@ import argparse
 import torch
 
 
+LAYER_SHAPES = {"dsv3": "deepseek-v3", "qwen3": "qwen3-30b-a3b", "dsv3-ep8": "deepseek-v3-ep8",
+                "gptoss": "gpt-oss-20b", "mixtral": "mixtral-8x7b"}  # sweep shape -> bench moe shape (same rows)
+
+
 def main(argv=None) -> int:
+    from moetrain.bench import moe_layer
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import sweep_grouped_gemm as sweep
     from moetrain.kernels import wgrad_pingpong as wp
@@ -26,13 +31,15 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,dsv3-ep8")
-    ap.add_argument("--routing", default="balanced,skewed")
+    ap.add_argument("--routing", default="balanced,skewed",
+                    help="balanced, skewed (Dirichlet 0.3 shares: kernels.timing.skewed_offs), layer-skewed (bench "
+                         "moe's skewed routing of the same shape: K distinct experts per token)")
     ap.add_argument("--layers", default="fc1,fc2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--groups", type=int, default=None, help="experts (rows per expert kept)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--variants", default="128x128/s3/g8,128x128/s4/g8",
-                    help="ping-pong variants: TNxTK/sSTAGES/gGROUP_N[/cCOHORTS], comma-separated")
+                    help="ping-pong variants: TNxTK/sSTAGES/gGROUP_N[/cCOHORTS or /mix], comma-separated")
     ap.add_argument("--gather", action="store_true",
                     help="FC1's case: x is [M/8, K] token rows read through a top-8 index. Every contender but "
                          "'triton gather' and the ping-pong variants pays for the permuted copy x[rows] (timed with "
@@ -41,17 +48,23 @@ def main(argv=None) -> int:
     variants = {}
     for v in args.variants.split(","):
         try:
-            tile, stages, group, *cohorts = v.split("/")
+            tile, stages, group, *schedule = v.split("/")
             tn, tk = (int(t) for t in tile.split("x"))
-            variants[v] = dict(tile=(tn, tk), stages=int(stages.removeprefix("s")), group_n=int(group.removeprefix("g")),
-                               cohorts=int(cohorts[0].removeprefix("c")) if cohorts else 1)
-            if len(cohorts) > 1 or variants[v]["cohorts"] not in wp.COHORT_CHOICES:
-                raise ValueError
+            variants[v] = dict(tile=(tn, tk), stages=int(stages.removeprefix("s")), group_n=int(group.removeprefix("g")))
+            if schedule == ["mix"]:
+                variants[v]["mix"] = True
+            elif schedule:
+                variants[v]["cohorts"] = int(schedule[0].removeprefix("c"))
+                if len(schedule) > 1 or variants[v]["cohorts"] not in wp.COHORT_CHOICES:
+                    raise ValueError
         except ValueError:
-            raise SystemExit(f"--variants: {v!r} is not TNxTK/sSTAGES/gGROUP_N[/cCOHORTS] (e.g. 128x128/s4/g8, "
-                             f"128x128/s4/g8/c2; cohorts one of {wp.COHORT_CHOICES})") from None
+            raise SystemExit(f"--variants: {v!r} is not TNxTK/sSTAGES/gGROUP_N[/cCOHORTS or /mix] (e.g. 128x128/s4/g8,"
+                             f" 128x128/s4/g8/c2, 128x128/s4/g8/mix; cohorts one of {wp.COHORT_CHOICES})") from None
         if args.gather and (tn, tk) != (128, 128):
             raise SystemExit(f"--variants: {v!r}: gathered rows need 128x128 tiles")
+    bad = [r for r in args.routing.split(",") if r not in ("balanced", "skewed", "layer-skewed")]
+    if bad or ("layer-skewed" in args.routing and args.groups):
+        raise SystemExit(f"--routing: {args.routing!r}: balanced, skewed or layer-skewed (not with --groups)")
     unknown = [sh for sh in args.shapes.split(",") if sh not in sweep.SHAPES]
     if unknown:
         raise SystemExit(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(sorted(sweep.SHAPES))}")
@@ -74,8 +87,12 @@ def main(argv=None) -> int:
             rows = (torch.randperm(m, device="cuda", generator=gen).remainder(m // 8).to(torch.int32) if args.gather
                     else None)
             for routing in args.routing.split(","):
-                offs = (skewed_offs(m, g, 0, torch.device("cuda")) if routing == "skewed"
-                        else torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g))
+                if routing == "layer-skewed":
+                    offs = moe_layer.routed_offs(moe_layer.SHAPES[LAYER_SHAPES[shape]], "skewed", torch.device("cuda"))
+                elif routing == "skewed":
+                    offs = skewed_offs(m, g, 0, torch.device("cuda"))
+                else:
+                    offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
                 if args.gather:
                     runs = {"torch": lambda: torch._grouped_mm(dy.t(), x[rows.long()], offs=offs),
                             "tuned": lambda: gg.grouped_gemm_wgrad(dy, x[rows.long()], offs),

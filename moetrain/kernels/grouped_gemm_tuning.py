@@ -33,6 +33,7 @@ class GemmConfig:
     kernel (wgrad): "triton" (_wgrad_kernel) or "pingpong" (wgrad_pingpong.py: Gluon, Hopper, bf16, TMA; a
     producer warp and two consumer warpgroups, each with its own BLOCK_M x BLOCK_N tile; num_warps is per consumer).
     cohorts (pingpong): groups of programs that start at different points of the tile order (wgrad_pingpong._tile).
+    mix (pingpong): groups heaviest first, half the programs walking backwards on skewed routing (_tile, MIX).
     """
 
     block_m: int
@@ -47,12 +48,14 @@ class GemmConfig:
     tma_store: bool = True  # wgrad with use_tma: dw stored by TMA (False: TMA loads, stores from registers)
     kernel: str = "triton"
     cohorts: int = 1
+    mix: bool = False
 
     def __str__(self) -> str:
         if self.kernel != "triton":
             cohorts = "" if self.cohorts == 1 else f"/c{self.cohorts}"
+            mix = "/mix" if self.mix else ""
             return (f"{self.kernel}/{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/g{self.group_m}"
-                    f"{cohorts}")
+                    f"{cohorts}{mix}")
         kind = "tma" if self.use_tma else "ptr"
         two = "/x2" if self.programs_per_sm == 2 else ""
         split = "/split" if self.tail_split else ""
@@ -113,10 +116,13 @@ PINGPONG_WGRAD_CONFIGS = (
 # under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (session 11: skew cost the
 # DeepSeek-V3 layer +30%, padding alone +13-16%). GPU-tested (session 11, call J); timed there against one cohort:
 # 2 cohorts 6% faster at DeepSeek-V3's FC1 on skewed routing, 8% slower on balanced (half as many programs share
-# each group's operands in L2), no gain at Qwen3; 4 slower everywhere. Kept for a skew-aware choice.
+# each group's operands in L2), no gain at Qwen3; 4 slower everywhere. Kept for a skew-aware choice. And "mix"
+# (written after that call, not yet run on a GPU): groups heaviest first, and only where the routing is skewed,
+# half the programs walking backwards (light groups under heavy ones); on balanced routing every program in step.
 TRIAL_PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=2),
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=4),
+    GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", mix=True),
 )
 TRIAL_PINGPONG_GATHER_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),

@@ -46,6 +46,7 @@ BLOCK_K = 128  # dw tile columns (over K), by default
 TILES = ((128, 128), (64, 256))  # a consumer's dw tile: its fp32 accumulator is 128 registers per thread either way
 BLOCK_R = 64  # reduction step: grouped rows per stage
 COHORT_CHOICES = (1, 2, 4)  # _tile's cohorts of programs
+SKEWED_SHARE = 8  # skew_schedule: routing is skewed when at least 1/8 of the groups have under one step of rows
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (setmaxnreg)
 CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup (a 128x128 fp32 accumulator: 128)
 # With x's rows gathered, a fourth warpgroup copies them (cp.async): the register file (512 per thread summed over
@@ -57,8 +58,8 @@ GATHERER_WARPS = gl.constexpr(4)
 
 
 @gluon.jit
-def _tile(tile, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr,
-          BR: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr):
+def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr,
+          BR: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr):
     """(group, first dw row n0, first dw column k0, the group's first row, its row end, reduction steps) of the
     program's tile ``tile`` (tile = program_id + j * NUM_PROGS: its j-th).
     Tiles are group-major; inside a group, bands of GROUP_N dw row tiles, column-major inside a band, so that the
@@ -67,7 +68,11 @@ def _tile(tile, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: gl.constexp
     COHORTS > 1: the programs form COHORTS cohorts, cohort c starting its own tiles c / COHORTS of the way through
     (and wrapping round), so that the cohorts work on different groups at once: with skewed routing a small group's
     tiles (one step, then a 32 KB store: bound by HBM writes) overlap a big group's (many steps: bound by the tensor
-    cores) instead of every program storing at once. Each program still computes the same tiles."""
+    cores) instead of every program storing at once. Each program still computes the same tiles.
+    MIX: the groups in the order sched_ptr[0:G] (heaviest first: skew_schedule), and where sched_ptr[G] is set (the
+    routing is skewed), the second half of the programs walks its tiles backwards: light groups' store-bound tiles
+    under heavy groups' MMA-bound ones, from the start. Unset (near-balanced routing): every program in step, as
+    without MIX, so the programs at work at once share one group's operands in L2."""
     if COHORTS > 1:
         pid = gl.program_id(0)
         count = (total - pid + NUM_PROGS - 1) // NUM_PROGS  # this program's tiles
@@ -75,8 +80,18 @@ def _tile(tile, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: gl.constexp
         j = ((tile - pid) // NUM_PROGS + cohort * (count // COHORTS)) % count
         tile = pid + j * NUM_PROGS
     per_group = tiles_n * tiles_k
-    g = tile // per_group
-    local = tile - g * per_group
+    slot = tile // per_group
+    if MIX:
+        pid = gl.program_id(0)
+        count = (total - pid + NUM_PROGS - 1) // NUM_PROGS
+        G = total // per_group
+        backwards = (pid * 2 >= NUM_PROGS) & (gl.load(sched_ptr + G) != 0)
+        tile = gl.where(backwards, pid + (count - 1 - (tile - pid) // NUM_PROGS) * NUM_PROGS, tile)
+        slot = tile // per_group
+    local = tile - slot * per_group
+    g = slot
+    if MIX:
+        g = gl.load(sched_ptr + slot)
     band = GROUP_N * tiles_k
     first_n = (local // band) * GROUP_N
     band_rows = gl.minimum(tiles_n - first_n, GROUP_N)
@@ -93,14 +108,15 @@ def _tile(tile, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: gl.constexp
 
 
 @gluon.jit
-def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS,
-              TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr,
-              RAGGED: gl.constexpr, GATHER: gl.constexpr):
+def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total,
+              NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr,
+              COHORTS: gl.constexpr, MIX: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr):
     """TMA loads of each step's dy block, and of its x block unless GATHER (then _gatherer copies x's rows)."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     it = 0
     for tile in range(gl.program_id(0), total, NUM_PROGS):
-        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS)
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
+                                                TK, BR, GROUP_N, COHORTS, MIX)
         for step in range(steps):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: the ring starts empty
@@ -117,9 +133,9 @@ def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles
 
 
 @gluon.jit
-def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, M, K, stride_xm, tiles_n, tiles_k, total,
+def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n, tiles_k, total,
               NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr,
-              COHORTS: gl.constexpr):
+              COHORTS: gl.constexpr, MIX: gl.constexpr):
     """GATHER: copies each step's x block, rows x[gather[r]] for the step's grouped rows r, with cp.async (Hopper's
     TMA cannot gather rows). Every thread arrives on ready_x once its own copies have landed (count: all threads);
     rows past the group's end are zero-filled (they meet dy's zero rows). K must be a multiple of TK."""
@@ -131,7 +147,8 @@ def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, M, K, stride_
     cols = gl.arange(0, TK, layout=gl.SliceLayout(0, layout))
     it = 0
     for tile in range(gl.program_id(0), total, NUM_PROGS):
-        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS)
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
+                                                TK, BR, GROUP_N, COHORTS, MIX)
         # 16-byte runs, one cp.async each; no column mask (it would split the copies into 2-byte ones): the
         # wrapper asks K to be a multiple of TK
         k_cols = gl.max_contiguous(gl.multiple_of(k0 + cols, 8), 8)
@@ -149,9 +166,9 @@ def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, M, K, stride_
 
 
 @gluon.jit
-def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n, tiles_k, total,
-              NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
-              GROUP_N: gl.constexpr, COHORTS: gl.constexpr, GATHER: gl.constexpr):
+def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M, tiles_n,
+              tiles_k, total, NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
+              GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, GATHER: gl.constexpr):
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
     out = out_bufs.index(ROLE).reshape([TN, TK])
@@ -159,7 +176,8 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
     j = 0
     turn_phase = 1 - ROLE  # warpgroup 0 goes first (a fresh barrier passes phase 1); 1 waits for 0's first turn
     for tile in range(gl.program_id(0), total, NUM_PROGS):
-        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS)
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
+                                                TK, BR, GROUP_N, COHORTS, MIX)
         if j % 2 == ROLE:
             mbarrier.wait(turn.index(ROLE), turn_phase)
             turn_phase ^= 1
@@ -189,10 +207,11 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
 
 
 @gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
-def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr, M, N, K, G, stride_xm, NUM_PROGS,
-                           STAGES: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr, RAGGED: gl.constexpr,
-                           GATHER: gl.constexpr, num_warps: gl.constexpr):
-    """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused)."""
+def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr, sched_ptr, M, N, K, G, stride_xm,
+                           NUM_PROGS, STAGES: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr,
+                           MIX: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr, num_warps: gl.constexpr):
+    """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused).
+    MIX: sched_ptr [G + 1] int32 (skew_schedule); else unused."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
     TK: gl.constexpr = dw_desc.block_type.shape[2]
     BR: gl.constexpr = dy_desc.block_type.shape[2]
@@ -219,23 +238,23 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     # (the partition lists are spelled out: a jit function cannot be held in a variable)
     if GATHER:
         gl.warp_specialize([
-            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n,
-                         tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, GATHER)),
-            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n,
-                         tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, GATHER)),
-            (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total,
-                         NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, RAGGED, GATHER)),
-            (_gatherer, (x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, M, K, stride_xm, tiles_n, tiles_k, total,
-                         NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS)),
+            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
+            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
+            (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
+                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, RAGGED, GATHER)),
+            (_gatherer, (x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n,
+                         tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX)),
         ], [4, 1, GATHERER_WARPS], [GATHER_CONSUMER_REGS, GATHER_PRODUCER_REGS, GATHERER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n,
-                         tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, GATHER)),
-            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, M, tiles_n,
-                         tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, GATHER)),
-            (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, M, tiles_n, tiles_k, total,
-                         NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, RAGGED, GATHER)),
+            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
+            (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
+            (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
+                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, RAGGED, GATHER)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -253,6 +272,17 @@ def _ragged_desc(t: torch.Tensor, block: list):
                             _layout(full))
 
 
+def skew_schedule(offs: torch.Tensor, step_rows: int = BLOCK_R) -> torch.Tensor:
+    """The MIX schedule of offs [G] int32 (group ends): [G + 1] int32 on offs' device, made without a host sync (CUDA
+    graphs): the groups by row count, heaviest first (stable: ties keep their order), then 1 where at least
+    1/SKEWED_SHARE of the groups have fewer rows than one reduction step of ``step_rows`` (each of their dw tiles is
+    one MMA step and a store), else 0."""
+    rows = torch.diff(offs, prepend=offs.new_zeros(1))
+    order = torch.argsort(rows, descending=True, stable=True).to(torch.int32)
+    skewed = ((rows < step_rows).sum() * SKEWED_SHARE >= offs.numel()).to(torch.int32).reshape(1)
+    return torch.cat([order, skewed])
+
+
 def _maxnreg(gather: bool) -> int:
     # registers per thread at launch: the whole file over the kernel's warpgroups (3, or 4 with the gatherer; the
     # producer's single warp takes a warpgroup's slot); setmaxnreg shares them out again
@@ -262,13 +292,14 @@ def _maxnreg(gather: bool) -> int:
 def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, stages: int = 4,
                                 group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
                                 gather_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                                num_programs: int | None = None, cohorts: int = 1) -> torch.Tensor:
+                                num_programs: int | None = None, cohorts: int = 1, mix: bool = False) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
     slower on the H200, session 10). gather_rows [M] int32 (optional; 128x128 tiles only): row r of the grouped x
     operand is x[gather_rows[r]], with x [T, K] the token rows, copied by a fourth warpgroup (cp.async).
     ``cohorts``: groups of programs that start at different points of the tile order (_tile; 1: all together).
+    ``mix``: groups heaviest first, half the programs walking backwards when the routing is skewed (_tile, MIX).
     Called by grouped_gemm_wgrad for the "pingpong" configs."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -283,6 +314,8 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         raise ValueError(f"grouped_gemm_wgrad_pingpong: tile {tile} is not one of {TILES} (gathered rows: (128, 128))")
     if cohorts not in COHORT_CHOICES:
         raise ValueError(f"grouped_gemm_wgrad_pingpong: cohorts={cohorts} is not one of {COHORT_CHOICES}")
+    if mix and cohorts != 1:
+        raise ValueError("grouped_gemm_wgrad_pingpong: mix and cohorts are two schedules; choose one")
     if cuda_device.capability_major(dy.device) != 9:
         raise ValueError("grouped_gemm_wgrad_pingpong: Hopper (sm_90) only")
     dy, x = dy.contiguous(), x.contiguous()
@@ -311,15 +344,16 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     else:
         x_desc, gather_arg = _ragged_desc(x, [BLOCK_R, tk]), offs  # gather_ptr unused
     with torch.cuda.device(dy.device):
+        sched = skew_schedule(offs) if mix else offs  # (unused without MIX)
         _wgrad_pingpong_kernel[(nprog,)](
-            dy_desc, x_desc, x, gather_arg, dw_desc, offs, M, N, K, G, x.stride(0), nprog, STAGES=stages,
-            GROUP_N=group_n, COHORTS=cohorts, RAGGED=RAGGED_ROWS, GATHER=gather, num_warps=4,
+            dy_desc, x_desc, x, gather_arg, dw_desc, offs, sched, M, N, K, G, x.stride(0), nprog, STAGES=stages,
+            GROUP_N=group_n, COHORTS=cohorts, MIX=mix, RAGGED=RAGGED_ROWS, GATHER=gather, num_warps=4,
             maxnreg=_maxnreg(gather))
     return out
 
 
 def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90,
-                gather: bool = False, cohorts: int = 1):
+                gather: bool = False, cohorts: int = 1, mix: bool = False):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel."""
     from triton.backends.compiler import GPUTarget
@@ -331,15 +365,15 @@ def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOC
     tn, tk = tile
     dy_desc = desc([1, 1, BLOCK_R, tn])
     sig = {"dy_desc": dy_desc, "x_desc": dy_desc if gather else desc([1, 1, BLOCK_R, tk]), "x_ptr": "*bf16",
-           "gather_ptr": "*i32", "dw_desc": desc([1, tn, tk]), "offs_ptr": "*i32", "M": "i32", "N": "i32",
-           "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
-           "GROUP_N": "constexpr", "COHORTS": "constexpr", "RAGGED": "constexpr", "GATHER": "constexpr",
-           "num_warps": "constexpr"}
+           "gather_ptr": "*i32", "dw_desc": desc([1, tn, tk]), "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
+           "N": "i32", "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
+           "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "RAGGED": "constexpr",
+           "GATHER": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
-    aligned = ["x_ptr", "gather_ptr", "offs_ptr", "stride_xm"]
+    aligned = ["x_ptr", "gather_ptr", "offs_ptr", "sched_ptr", "stride_xm"]
     src = GluonASTSource(_wgrad_pingpong_kernel, sig,
-                         constexprs={"STAGES": stages, "GROUP_N": group_n, "COHORTS": cohorts, "RAGGED": RAGGED_ROWS,
-                                     "GATHER": gather, "num_warps": 4},
+                         constexprs={"STAGES": stages, "GROUP_N": group_n, "COHORTS": cohorts, "MIX": mix,
+                                     "RAGGED": RAGGED_ROWS, "GATHER": gather, "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": 4, "maxnreg": _maxnreg(gather)})

@@ -166,6 +166,23 @@ def test_pingpong_wgrad_config_refused_where_it_cannot_run():
         gg.grouped_gemm_wgrad(dy, x, offs_t, config=pingpong)
 
 
+def test_skew_schedule_orders_groups_and_flags_skew_without_a_sync():
+    # the ping-pong's "mix" schedule: groups heaviest first (ties in order), and the flag set when at least 1/8 of
+    # the groups have under one reduction step (64 rows) of rows
+    from moetrain.kernels.wgrad_pingpong import SKEWED_SHARE, skew_schedule
+
+    balanced = torch.arange(1, 9, dtype=torch.int32) * 256
+    assert skew_schedule(balanced).tolist() == list(range(8)) + [0]
+    rows = [300, 0, 5, 900, 64, 63, 300, 2000]  # 3 of 8 groups under 64 rows
+    sched = skew_schedule(torch.cumsum(torch.tensor(rows), 0).to(torch.int32))
+    assert sched.dtype == torch.int32 and sched.tolist() == [7, 3, 0, 6, 4, 5, 2, 1, 1]
+    def flag(small_groups: int, groups: int = 16) -> int:
+        ends = torch.cumsum(torch.tensor([100] * (groups - small_groups) + [10] * small_groups), 0)
+        return skew_schedule(ends.to(torch.int32))[-1].item()
+
+    assert SKEWED_SHARE == 8 and (flag(1), flag(2), flag(3)) == (0, 1, 1)  # 1/8 of 16 groups is 2
+
+
 def test_default_config_path_and_shape_errors():
     offs = [6, 6, 30]
     x, w, dy, offs_t = make(offs, 33, 16, 24, seed=3)

@@ -58,12 +58,36 @@ def test_cohorts_compute_the_same_tiles_in_another_order(cohorts, programs):
     check_groups_fp64("wgrad", got, dy, x, offs, range(g))
 
 
+@pytest.mark.parametrize("routing", ["skewed", "balanced"])
+@pytest.mark.parametrize("programs", [None, 7])
+def test_mix_computes_the_same_tiles_in_another_order(routing, programs):
+    # "mix" reorders groups (heaviest first) and, on skewed routing, walks half the programs' tiles backwards: the
+    # same tiles, reduced by the same code, so bitwise the plain kernel's result; and against float64
+    wp = kernel()
+    m, g, n, k = 9000, 24, 768 + 64, 1024 + 8
+    offs = (skewed_offs_cuda(m, g, seed=11) if routing == "skewed"
+            else torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g))
+    assert wp.skew_schedule(offs)[-1].item() == (routing == "skewed")  # both schedules taken
+    torch.manual_seed(15)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    poisoned = torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, out=poisoned, num_programs=programs, mix=True)
+    plain = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, num_programs=programs)
+    torch.cuda.synchronize()
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
+    assert torch.equal(got, plain)
+    check_groups_fp64("wgrad", got, dy, x, offs, range(g))
+
+
 def test_cohorts_outside_the_choices_are_refused():
     wp = kernel()
     dy = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16)
     offs = torch.tensor([64], device="cuda", dtype=torch.int32)
     with pytest.raises(ValueError, match="cohorts=3"):
         wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, cohorts=3)
+    with pytest.raises(ValueError, match="choose one"):
+        wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, cohorts=2, mix=True)
 
 
 @pytest.mark.parametrize("m, g, n, k", [(65536 // 8, 32, 4096, 7168), (131072 // 8, 16, 1536, 2048)],
