@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 11, last call (< 2 min of device time left): the ping-pong's "mix" schedule (groups heaviest first; on
-# skewed routing half the programs walk backwards). GPU tests (bitwise equal to the plain schedule, float64), then
-# DeepSeek-V3's two weight gradients on balanced, bench moe's skewed and Dirichlet-skewed routing, in turns.
+# Next session, first call (~2 min; written in session 11, whose device time ran out first): the ping-pong's "mix"
+# schedule (groups heaviest first; on skewed routing half the programs walk backwards). GPU tests (bitwise equal to
+# the plain schedule, float64), then DeepSeek-V3's two weight gradients on balanced, bench moe's skewed and
+# Dirichlet-skewed routing, in turns.
 source scripts/device_common.sh "$@"
 echo "== GPU tests"
 timeout -k 5 50 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/kernels/test_wgrad_pingpong_gpu.py \
