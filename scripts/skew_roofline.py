@@ -1,0 +1,78 @@
+"""What skewed routing costs the six expert GEMMs under two schedules, by roofline alone (CPU only, no timing).
+
+    python scripts/skew_roofline.py [--tflops 660] [--tbps 4.25]
+
+Per group g with r rows and per GEMM: MMA time (rows padded to our tiles: 128-row tiles with a 64-row tail in the
+forward and data gradient, 64-row reduction steps, at least one, in the weight gradient) at --tflops, and HBM time
+at --tbps for the bytes the group must move: its weight slice read (forward, data gradient) or its dw written
+(weight gradient), plus its own activation rows. Two schedules:
+  in step   every program on the same group at once (group-major tiles: the weight gradient's 1,792 tiles per
+            DeepSeek-V3 expert keep all 132 SMs on one group), so each group takes max(MMA, HBM): the sum of maxima
+  mixed     store- or load-bound groups under MMA-bound ones: max(sum of MMA, sum of HBM)
+Printed per layer shape: the six GEMMs' time on bench moe's balanced and skewed routings under both, and skewed
+over balanced. bench/NOTES.md (session 11) sets them beside the measured +30% (DeepSeek-V3), +12% (Qwen3, EP8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+
+def padded(r: int, op: str) -> int:
+    """Rows our tiles compute for a group of r rows (the forward / data gradient's tail split; wgrad's steps)."""
+    if op == "wgrad":
+        return max(1, math.ceil(r / 64)) * 64
+    body, rem = divmod(r, 128)
+    return body * 128 + (0 if rem == 0 else 64 if rem <= 64 else 128)
+
+
+def group_times(r: int, n: int, k: int, tflops: float, tbps: float) -> list[tuple[float, float]]:
+    """(MMA s, HBM s) of one group's forward, data gradient and weight gradient for w [N, K] (bf16)."""
+    weight = n * k * 2
+    rows = r * (n + k) * 2  # the group's input and output rows (or dy and x for the weight gradient)
+    out = []
+    for op in ("fwd", "dgrad", "wgrad"):
+        flops = 2.0 * padded(r, op) * n * k
+        out.append((flops / (tflops * 1e12), (weight + rows) / (tbps * 1e12)))
+    return out
+
+
+def layer_times(rows: list[int], h: int, i: int, tflops: float, tbps: float) -> tuple[float, float]:
+    """The six GEMMs (FC1 w [2I, H], FC2 w [H, I]) in step and mixed, seconds."""
+    in_step, mma, hbm = 0.0, 0.0, 0.0
+    for n, k in ((2 * i, h), (h, i)):
+        per_op = [[group_times(r, n, k, tflops, tbps)[o] for r in rows] for o in range(3)]
+        for groups in per_op:
+            in_step += sum(max(c, m) for c, m in groups)
+            mma += sum(c for c, _ in groups)
+            hbm += sum(m for _, m in groups)
+    return in_step, max(mma, hbm)
+
+
+def main(argv=None) -> int:
+    from moetrain.bench import moe_layer as ml
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tflops", type=float, default=660.0, help="dense bf16 MMA rate (the H200's GEMMs: 660-790)")
+    ap.add_argument("--tbps", type=float, default=4.25, help="HBM bandwidth (the H200's copy: 4.25 TB/s)")
+    args = ap.parse_args(argv)
+    print(f"{'shape':16s} {'in step: balanced, skewed ms':>30s} {'skew':>6s}   {'mixed: balanced, skewed ms':>28s} "
+          f"{'skew':>6s}")
+    for name in ("deepseek-v3", "qwen3-30b-a3b", "deepseek-v3-ep8", "gpt-oss-20b", "mixtral-8x7b"):
+        s = ml.SHAPES[name]
+        out = {}
+        for routing in ("balanced", "skewed"):
+            ends = ml.routed_offs(s, routing, torch.device("cpu"))
+            rows = torch.diff(ends, prepend=torch.zeros(1, dtype=ends.dtype)).tolist()
+            out[routing] = layer_times(rows, s.H, s.I, args.tflops, args.tbps)
+        (b_step, b_mix), (s_step, s_mix) = out["balanced"], out["skewed"]
+        print(f"{name:16s} {1e3 * b_step:14.2f} {1e3 * s_step:14.2f} {100 * (s_step / b_step - 1):+5.1f}%   "
+              f"{1e3 * b_mix:13.2f} {1e3 * s_mix:13.2f} {100 * (s_mix / b_mix - 1):+5.1f}%", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
