@@ -50,7 +50,8 @@ def main(argv=None) -> int:
         try:
             tile, stages, group, *schedule = v.split("/")
             tn, tk = (int(t) for t in tile.split("x"))
-            variants[v] = dict(tile=(tn, tk), stages=int(stages.removeprefix("s")), group_n=int(group.removeprefix("g")))
+            variants[v] = dict(tile=(tn, tk), stages=int(stages.removeprefix("s")),
+                               group_n=int(group.removeprefix("g")))
             if schedule == ["mix"]:
                 variants[v]["mix"] = True
             elif schedule:

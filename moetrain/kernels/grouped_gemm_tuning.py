@@ -109,9 +109,6 @@ PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 4, 4, group_m=1, kernel="pingpong"),
 )
-# On trial (bench gemm's sweep and the sm_90a compile test only, not the autotuner: never run on a GPU yet): the
-# ping-pong weight gradient with x's rows gathered by a fourth warpgroup (cp.async), the permuted copy of x never
-# made; K a multiple of 128.
 # On trial: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order, so that
 # under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (session 11: skew cost the
 # DeepSeek-V3 layer +30%, padding alone +13-16%). GPU-tested (session 11, call J); timed there against one cohort:
@@ -124,6 +121,9 @@ TRIAL_PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=4),
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", mix=True),
 )
+# On trial (bench gemm's sweep, the sm_90a compile test and the GPU tests, not the autotuner): the ping-pong weight
+# gradient with x's rows gathered by a fourth warpgroup (cp.async), the permuted copy of x never made; K a multiple
+# of 128. GPU-tested in session 11 (call B), and 1.3-1.8x slower than the copy + ping-pong (bench/NOTES.md).
 TRIAL_PINGPONG_GATHER_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 3, 4, group_m=8, kernel="pingpong"),
@@ -159,10 +159,10 @@ def interpreting() -> bool:
 # shared memory, no spills, wgmma, pipelined) and timed by `moetrain bench gemm`, but not yet run on a GPU by
 # the correctness tests, so the run-time autotuner does not pick them. Promote them once they have.
 # Also here, though they passed their GPU tests: the two-programs-per-SM configs. They won only the gathered weight
-# gradient, which no layer ran (the permuted copy + weight gradient beat it everywhere, sessions 7-11), and one launch of any of them left the
-# ping-pong weight gradient ~27% slower for a while after (session 10, wgrad_state.py): timed after them, the
-# ping-pong lost the autotuner's choice at DeepSeek-V3's FC1, where it makes the layer 5-7% faster than that pick (session 11,
-# layer_wgrad_ab.py; bench/NOTES.md).
+# gradient, which no layer ran (the permuted copy + weight gradient beat it everywhere, sessions 7-11), and one
+# launch of any of them left the ping-pong weight gradient ~27% slower for a while after (session 10,
+# wgrad_state.py): timed after them, the ping-pong lost the autotuner's choice at DeepSeek-V3's FC1, where it makes
+# the layer 5-7% faster than that pick (session 11, layer_wgrad_ab.py; bench/NOTES.md).
 TWO_PER_SM_CONFIGS = (
     GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
     GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),

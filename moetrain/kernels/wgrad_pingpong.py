@@ -17,14 +17,16 @@ Row ranges use the "ragged" 4-D TMA descriptors of grouped_gemm.py (loads past a
 With gather_rows (FC1's weight gradient, x read from the token rows without the permuted copy) a fourth warpgroup
 copies each step's x rows with cp.async, since Hopper's TMA cannot gather rows; its address arithmetic, which made
 our Triton kernel's pointer-gathered operand ~0.7x as fast as TMA (session 9), runs beside the MMAs. On trial: it
-was written after session 10's device time was spent (scripts/h200_next_gather.sh runs it first).
+was 1.3-1.8x slower than the permuted copy + this kernel (session 11): one warpgroup of copies cannot feed two of
+MMAs.
+Tile order: group-major, every program on the same group at once. Two schedules for skewed routing, where small
+groups' one-step tiles are bound by their dw stores (_tile: COHORTS, MIX; on trial, bench/NOTES.md session 11).
 
 Measured on the H200 (session 10, bench/NOTES.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
 with bands (GROUP_N 8), about level at EP8's long reductions. grouped_gemm_wgrad offers it to the autotuner
 (grouped_gemm_tuning.PINGPONG_WGRAD_CONFIGS) where it applies: Hopper, bf16, TMA-aligned, rows not gathered.
 Its speed depends on what the process ran before: after one launch of any two-programs-per-SM grouped GEMM config
-it ran ~27% slower for the rest of the process when each call was timed from an idle GPU (not explained yet); the
-autotuner times it in the process's own state, which does not revert.
+it ran ~27% slower for a while (not explained; session 10-11), so those configs left the autotuner's candidates.
 """
 
 from __future__ import annotations
