@@ -60,6 +60,7 @@ import triton.language as tl
 
 from moetrain.kernels import cuda_device
 from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
+from moetrain.kernels.schedule import skew_schedule
 
 from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
     INTERPRETER_PROGRAMS, PINGPONG_WGRAD_CONFIGS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for,
@@ -119,16 +120,25 @@ RAGGED = tl.constexpr(RAGGED_ROWS)  # the same, visible inside kernels
 
 # Row-group scheduling of the forward / dgrad kernel, as jit helpers.
 @triton.jit
-def _row_tiles(offs_ptr, M, OUT, G, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-               PART: tl.constexpr, BIG_M: tl.constexpr):
-    """Every group's row end (ends [BLOCK_G]), the cumulative tile count per group (tile_ends), the tile total
-    and the column tiles per row tile, for this launch's segment of each group (PART, see TAIL SPLIT)."""
+def _row_tiles(offs_ptr, sched_ptr, M, OUT, G, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_G: tl.constexpr, PART: tl.constexpr, BIG_M: tl.constexpr, MIX: tl.constexpr):
+    """Per slot of the group order (the groups themselves; MIX: sched_ptr's order, see schedule.py) [BLOCK_G]: the
+    group's row end (ends) and start (starts), the group (groups), the cumulative tile count (tile_ends); the tile
+    total and the column tiles per row tile, for this launch's segment of each group (PART, see TAIL SPLIT)."""
     # Row range of every group, in registers. Slots past G repeat the last end (empty groups).
     gi = tl.arange(0, BLOCK_G)
-    ends = tl.load(offs_ptr + tl.minimum(gi, G - 1))
-    ends = tl.minimum(tl.maximum(ends, 0), M)
-    starts = tl.load(offs_ptr + tl.maximum(tl.minimum(gi - 1, G - 1), 0), mask=gi > 0, other=0)
-    starts = tl.minimum(tl.maximum(starts, 0), M)
+    if MIX:
+        groups = tl.load(sched_ptr + tl.minimum(gi, G - 1))
+        ends = tl.load(offs_ptr + groups)
+        ends = tl.minimum(tl.maximum(ends, 0), M)
+        starts = tl.load(offs_ptr + tl.maximum(groups - 1, 0), mask=groups > 0, other=0)
+        starts = tl.where(gi < G, tl.minimum(tl.maximum(starts, 0), M), ends)  # slots past G: empty
+    else:  # (in this order: the pointer-load configs sit at 255 registers, and ptxas spilled when it changed)
+        groups = gi
+        ends = tl.load(offs_ptr + tl.minimum(gi, G - 1))
+        ends = tl.minimum(tl.maximum(ends, 0), M)
+        starts = tl.load(offs_ptr + tl.maximum(tl.minimum(gi - 1, G - 1), 0), mask=gi > 0, other=0)
+        starts = tl.minimum(tl.maximum(starts, 0), M)
     rows = tl.maximum(ends - starts, 0)
     # This launch's segment [seg_s, seg_e) of every group.
     if PART == 0:
@@ -144,21 +154,29 @@ def _row_tiles(offs_ptr, M, OUT, G, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
         seg_e = tl.where(rows - whole_rows <= BIG_M // 2, ends, seg_s)
     row_tiles = (tl.maximum(seg_e - seg_s, 0) + BLOCK_M - 1) // BLOCK_M
     n_tiles = (OUT + BLOCK_N - 1) // BLOCK_N
-    tile_ends = tl.cumsum(row_tiles, 0) * n_tiles  # group g owns tiles [tile_ends[g-1], tile_ends[g])
+    tile_ends = tl.cumsum(row_tiles, 0) * n_tiles  # slot s owns tiles [tile_ends[s-1], tile_ends[s])
     total = tl.max(tile_ends, 0)
-    return ends, tile_ends, total, n_tiles
+    return ends, starts, groups, tile_ends, total, n_tiles
 
 
 @triton.jit
-def _tile_at(tile, ends, tile_ends, M, n_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-             PART: tl.constexpr, BIG_M: tl.constexpr):
+def _tile_at(tile, ends, starts, groups, tile_ends, M, n_tiles, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, PART: tl.constexpr, BIG_M: tl.constexpr,
+             MIX: tl.constexpr):
     """(group g, first row m0, first column n0, the group's row end) of work tile ``tile``."""
-    # The tile's group: the number of groups whose tiles all come before it.
+    # The tile's slot: the number of slots whose tiles all come before it.
     before = tile_ends <= tile
-    g = tl.sum(before.to(tl.int32), 0)
+    slot = tl.sum(before.to(tl.int32), 0)
     tile0 = tl.max(tl.where(before, tile_ends, 0), 0)
-    row0 = tl.max(tl.where(before, ends, 0), 0)
-    row_end = tl.min(tl.where(before, M, ends), 0)
+    if MIX:  # slots in sched order: the group and its rows picked out of the slot vectors
+        here = tl.arange(0, ends.shape[0]) == slot
+        g = tl.sum(tl.where(here, groups, 0), 0)
+        row0 = tl.sum(tl.where(here, starts, 0), 0)
+        row_end = tl.sum(tl.where(here, ends, 0), 0)
+    else:  # slots are the groups in order: the group starts where the previous one ends
+        g = slot
+        row0 = tl.max(tl.where(before, ends, 0), 0)
+        row_end = tl.min(tl.where(before, M, ends), 0)
     # This launch's segment of the group, as in _row_tiles but in scalars (no more vectors live in the loop)
     if PART == 1:
         whole = (row_end - row0) // BLOCK_M * BLOCK_M
@@ -214,6 +232,7 @@ def _rowgroup_kernel(
     w_ptr, w_desc,  # w [G, D1, D2]; w_desc 3-D, block [1, BLOCK_N, BLOCK_K] (forward) / [1, BLOCK_K, BLOCK_N]
     out_ptr, out_desc,  # out [M, OUT]; out_desc ragged 4-D, block [1, 1, BLOCK_M, BLOCK_N]
     offs_ptr,  # [G] int32
+    sched_ptr,  # MIX: [G + 1] int32, schedule.skew_schedule(offs) (else unused)
     M, OUT, RED, G,
     stride_am, stride_wg, stride_w1, stride_om,
     NUM_PROGS,
@@ -223,17 +242,28 @@ def _rowgroup_kernel(
     GATHER: tl.constexpr,
     PART: tl.constexpr,  # 0: every row; 1: body (see TAIL SPLIT); 2: tail, with BIG_M the body's BLOCK_M
     BIG_M: tl.constexpr,
+    MIX: tl.constexpr,  # groups in sched_ptr's order; on skewed routing half the programs walk backwards
 ):
     pid = tl.program_id(0)
     out_dtype = out_ptr.dtype.element_ty
-    ends, tile_ends, total, n_tiles = _row_tiles(offs_ptr, M, OUT, G, BLOCK_M, BLOCK_N, BLOCK_G, PART, BIG_M)
+    ends, starts, groups, tile_ends, total, n_tiles = _row_tiles(offs_ptr, sched_ptr, M, OUT, G, BLOCK_M, BLOCK_N,
+                                                                 BLOCK_G, PART, BIG_M, MIX)
     k_tiles = (RED + BLOCK_K - 1) // BLOCK_K
     rm = tl.arange(0, BLOCK_M)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
+    backwards = False
+    count = 0
+    if MIX:  # this program's tiles in reverse (light groups first) where the routing is skewed: schedule.py
+        backwards = (pid * 2 >= NUM_PROGS) & (tl.load(sched_ptr + G) != 0)
+        count = (total - pid + NUM_PROGS - 1) // NUM_PROGS
 
-    for tile in tl.range(pid, total, NUM_PROGS, flatten=FLATTEN):
-        g, m0, n0, row_end = _tile_at(tile, ends, tile_ends, M, n_tiles, BLOCK_M, BLOCK_N, GROUP_M, PART, BIG_M)
+    for step_tile in tl.range(pid, total, NUM_PROGS, flatten=FLATTEN):
+        tile = step_tile
+        if MIX:
+            tile = tl.where(backwards, pid + (count - 1 - (step_tile - pid) // NUM_PROGS) * NUM_PROGS, step_tile)
+        g, m0, n0, row_end = _tile_at(tile, ends, starts, groups, tile_ends, M, n_tiles, BLOCK_M, BLOCK_N, GROUP_M,
+                                      PART, BIG_M, MIX)
         w_base = w_ptr + g.to(tl.int64) * stride_wg
         row_ok = (m0 + rm) < row_end
         a_rows = _a_rows(a_ptr, gather_ptr, m0, rm, row_ok, stride_am, GATHER)
@@ -516,7 +546,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         return out.zero_()
     tma_ok = _tma_ok(a, w, out) and M < RAGGED_ROWS
 
-    def launch(cfg: GemmConfig, part: int, big_m: int):
+    def launch(cfg: GemmConfig, part: int, big_m: int, sched: torch.Tensor):
         use_tma = cfg.use_tma and tma_ok
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         if use_tma:
@@ -528,16 +558,17 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             a_desc, w_desc, out_desc = a, w, out
         nprog = _row_programs(a.device, cfg, M, G, OUT, bn, part, num_programs)
         _rowgroup_kernel[(nprog,)](
-            a, a_desc, offs if gather is None else gather, w, w_desc, out, out_desc, offs, M, OUT, RED, G,
+            a, a_desc, offs if gather is None else gather, w, w_desc, out, out_desc, offs, sched, M, OUT, RED, G,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0), nprog,
             DGRAD=dgrad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
             BLOCK_G=_block_g(G), USE_TMA=use_tma,
             FLATTEN=not interpreting(), PRECISION=_precision(a.dtype), GATHER=gather is not None,
-            PART=part, BIG_M=big_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PART=part, BIG_M=big_m, MIX=cfg.mix, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
     def run(cfg: GemmConfig):
-        _run_tail_split(cfg, launch)
+        sched = skew_schedule(offs) if cfg.mix else offs  # (unused without MIX)
+        _run_tail_split(cfg, lambda c, part, big_m: launch(c, part, big_m, sched))
 
     op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
     key = (op, a.dtype, a.device, OUT, RED, rows_bucket(M, G), tma_ok)

@@ -33,7 +33,8 @@ class GemmConfig:
     kernel (wgrad): "triton" (_wgrad_kernel) or "pingpong" (wgrad_pingpong.py: Gluon, Hopper, bf16, TMA; a
     producer warp and two consumer warpgroups, each with its own BLOCK_M x BLOCK_N tile; num_warps is per consumer).
     cohorts (pingpong): groups of programs that start at different points of the tile order (wgrad_pingpong._tile).
-    mix (pingpong): groups heaviest first, half the programs walking backwards on skewed routing (_tile, MIX).
+    mix (pingpong, forward / dgrad): groups heaviest first, half the programs walking backwards on skewed routing
+    (schedule.py; the kernels' MIX).
     """
 
     block_m: int
@@ -61,8 +62,9 @@ class GemmConfig:
         split = "/split" if self.tail_split else ""
         band = "" if self.group_m == 8 else f"/g{self.group_m}"
         store = "" if self.tma_store or not self.use_tma else "/rstore"
+        mix = "/mix" if self.mix else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}{split}"
-                f"{band}{store}")
+                f"{band}{store}{mix}")
 
 
 @functools.cache  # every tail-split launch asks (dataclasses.replace: ~35 us of host time per layer call)
@@ -114,8 +116,8 @@ PINGPONG_WGRAD_CONFIGS = (
 # DeepSeek-V3 layer +30%, padding alone +13-16%). GPU-tested (session 11, call J); timed there against one cohort:
 # 2 cohorts 6% faster at DeepSeek-V3's FC1 on skewed routing, 8% slower on balanced (half as many programs share
 # each group's operands in L2), no gain at Qwen3; 4 slower everywhere. Kept for a skew-aware choice. And "mix"
-# (written after that call, not yet run on a GPU): groups heaviest first, and only where the routing is skewed,
-# half the programs walking backwards (light groups under heavy ones); on balanced routing every program in step.
+# (written after that call, not yet run on a GPU; schedule.py): groups heaviest first, and only where the routing is
+# skewed, half the programs walking backwards (light groups under heavy ones); on balanced routing all in step.
 TRIAL_PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=2),
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=4),
@@ -167,7 +169,8 @@ TWO_PER_SM_CONFIGS = (
     GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
     GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
 )
-TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS
+# On trial, not yet run on a GPU: the usual forward / data gradient pick with the "mix" schedule (schedule.py).
+TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),)
 TRIAL_WGRAD_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
     # (session 6: they lost everywhere; kept as the reference for the next ones). Refuted in session 8 and dropped:

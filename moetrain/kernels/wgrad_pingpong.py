@@ -42,13 +42,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from moetrain.kernels import cuda_device
 from moetrain.kernels.grouped_gemm import RAGGED_ROWS
 from moetrain.kernels.host import cdiv
+from moetrain.kernels.schedule import skew_schedule
 
 BLOCK_N = 128  # dw tile rows (over N), by default
 BLOCK_K = 128  # dw tile columns (over K), by default
 TILES = ((128, 128), (64, 256))  # a consumer's dw tile: its fp32 accumulator is 128 registers per thread either way
 BLOCK_R = 64  # reduction step: grouped rows per stage
 COHORT_CHOICES = (1, 2, 4)  # _tile's cohorts of programs
-SKEWED_SHARE = 8  # skew_schedule: routing is skewed when at least 1/8 of the groups have under one step of rows
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (setmaxnreg)
 CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup (a 128x128 fp32 accumulator: 128)
 # With x's rows gathered, a fourth warpgroup copies them (cp.async): the register file (512 per thread summed over
@@ -71,10 +71,10 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
     (and wrapping round), so that the cohorts work on different groups at once: with skewed routing a small group's
     tiles (one step, then a 32 KB store: bound by HBM writes) overlap a big group's (many steps: bound by the tensor
     cores) instead of every program storing at once. Each program still computes the same tiles.
-    MIX: the groups in the order sched_ptr[0:G] (heaviest first: skew_schedule), and where sched_ptr[G] is set (the
-    routing is skewed), the second half of the programs walks its tiles backwards: light groups' store-bound tiles
-    under heavy groups' MMA-bound ones, from the start. Unset (near-balanced routing): every program in step, as
-    without MIX, so the programs at work at once share one group's operands in L2."""
+    MIX: the groups in the order sched_ptr[0:G] (heaviest first: schedule.skew_schedule), and where sched_ptr[G] is
+    set (the routing is skewed), the second half of the programs walks its tiles backwards: light groups'
+    store-bound tiles under heavy groups' MMA-bound ones, from the start. Unset (near-balanced routing): every
+    program in step, as without MIX, so the programs at work at once share one group's operands in L2."""
     if COHORTS > 1:
         pid = gl.program_id(0)
         count = (total - pid + NUM_PROGS - 1) // NUM_PROGS  # this program's tiles
@@ -213,7 +213,7 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
                            NUM_PROGS, STAGES: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr,
                            MIX: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr, num_warps: gl.constexpr):
     """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused).
-    MIX: sched_ptr [G + 1] int32 (skew_schedule); else unused."""
+    MIX: sched_ptr [G + 1] int32 (schedule.skew_schedule); else unused."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
     TK: gl.constexpr = dw_desc.block_type.shape[2]
     BR: gl.constexpr = dy_desc.block_type.shape[2]
@@ -272,17 +272,6 @@ def _ragged_desc(t: torch.Tensor, block: list):
     full = [1, 1, *block]
     return TensorDescriptor(t, [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, t.shape[1]], [(1 << 34) - rs, rs, rs, 1], full,
                             _layout(full))
-
-
-def skew_schedule(offs: torch.Tensor, step_rows: int = BLOCK_R) -> torch.Tensor:
-    """The MIX schedule of offs [G] int32 (group ends): [G + 1] int32 on offs' device, made without a host sync (CUDA
-    graphs): the groups by row count, heaviest first (stable: ties keep their order), then 1 where at least
-    1/SKEWED_SHARE of the groups have fewer rows than one reduction step of ``step_rows`` (each of their dw tiles is
-    one MMA step and a store), else 0."""
-    rows = torch.diff(offs, prepend=offs.new_zeros(1))
-    order = torch.argsort(rows, descending=True, stable=True).to(torch.int32)
-    skewed = ((rows < step_rows).sum() * SKEWED_SHARE >= offs.numel()).to(torch.int32).reshape(1)
-    return torch.cat([order, skewed])
 
 
 def _maxnreg(gather: bool) -> int:

@@ -8,6 +8,8 @@ CUDA in float32 (IEEE dots). Outputs are poisoned with NaN before every run.
 Legend: M rows, G groups, N = w.shape[1], K = w.shape[2].
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -169,7 +171,7 @@ def test_pingpong_wgrad_config_refused_where_it_cannot_run():
 def test_skew_schedule_orders_groups_and_flags_skew_without_a_sync():
     # the ping-pong's "mix" schedule: groups heaviest first (ties in order), and the flag set when at least 1/8 of
     # the groups have under one reduction step (64 rows) of rows
-    from moetrain.kernels.wgrad_pingpong import SKEWED_SHARE, skew_schedule
+    from moetrain.kernels.schedule import SKEWED_SHARE, skew_schedule
 
     balanced = torch.arange(1, 9, dtype=torch.int32) * 256
     assert skew_schedule(balanced).tolist() == list(range(8)) + [0]
@@ -181,6 +183,34 @@ def test_skew_schedule_orders_groups_and_flags_skew_without_a_sync():
         return skew_schedule(ends.to(torch.int32))[-1].item()
 
     assert SKEWED_SHARE == 8 and (flag(1), flag(2), flag(3)) == (0, 1, 1)  # 1/8 of 16 groups is 2
+
+
+MIX_CASES = [
+    # skewed (3 of 6 groups under 64 rows: the flag set, half the programs walk backwards), trailing rows
+    ("skewed", [150, 150, 160, 230, 231, 240], 250),
+    ("balanced", [70, 140, 210, 280], 285),  # every group >= 64 rows: the flag unset, groups heaviest first
+]
+
+
+@pytest.mark.parametrize("name,offs,m", MIX_CASES, ids=[c[0] for c in MIX_CASES])
+@pytest.mark.parametrize("cfg", [gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True, tail_split=True, mix=True),
+                                 gg.GemmConfig(32, 32, 16, 1, 4, use_tma=False, group_m=2, mix=True)], ids=str)
+@pytest.mark.parametrize("programs", [3, 4])
+def test_mix_schedule_forward_and_dgrad(name, offs, m, cfg, programs):
+    # the forward / data gradient with the groups in schedule.skew_schedule's order (and on skewed routing half the
+    # programs walking backwards): the same tiles as the plain schedule, so the same result bit for bit; and exact
+    # against the float64 reference, every output row written (poisoned before)
+    from moetrain.kernels.schedule import skew_schedule
+
+    x, w, dy, offs_t = make(offs, m, 40, 24, seed=21)
+    assert skew_schedule(offs_t)[-1].item() == (name == "skewed")
+    plain = dataclasses.replace(cfg, mix=False)
+    y = gg.grouped_gemm_fwd(x, w, offs_t, config=cfg, out=poisoned(m, 40), num_programs=programs)
+    assert rel_err(y, gg.grouped_gemm_ref(x.double(), w.double(), offs_t)) < FP32_BOUND
+    assert torch.equal(y, gg.grouped_gemm_fwd(x, w, offs_t, config=plain, num_programs=programs))
+    dx = gg.grouped_gemm_dgrad(dy, w, offs_t, config=cfg, out=poisoned(m, 24), num_programs=programs)
+    assert rel_err(dx, gg.grouped_gemm_dgrad_ref(dy.double(), w.double(), offs_t)) < FP32_BOUND
+    assert torch.equal(dx, gg.grouped_gemm_dgrad(dy, w, offs_t, config=plain, num_programs=programs))
 
 
 def test_default_config_path_and_shape_errors():
