@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import triton
 
-from moetrain.kernels.grouped_gemm import _block_g, _rowgroup_kernel, _wgrad_kernel
+from moetrain.kernels.grouped_gemm import _block_g
+from moetrain.kernels.grouped_gemm_kernels import _rowgroup_kernel, _wgrad_kernel
 from moetrain.kernels.grouped_gemm_tuning import GemmConfig
 
 

@@ -13,7 +13,7 @@ warp samples) and the TMA issue (17%) stall the MMAs (bench/NOTES.md, session 9)
   store) the other issues its MMAs. This is CUTLASS's "ping-pong" schedule.
 Each consumer's fp32 accumulator is 128x128 (128 registers per thread); a 128x256 accumulator would not fit one
 warpgroup. The price: 128x128 tiles read a third more operand bytes per FLOP than 128x256 ones.
-Row ranges use the "ragged" 4-D TMA descriptors of grouped_gemm.py (loads past a group's end read zeros).
+Row ranges use the "ragged" 4-D TMA descriptors of grouped_gemm_kernels.py (loads past a group's end read zeros).
 With gather_rows (FC1's weight gradient, x read from the token rows without the permuted copy) a fourth warpgroup
 copies each step's x rows with cp.async, since Hopper's TMA cannot gather rows; its address arithmetic, which made
 our Triton kernel's pointer-gathered operand ~0.7x as fast as TMA (session 9), runs beside the MMAs. On trial: it
@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from moetrain.kernels import cuda_device
-from moetrain.kernels.grouped_gemm import RAGGED_ROWS
+from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
 from moetrain.kernels.host import cdiv
 from moetrain.kernels.schedule import skew_schedule
 
