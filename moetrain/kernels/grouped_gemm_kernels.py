@@ -151,16 +151,20 @@ def _rowgroup_kernel(
     rm = tl.arange(0, BLOCK_M)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    backwards = False
+    skewed = False
     count = 0
-    if MIX:  # this program's tiles in reverse (light groups first) where the routing is skewed: schedule.py
-        backwards = (pid * 2 >= NUM_PROGS) & (tl.load(sched_ptr + G) != 0)
+    if MIX:  # where the routing is skewed (schedule.py): half the programs walk their tiles in reverse (light groups
+        # first), and odd full rounds are dealt from the last program down (each program gets as much work)
+        skewed = tl.load(sched_ptr + G) != 0
         count = (total - pid + NUM_PROGS - 1) // NUM_PROGS
 
     for step_tile in tl.range(pid, total, NUM_PROGS, flatten=FLATTEN):
         tile = step_tile
         if MIX:
-            tile = tl.where(backwards, pid + (count - 1 - (step_tile - pid) // NUM_PROGS) * NUM_PROGS, step_tile)
+            j = (step_tile - pid) // NUM_PROGS
+            j = tl.where(skewed & (pid * 2 >= NUM_PROGS), count - 1 - j, j)
+            q = tl.where(skewed & (j % 2 == 1) & (j < total // NUM_PROGS), NUM_PROGS - 1 - pid, pid)
+            tile = j * NUM_PROGS + q
         g, m0, n0, row_end = _tile_at(tile, ends, starts, groups, tile_ends, M, n_tiles, BLOCK_M, BLOCK_N, GROUP_M,
                                       PART, BIG_M, MIX)
         w_base = w_ptr + g.to(tl.int64) * stride_wg
