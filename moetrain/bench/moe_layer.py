@@ -553,8 +553,24 @@ def main(argv=None) -> None:
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))
             torch.cuda.empty_cache()
+    for line in skew_summary(rows):
+        print(line, flush=True)
     if "auto" in backends:
         print_auto_choices()
+
+
+def skew_summary(rows: list[dict]) -> list[str]:
+    """One line per shape timed on both routings: each contender's skewed time over its balanced time (#6 asks
+    ours to stay within 10%), from bench rows (run_shape's dicts)."""
+    ms = {(r["shape"], r["routing"], r["contender"]): r["ms"] for r in rows}
+    lines = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        cells = [f"{name} {100 * (ms[(shape, 'skewed', name)] / t - 1):+.1f}%"
+                 for (s, routing, name), t in ms.items()
+                 if s == shape and routing == "balanced" and (shape, "skewed", name) in ms]
+        if cells:
+            lines.append(f"{shape}: skewed over balanced: " + ", ".join(cells))
+    return lines
 
 
 if __name__ == "__main__":

@@ -57,3 +57,14 @@ def test_bad_arguments_are_one_line_errors_before_any_gpu_check(argv, match):
 
     with pytest.raises(UserError, match=match):
         main(argv)
+
+
+def test_skew_summary_compares_each_contender_across_routings():
+    from moetrain.bench.moe_layer import skew_summary
+
+    rows = [{"shape": "a", "routing": "balanced", "contender": "ours", "ms": 10.0},
+            {"shape": "a", "routing": "balanced", "contender": "ref", "ms": 20.0},
+            {"shape": "a", "routing": "skewed", "contender": "ours", "ms": 11.5},
+            {"shape": "a", "routing": "skewed", "contender": "ref", "ms": 19.0},
+            {"shape": "b", "routing": "balanced", "contender": "ours", "ms": 5.0}]  # one routing only: no line
+    assert skew_summary(rows) == ["a: skewed over balanced: ours +15.0%, ref -5.0%"]
