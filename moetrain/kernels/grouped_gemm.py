@@ -63,8 +63,7 @@ from moetrain.kernels.schedule import skew_schedule
 
 from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
     INTERPRETER_PROGRAMS, PINGPONG_WGRAD_CONFIGS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for,
-    interpreter_numpy_shim,
-    interpreting, pick_config, tail_config)
+    interpreter_numpy_shim, interpreting, pick_config, tail_config)
 
 # ----------------------------------------------------------------------------------------------
 # References (obviously correct; they read offs on the host).

@@ -242,7 +242,8 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
-    # (the partition lists are spelled out: a jit function cannot be held in a variable)
+    # (the partition lists are spelled out: a jit function cannot be held in a variable, and argument tuples held in
+    # variables lose their constexprs: tried in session 11, TN and TK then reach reshape as tensors)
     if GATHER:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,

@@ -23,61 +23,59 @@ def kernel():
     return wgrad_pingpong
 
 
+M, G, N, K = 9000, 24, 768 + 64, 1024 + 8  # skewed-routing tests: partial tiles over N and K
+
+
 @pytest.mark.parametrize("tile, stages, group_n", [((128, 128), 3, 8), ((128, 128), 4, 1), ((128, 128), 5, 8),
                                                    ((64, 256), 4, 8), ((64, 256), 3, 4)])
 def test_matches_float64_on_skewed_routing(tile, stages, group_n):
     wp = kernel()
-    m, g, n, k = 9000, 24, 768 + 64, 1024 + 8  # partial tiles over N and K
-    offs = skewed_offs_cuda(m, g, seed=11)
+    offs = skewed_offs_cuda(M, G, seed=11)
     torch.manual_seed(12)
-    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=stages, group_n=group_n, tile=tile,
-                                         out=torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16))
+                                         out=torch.full((G, N, K), float("nan"), device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
     assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    check_groups_fp64("wgrad", got, dy, x, offs, range(g))
+    check_groups_fp64("wgrad", got, dy, x, offs, range(G))
+
+
+def check_same_tiles_as_plain(offs, seed: int, programs, **schedule):
+    """A schedule (cohorts=, mix=) only reorders tiles: each dw tile is reduced in the same order by the same code,
+    so the result is bitwise the plain kernel's; every output written (NaN-poisoned first) and exact against
+    float64."""
+    wp = kernel()
+    torch.manual_seed(seed)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    poisoned = torch.full((G, N, K), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, out=poisoned, num_programs=programs, **schedule)
+    plain = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, num_programs=programs)
+    torch.cuda.synchronize()
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
+    assert torch.equal(got, plain)
+    check_groups_fp64("wgrad", got, dy, x, offs, range(G))
 
 
 @pytest.mark.parametrize("cohorts, programs", [(2, None), (4, None), (4, 7), (2, 3)])
 def test_cohorts_compute_the_same_tiles_in_another_order(cohorts, programs):
-    # cohorts only reorder each program's tiles (wgrad_pingpong._tile): each dw tile is reduced in the same order by
-    # the same code, so the result is bitwise the one-cohort kernel's; and against float64 on skewed routing
-    wp = kernel()
-    m, g, n, k = 9000, 24, 768 + 64, 1024 + 8
-    offs = skewed_offs_cuda(m, g, seed=11)
-    torch.manual_seed(14)
-    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    poisoned = torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16)
-    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, out=poisoned, num_programs=programs, cohorts=cohorts)
-    one = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, num_programs=programs)
-    torch.cuda.synchronize()
-    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    assert torch.equal(got, one)
-    check_groups_fp64("wgrad", got, dy, x, offs, range(g))
+    kernel()
+    check_same_tiles_as_plain(skewed_offs_cuda(M, G, seed=11), 14, programs, cohorts=cohorts)
 
 
 @pytest.mark.parametrize("routing", ["skewed", "balanced"])
 @pytest.mark.parametrize("programs", [None, 7])
 def test_mix_computes_the_same_tiles_in_another_order(routing, programs):
-    # "mix" reorders groups (heaviest first) and, on skewed routing, walks half the programs' tiles backwards: the
-    # same tiles, reduced by the same code, so bitwise the plain kernel's result; and against float64
-    wp = kernel()
-    m, g, n, k = 9000, 24, 768 + 64, 1024 + 8
-    offs = (skewed_offs_cuda(m, g, seed=11) if routing == "skewed"
-            else torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g))
-    assert wp.skew_schedule(offs)[-1].item() == (routing == "skewed")  # both schedules taken
-    torch.manual_seed(15)
-    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    poisoned = torch.full((g, n, k), float("nan"), device="cuda", dtype=torch.bfloat16)
-    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, out=poisoned, num_programs=programs, mix=True)
-    plain = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, num_programs=programs)
-    torch.cuda.synchronize()
-    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    assert torch.equal(got, plain)
-    check_groups_fp64("wgrad", got, dy, x, offs, range(g))
+    # "mix" reorders groups (heaviest first) and, on skewed routing, walks half the programs' tiles backwards and
+    # deals odd rounds in reverse program order
+    kernel()
+    from moetrain.kernels.schedule import skew_schedule
+
+    offs = (skewed_offs_cuda(M, G, seed=11) if routing == "skewed"
+            else torch.arange(1, G + 1, device="cuda", dtype=torch.int32) * (M // G))
+    assert skew_schedule(offs)[-1].item() == (routing == "skewed")  # both schedules taken
+    check_same_tiles_as_plain(offs, 15, programs, mix=True)
 
 
 def test_cohorts_outside_the_choices_are_refused():
