@@ -8,7 +8,8 @@ bench/NOTES.md session 11). The "mix" schedule (kernels' MIX constexpr) takes th
 the routing is skewed, walks half the programs' tiles backwards, so that light groups run under heavy ones, and
 deals odd rounds of tiles in reverse program order ("snake"): with the heaviest groups first that evens out the
 programs' work, which round-robin leaves uneven when a few groups have far more rows (Qwen3's skewed weight
-gradient: the busiest of 132 programs 7.5% over the mean, 1% with mix).
+gradient: the busiest of 132 programs 7.5% over the mean, 1% with mix). The index arithmetic is written twice, in
+grouped_gemm_kernels._rowgroup_kernel (Triton) and wgrad_pingpong._tile (Gluon): the two cannot share a jit function.
 """
 
 from __future__ import annotations

@@ -83,7 +83,6 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
         j = ((tile - pid) // NUM_PROGS + cohort * (count // COHORTS)) % count
         tile = pid + j * NUM_PROGS
     per_group = tiles_n * tiles_k
-    slot = tile // per_group
     if MIX:
         pid = gl.program_id(0)
         count = (total - pid + NUM_PROGS - 1) // NUM_PROGS
@@ -94,7 +93,7 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
         # the programs' work (Qwen3's skewed weight gradient: the busiest program 7.5% over the mean, 1% with this)
         q = gl.where(skewed & (j % 2 == 1) & (j < total // NUM_PROGS), NUM_PROGS - 1 - pid, pid)
         tile = j * NUM_PROGS + q
-        slot = tile // per_group
+    slot = tile // per_group
     local = tile - slot * per_group
     g = slot
     if MIX:
