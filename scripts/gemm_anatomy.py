@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     m, g, h, i = sweep.SHAPES[args.shape]
     if args.groups:
         m, g = m // g * args.groups, args.groups
-    n, k = (2 * i, h) if args.layer == "fc1" else (h, i)
+    n, k = sweep.layer_gemms(h, i)[args.layer]
     inputs, offs = sweep.make_inputs(m, g, n, k, 1, seed=0, gather=args.op.endswith("_gather"), routing=args.routing)
     a, b = sweep.op_inputs(args.op, inputs[0])
     want = sweep.torch_op(args.op, a, b, offs)

@@ -42,8 +42,10 @@ def group_times(r: int, n: int, k: int, tflops: float, tbps: float) -> list[tupl
 
 def layer_times(rows: list[int], h: int, i: int, tflops: float, tbps: float) -> tuple[float, float]:
     """The six GEMMs (FC1 w [2I, H], FC2 w [H, I]) in step and mixed, seconds."""
+    from moetrain.kernels import sweep_grouped_gemm as sweep
+
     in_step, mma, hbm = 0.0, 0.0, 0.0
-    for n, k in ((2 * i, h), (h, i)):
+    for n, k in sweep.layer_gemms(h, i).values():
         per_op = [[group_times(r, n, k, tflops, tbps)[o] for r in rows] for o in range(3)]
         for groups in per_op:
             in_step += sum(max(c, m) for c, m in groups)

@@ -34,6 +34,7 @@ def busiest_over_mean(rows: list[int], per_group: int, order, programs: int, sna
 
 def main(argv=None) -> int:
     from moetrain.bench import moe_layer as ml
+    from moetrain.kernels import sweep_grouped_gemm as sweep
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--programs", type=int, default=132, help="persistent programs (the H200's SMs)")
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
             ends = ml.routed_offs(s, routing, torch.device("cpu"))
             rows = torch.diff(ends, prepend=torch.zeros(1, dtype=ends.dtype)).tolist()
             heavy = sorted(range(len(rows)), key=lambda g: -rows[g])  # stable, as skew_schedule
-            for layer, (n, k) in (("fc1", (2 * s.I, s.H)), ("fc2", (s.H, s.I))):
+            for layer, (n, k) in sweep.layer_gemms(s.H, s.I).items():
                 per_group = math.ceil(n / 128) * math.ceil(k / 128)
                 cells = [busiest_over_mean(rows, per_group, order, args.programs, snake)
                          for order, snake in ((range(len(rows)), False), (range(len(rows)), True), (heavy, False),

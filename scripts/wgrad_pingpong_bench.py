@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         m, g, h, i = sweep.SHAPES[shape]
         if args.groups:
             m, g = m // g * args.groups, args.groups
-        for layer, (n, k) in (("fc1", (2 * i, h)), ("fc2", (h, i))):
+        for layer, (n, k) in sweep.layer_gemms(h, i).items():
             if layer not in args.layers.split(",") or (args.gather and layer != "fc1"):
                 continue
             gen = torch.Generator(device="cuda").manual_seed(0)

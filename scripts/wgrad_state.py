@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("scripts/wgrad_state.py times GPU kernels: no CUDA device visible")
     m, g, h, i = sweep.SHAPES[args.shape]
-    n, k = (2 * i, h) if args.layer == "fc1" else (h, i)
+    n, k = sweep.layer_gemms(h, i)[args.layer]
     inputs, offs = sweep.make_inputs(m, g, n, k, 1, seed=0, gather=False)
     x, _, dy, _, _ = inputs[0]
     out = torch.empty(g, n, k, device="cuda", dtype=torch.bfloat16)

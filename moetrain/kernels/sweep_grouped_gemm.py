@@ -54,6 +54,11 @@ FINAL_ROUNDS = 5
 BOUND = 1e-2  # bf16 outputs of two fp32-accumulating GEMMs, and bf16 vs fp64
 
 
+def layer_gemms(h: int, i: int) -> dict:
+    """A layer's two expert GEMMs as (N, K) of their weights w [G, N, K]: FC1 [2I, H] (gate and up), FC2 [H, I]."""
+    return {"fc1": (2 * i, h), "fc2": (h, i)}
+
+
 def log(msg: str, t0: float) -> None:
     print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
@@ -265,7 +270,7 @@ def main(argv=None) -> int:
         m, g, h, i = SHAPES[s]
         for routing in routings:
             name = s if routing == "balanced" else f"{s}/skew"
-            for fc, n, k in (("fc1", 2 * i, h), ("fc2", h, i)):
+            for fc, (n, k) in layer_gemms(h, i).items():
                 if time.time() - t0 > args.budget:
                     log(f"budget of {args.budget:.0f}s reached: skipping {name} {fc}", t0)
                     continue
