@@ -1,5 +1,5 @@
 # Sourced by the device scripts (scripts/h200_*.sh): the output folder ($1, else $OUT), the repository on the
-# Python path, unbuffered output, `filter` to drop warning noise from what comes back, and `gpu_tests SECONDS`.
+# Python path, unbuffered output, `filter` to drop warning noise from what comes back, and `gpu_tests SECONDS`, `gpu_test_subset`.
 # Call with `source scripts/device_common.sh "$@"` from the repository root (where the run tool starts).
 set -uo pipefail
 out="${1:-${OUT:-/tmp/moetrain-out}}"
@@ -11,6 +11,15 @@ filter() { grep -Ev "Warning|warn|softmax|Inductor|important use"; }
 gpu_tests() {
   timeout -k 10 "$1" python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 \
     | tee "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|Error|tiny step" | tail -8
+}
+# Some GPU tests, killed after SECONDS: `gpu_test_subset NAME SECONDS PYTEST_ARGS...`; the log goes to $out/NAME.log,
+# the summary lines to stdout; returns non-zero when a test failed or the run timed out (a hang: a barrier bug).
+gpu_test_subset() {
+  local name=$1 limit=$2; shift 2
+  timeout -k 10 "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider -rf "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  grep -E "passed|failed|FAILED|Error|Timeout" "$out/$name.log" | tail -6
+  [ "$rc" -eq 0 ] || { echo "== $name: pytest exit $rc"; return 1; }
 }
 # Nsight Compute, when the machine has it: `ncu_profile NAME COMMAND...` profiles the launches COMMAND brackets with
 # cudaProfilerStart/Stop (full set, SASS with stall samples, clocks left alone) into $out/NAME.ncu-rep, writes the

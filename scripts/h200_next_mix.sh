@@ -6,10 +6,8 @@
 # Dirichlet-skewed routing, and its forward / data gradients in bench gemm's sweep (the mix config is on trial there).
 source scripts/device_common.sh "$@"
 echo "== GPU tests"
-timeout -k 5 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/kernels/test_wgrad_pingpong_gpu.py \
-  tests/kernels/test_grouped_gemm_gpu.py -k "mix or cohorts or trial" > "$out/mix_tests.log" 2>&1
-grep -E "passed|failed|FAILED|Error|Timeout" "$out/mix_tests.log" | tail -6
-grep -q "failed\|Timeout" "$out/mix_tests.log" && exit 1
+gpu_test_subset mix_tests 120 tests/kernels/test_wgrad_pingpong_gpu.py tests/kernels/test_grouped_gemm_gpu.py \
+  -k "mix or cohorts or trial" || exit 1
 echo "== weight gradient"
 timeout -k 5 90 python3 scripts/wgrad_pingpong_bench.py --shapes dsv3 --rounds 3 \
   --routing balanced,layer-skewed,skewed --variants 128x128/s4/g8,128x128/s4/g8/c2,128x128/s4/g8/mix \
