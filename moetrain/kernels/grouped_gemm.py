@@ -62,8 +62,8 @@ from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
 from moetrain.kernels.schedule import skew_schedule
 
 from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
-    INTERPRETER_PROGRAMS, PINGPONG_WGRAD_CONFIGS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig, configs_for,
-    interpreter_numpy_shim, interpreting, pick_config, tail_config)
+    INTERPRETER_PROGRAMS, PINGPONG_ROWGROUP_CONFIGS, PINGPONG_WGRAD_CONFIGS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig,
+    configs_for, interpreter_numpy_shim, interpreting, pick_config, tail_config)
 
 # ----------------------------------------------------------------------------------------------
 # References (obviously correct; they read offs on the host).
@@ -244,6 +244,10 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
     if G == 0 or RED == 0:
         return out.zero_()
     tma_ok = _tma_ok(a, w, out) and M < RAGGED_ROWS
+    pingpong_ok = tma_ok and gather is None and pingpong_applies(a)
+    if config is not None and config.kernel == "pingpong" and not pingpong_ok:
+        raise ValueError(f"grouped GEMM: config {config} needs a Hopper GPU, bf16, TMA-aligned tensors and rows not "
+                         "gathered")
 
     def launch(cfg: GemmConfig, part: int, big_m: int, sched: torch.Tensor):
         use_tma = cfg.use_tma and tma_ok
@@ -266,13 +270,20 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         )
 
     def run(cfg: GemmConfig):
+        if cfg.kernel == "pingpong":
+            from moetrain.kernels.rowgroup_pingpong import grouped_gemm_rowgroup_pingpong
+
+            grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, stages=cfg.num_stages, group_m=cfg.group_m,
+                                           tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs)
+            return
         sched = skew_schedule(offs) if cfg.mix else offs  # (unused without MIX)
         _run_tail_split(cfg, lambda c, part, big_m: launch(c, part, big_m, sched))
 
     op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
     key = (op, a.dtype, a.device, OUT, RED, rows_bucket(M, G), tma_ok)
     with _on_device(a.device):
-        run(pick_config(key, ROWGROUP_CONFIGS, config, run))
+        pingpong = PINGPONG_ROWGROUP_CONFIGS if pingpong_ok else ()
+        run(pick_config(key, ROWGROUP_CONFIGS + pingpong, config, run))
     return out
 
 
@@ -349,8 +360,9 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
 
 
 def pingpong_applies(dy: torch.Tensor) -> bool:
-    """Whether the ping-pong weight gradient (wgrad_pingpong.py) can run on dy's device and dtype: compiled kernels
-    (not the interpreter) on a Hopper GPU, bf16, and a triton with Gluon. The caller checks TMA alignment."""
+    """Whether the ping-pong kernels (wgrad_pingpong.py, rowgroup_pingpong.py) can run on dy's device and dtype:
+    compiled kernels (not the interpreter) on a Hopper GPU, bf16, and a triton with Gluon. The caller checks TMA
+    alignment."""
     if interpreting() or dy.device.type != "cuda" or dy.dtype != torch.bfloat16:
         return False
     return cuda_device.capability_major(dy.device) == 9 and _gluon_available()

@@ -25,8 +25,15 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
     from triton.compiler import ASTSource
 
     if config.kernel == "pingpong":
-        if op not in ("wgrad", "wgrad_gather") or dtype != "bf16":
-            raise ValueError(f"the ping-pong kernel computes bf16 weight gradients only (asked: {op}, {dtype})")
+        if op not in ("fwd", "dgrad", "wgrad", "wgrad_gather") or dtype != "bf16":
+            raise ValueError(f"the ping-pong kernels compute bf16 forwards, data and weight gradients, rows not "
+                             f"gathered in the forward (asked: {op}, {dtype})")
+        if op in ("fwd", "dgrad"):
+            from moetrain.kernels import rowgroup_pingpong
+
+            return rowgroup_pingpong.aot_compile(config.num_stages, (config.block_m, config.block_n),
+                                                 dgrad=op == "dgrad", capability=capability,
+                                                 group_m=config.group_m)
         from moetrain.kernels import wgrad_pingpong
 
         return wgrad_pingpong.aot_compile(config.num_stages, config.group_m, (config.block_m, config.block_n),

@@ -30,8 +30,9 @@ class GemmConfig:
     from registers.
     programs_per_sm: persistent programs per SM; 2 lets one program's epilogue overlap the
     other's main loop (the config must then fit two blocks' shared memory and registers).
-    kernel (wgrad): "triton" (_wgrad_kernel) or "pingpong" (wgrad_pingpong.py: Gluon, Hopper, bf16, TMA; a
-    producer warp and two consumer warpgroups, each with its own BLOCK_M x BLOCK_N tile; num_warps is per consumer).
+    kernel: "triton" (_rowgroup_kernel, _wgrad_kernel) or "pingpong" (Gluon, Hopper, bf16, TMA: wgrad_pingpong.py,
+    rowgroup_pingpong.py; a producer warp and two consumer warpgroups, each with its own BLOCK_M x BLOCK_N tile;
+    num_warps is per consumer).
     cohorts (pingpong): groups of programs that start at different points of the tile order (wgrad_pingpong._tile).
     mix (pingpong, forward / dgrad): groups heaviest first, half the programs walking backwards on skewed routing
     (schedule.py; the kernels' MIX).
@@ -111,13 +112,22 @@ PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 4, 4, group_m=1, kernel="pingpong"),
 )
+# The warp-specialized ping-pong forward / data gradient (rowgroup_pingpong.py; session 12, bench/NOTES.md): where it
+# applies (Hopper, bf16, TMA, rows not gathered). Level with torch._grouped_mm on the six GEMMs' sums at Qwen3,
+# GPT-OSS and Mixtral, 0-5% ahead of it on some ops, behind at DeepSeek-V3's (5-10%); the autotuner keeps it where
+# it wins. 64x256 consumer tiles were slower everywhere but DeepSeek-V3's FC2 data gradient.
+PINGPONG_ROWGROUP_CONFIGS = (
+    GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
+    GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
+)
 # On trial: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order, so that
 # under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (session 11: skew cost the
 # DeepSeek-V3 layer +30%, padding alone +13-16%). GPU-tested (session 11, call J); timed there against one cohort:
 # 2 cohorts 6% faster at DeepSeek-V3's FC1 on skewed routing, 8% slower on balanced (half as many programs share
 # each group's operands in L2), no gain at Qwen3; 4 slower everywhere. Kept for a skew-aware choice. And "mix"
-# (written after that call, not yet run on a GPU; schedule.py): groups heaviest first, and only where the routing is
-# skewed, half the programs walking backwards (light groups under heavy ones); on balanced routing all in step.
+# (schedule.py): groups heaviest first, and only where the routing is skewed, half the programs walking backwards
+# (light groups under heavy ones). GPU-tested in session 12 (call A) and refuted there: at DeepSeek-V3's FC1 weight
+# gradient 11.4 ms on skewed routing against 9.9 for the plain schedule (and +3% on balanced).
 TRIAL_PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=2),
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=4),
@@ -145,8 +155,8 @@ INTERPRETER_PROGRAMS = 3
 _BEST: dict = {}  # autotune cache: key -> GemmConfig
 CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient; 4: the two-programs-per-SM configs
-# left them (winners tuned under another candidate list are re-tuned)
-CONFIG_CACHE_VERSION = 4
+# left them; 5: the ping-pong forward / data gradient joined (winners tuned under another candidate list are re-tuned)
+CONFIG_CACHE_VERSION = 5
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 
@@ -169,7 +179,8 @@ TWO_PER_SM_CONFIGS = (
     GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
     GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
 )
-# On trial, not yet run on a GPU: the usual forward / data gradient pick with the "mix" schedule (schedule.py).
+# On trial: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested in session 12
+# (call A): level with or slower than the plain schedule at DeepSeek-V3 on both routings (bench gemm's sweep).
 TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),)
 TRIAL_WGRAD_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
@@ -195,7 +206,9 @@ def configs_for(op: str, trial: bool = True) -> tuple:
                                                          if trial else ())
     if op == "wgrad_gather":
         return WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS + TRIAL_PINGPONG_GATHER_CONFIGS if trial else ())
-    return ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())
+    if op == "fwd_gather":
+        return ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())
+    return ROWGROUP_CONFIGS + PINGPONG_ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())
 
 
 def interpreter_numpy_shim() -> None:

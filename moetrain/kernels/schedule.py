@@ -1,16 +1,18 @@
 """Device-side tile schedules for the grouped GEMMs under skewed routing (plain torch, no triton).
 
 With group-major tiles every persistent program works on the same group at once. Under skewed routing a small
-group's tiles are bound by HBM (its weight slice read in the forward and data gradient, its dw written in the
-weight gradient: one MMA step each) and a big group's by the tensor cores, and in step they never overlap: by
-roofline that is +29-34% of DeepSeek-V3's six GEMMs against +13.6% when overlapped (scripts/skew_roofline.py,
-bench/NOTES.md session 11). The "mix" schedule (kernels' MIX constexpr) takes the groups heaviest first and, where
-the routing is skewed, walks half the programs' tiles backwards, so that light groups run under heavy ones, and
-deals odd rounds of tiles in reverse program order ("snake"): with the heaviest groups first that evens out the
-programs' work, which round-robin leaves uneven when a few groups have far more rows (Qwen3's skewed weight
-gradient: the busiest of 132 programs 7.5% over the mean, 1% with mix). The index arithmetic is written twice, in
-grouped_gemm_kernels._rowgroup_kernel (Triton) and wgrad_pingpong._tile (Gluon): the two cannot share a jit function.
-"""
+group's tiles are bound by HBM (its weight slice read in the forward and data gradient, its dw written in the weight
+gradient: one MMA step each) and a big group's by the tensor cores, and in step they never overlap: by roofline that
+is +29-34% of DeepSeek-V3's six GEMMs against +13.6% when overlapped (scripts/skew_roofline.py, bench/NOTES.md
+session 11). The "mix" schedule (kernels' MIX constexpr) takes the groups heaviest first and, where the routing is
+skewed, walks half the programs' tiles backwards, so that light groups run under heavy ones, and deals odd rounds of
+tiles in reverse program order ("snake"): with the heaviest groups first that evens out the programs' work, which
+round-robin leaves uneven when a few groups have far more rows (Qwen3's skewed weight gradient: the busiest of 132
+programs 7.5% over the mean, 1% with mix). Measured on the H200 in session 12 it did not pay: DeepSeek-V3's FC1
+weight gradient took 11.4 ms on skewed routing against 9.9 with the plain schedule, and the forward / data gradient
+came out level or slower (bench/NOTES.md); both kernels keep it on trial. The index arithmetic is written twice, in
+grouped_gemm_kernels._rowgroup_kernel (Triton) and wgrad_pingpong._tile (Gluon): the two cannot share a jit
+function."""
 
 from __future__ import annotations
 

@@ -154,6 +154,22 @@ def test_unaligned_rows_fall_back_to_pointer_loads():
     assert rel_err(dw, gg.grouped_gemm_wgrad_ref(dy.double(), x.double(), offs_t)) < FP32_BOUND
 
 
+def test_pingpong_rowgroup_configs_refused_where_they_cannot_run():
+    # the Gluon ping-pong forward / data gradient: candidates of fwd and dgrad (not of the gathered forward); where
+    # it cannot run (CPU, interpreter, not Hopper, not bf16) an explicit request is a clear error
+    pingpong = gg.PINGPONG_ROWGROUP_CONFIGS[0]
+    assert str(pingpong) == "pingpong/128x128x64/s4/g8"
+    assert pingpong in gg.configs_for("fwd", trial=False) and pingpong in gg.configs_for("dgrad", trial=False)
+    assert pingpong not in gg.configs_for("fwd_gather")
+    x, w, dy, offs_t = make([6, 6, 30], 33, 16, 24, seed=4)
+    if gg.pingpong_applies(x.to(torch.bfloat16)):
+        pytest.skip("this GPU runs the ping-pong kernel (its GPU tests cover it)")
+    with pytest.raises(ValueError, match="needs a Hopper GPU, bf16"):
+        gg.grouped_gemm_fwd(x, w, offs_t, config=pingpong)
+    with pytest.raises(ValueError, match="needs a Hopper GPU, bf16"):
+        gg.grouped_gemm_dgrad(dy, w, offs_t, config=pingpong)
+
+
 def test_pingpong_wgrad_config_refused_where_it_cannot_run():
     # the Gluon ping-pong kernel needs compiled kernels on a Hopper GPU and bf16: elsewhere an explicit request is a
     # clear error, and the autotuner never offers it

@@ -187,7 +187,8 @@ def test_cuda_graph_replay_with_new_routing():
 def _trial_cases():
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
-    return ([("fwd", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS] + [("dgrad", c) for c in tuning.TRIAL_ROWGROUP_CONFIGS]
+    rowgroup = tuning.TRIAL_ROWGROUP_CONFIGS + tuning.PINGPONG_ROWGROUP_CONFIGS
+    return ([("fwd", c) for c in rowgroup] + [("dgrad", c) for c in rowgroup]
             + [("wgrad", c) for c in tuning.TRIAL_WGRAD_CONFIGS + tuning.PINGPONG_WGRAD_CONFIGS
                                           + tuning.TRIAL_PINGPONG_WGRAD_CONFIGS]
             + [("wgrad_gather", c) for c in tuning.TRIAL_PINGPONG_GATHER_CONFIGS])
