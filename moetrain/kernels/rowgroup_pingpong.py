@@ -378,6 +378,9 @@ def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch
     M, width = a.shape[0], w.shape[2] if dgrad else w.shape[1]
     if out is None:
         out = torch.empty(M, width, dtype=a.dtype, device=a.device)
+    elif tuple(out.shape) != (M, width) or out.dtype != a.dtype or not out.is_contiguous() or out.device != a.device:
+        raise ValueError(f"grouped_gemm_rowgroup_pingpong: out must be a contiguous {a.dtype} [{M}, {width}] tensor on "
+                         f"{a.device} (got {tuple(out.shape)} {out.dtype})")
     if M == 0 or width == 0:
         return out
     if w.shape[0] == 0:

@@ -89,6 +89,8 @@ def test_refuses_what_it_cannot_run():
         rp.grouped_gemm_rowgroup_pingpong(a, w, offs, tile=(256, 128))
     with pytest.raises(ValueError, match="bf16"):
         rp.grouped_gemm_rowgroup_pingpong(a.float(), w.float(), offs)
+    with pytest.raises(ValueError, match="out must be"):
+        rp.grouped_gemm_rowgroup_pingpong(a, w, offs, out=torch.empty(64, 32, device="cuda", dtype=torch.bfloat16))
 
 
 def swiglu_bwd_fp64(dy, w, offs, h, probs, activation):
