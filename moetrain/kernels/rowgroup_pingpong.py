@@ -43,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from moetrain.kernels import cuda_device
+from moetrain.kernels.gluon_descs import aot_type, descriptor, ragged_desc
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
 from moetrain.kernels.host import next_pow2
 from moetrain.kernels.moe_rows import ACTIVATIONS
@@ -292,37 +293,19 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, out_up_desc, h_desc, h_u
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def _layout(block):
-    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
-
-
 def _descs(a: torch.Tensor, w: torch.Tensor, tile: tuple[int, int], dgrad: bool):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     bm, tn = tile
     a_block = [bm, BLOCK_K]
     w_block = [1, BLOCK_K, tn] if dgrad else [1, tn, BLOCK_K]
     g, n, k = w.shape
-    return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], a_block, _layout(a_block)),
-            TensorDescriptor(w, [g, n, k], [n * k, k, 1], w_block, _layout(w_block)))
-
-
-def _ragged_desc(t: torch.Tensor, block: list):
-    """t [M, C] (row stride t.stride(0)) as the ragged 4-D descriptor (grouped_gemm_kernels RAGGED), block
-    [1, 1, *block]."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    rs = t.stride(0)
-    full = [1, 1, *block]
-    return TensorDescriptor(t, [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, t.shape[1]], [(1 << 34) - rs, rs, rs, 1], full,
-                            _layout(full))
+    return (descriptor(a, list(a.shape), [a.stride(0), 1], a_block), descriptor(w, [g, n, k], [n * k, k, 1], w_block))
 
 
 def _ragged_halves(t: torch.Tensor, block: list):
     """Ragged descriptors of t [M, 2I]'s gate half t[:, :I] and up half t[:, I:] (views with row stride 2I; the
     up half's base is 2I bytes in, 16-byte aligned as I is a multiple of 8)."""
     inter = t.shape[1] // 2
-    return _ragged_desc(t[:, :inter], block), _ragged_desc(t[:, inter:], block)
+    return ragged_desc(t[:, :inter], block), ragged_desc(t[:, inter:], block)
 
 
 def _block_g(groups: int) -> int:
@@ -386,7 +369,7 @@ def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch
     if w.shape[0] == 0:
         return out.zero_()
     a_desc, w_desc = _descs(a, w, tile, dgrad)
-    out_desc = _ragged_desc(out, list(tile))
+    out_desc = ragged_desc(out, list(tile))
     _launch(a, w, out, offs, a_desc, w_desc, (out_desc, out_desc), (out_desc, out_desc), None, None, dgrad=dgrad,
             stages=stages,
             group_m=group_m, num_programs=num_programs)
@@ -436,12 +419,10 @@ def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    def desc(block):
-        return f"tensordesc<bf16[{', '.join(str(b) for b in block)}],{_layout(block)!r}>"
-
     bm, tn = tile
-    out = desc([1, 1, bm, tn])
-    sig = {"a_desc": desc([bm, BLOCK_K]), "w_desc": desc([1, BLOCK_K, tn] if dgrad or swiglu else [1, tn, BLOCK_K]),
+    out = aot_type([1, 1, bm, tn])
+    w_block = [1, BLOCK_K, tn] if dgrad or swiglu else [1, tn, BLOCK_K]
+    sig = {"a_desc": aot_type([bm, BLOCK_K]), "w_desc": aot_type(w_block),
            "out_desc": out, "out_up_desc": out, "h_desc": out, "h_up_desc": out, "probs_ptr": "*fp32",
            "parts_ptr": "*fp32", "offs_ptr": "*i32", "M": "i32",
            "OUT": "i32", "RED": "i32", "G": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr",

@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from moetrain.kernels import cuda_device
+from moetrain.kernels.gluon_descs import aot_type, descriptor, ragged_desc
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
 from moetrain.kernels.host import cdiv
 from moetrain.kernels.schedule import skew_schedule
@@ -265,20 +266,6 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def _layout(block):
-    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
-
-
-def _ragged_desc(t: torch.Tensor, block: list):
-    """The 4-D "ragged" descriptor of grouped_gemm.py, as a Gluon descriptor (its shared layout explicit)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    rs = t.stride(0)
-    full = [1, 1, *block]
-    return TensorDescriptor(t, [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, t.shape[1]], [(1 << 34) - rs, rs, rs, 1], full,
-                            _layout(full))
-
-
 def _maxnreg(gather: bool) -> int:
     # registers per thread at launch: the whole file over the kernel's warpgroups (3, or 4 with the gatherer; the
     # producer's single warp takes a warpgroup's slot); setmaxnreg shares them out again
@@ -297,8 +284,6 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     ``cohorts``: groups of programs that start at different points of the tile order (_tile; 1: all together).
     ``mix``: groups heaviest first, half the programs walking backwards when the routing is skewed (_tile, MIX).
     Called by grouped_gemm_wgrad for the "pingpong" configs."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     gather = gather_rows is not None
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
         raise ValueError("grouped_gemm_wgrad_pingpong: bf16 CUDA tensors only (a Hopper kernel)")
@@ -330,15 +315,15 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         return out
     tn, tk = tile
     dw_block = [1, tn, tk]
-    dw_desc = TensorDescriptor(out, [G, N, K], [N * K, K, 1], dw_block, _layout(dw_block))
+    dw_desc = descriptor(out, [G, N, K], [N * K, K, 1], dw_block)
     total = G * cdiv(N, tn) * cdiv(K, tk)
     nprog = max(1, min(num_programs or cuda_device.sm_count(dy.device), total))
-    dy_desc = _ragged_desc(dy, [BLOCK_R, tn])
+    dy_desc = ragged_desc(dy, [BLOCK_R, tn])
     if gather:
         gather_rows = gather_rows.to(torch.int32).contiguous()
         x_desc, gather_arg = dy_desc, gather_rows  # x_desc unused
     else:
-        x_desc, gather_arg = _ragged_desc(x, [BLOCK_R, tk]), offs  # gather_ptr unused
+        x_desc, gather_arg = ragged_desc(x, [BLOCK_R, tk]), offs  # gather_ptr unused
     with torch.cuda.device(dy.device):
         sched = skew_schedule(offs) if mix else offs  # (unused without MIX)
         _wgrad_pingpong_kernel[(nprog,)](
@@ -355,13 +340,10 @@ def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOC
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    def desc(block):
-        return f"tensordesc<bf16[{', '.join(str(b) for b in block)}],{_layout(block)!r}>"
-
     tn, tk = tile
-    dy_desc = desc([1, 1, BLOCK_R, tn])
-    sig = {"dy_desc": dy_desc, "x_desc": dy_desc if gather else desc([1, 1, BLOCK_R, tk]), "x_ptr": "*bf16",
-           "gather_ptr": "*i32", "dw_desc": desc([1, tn, tk]), "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
+    dy_desc = aot_type([1, 1, BLOCK_R, tn])
+    sig = {"dy_desc": dy_desc, "x_desc": dy_desc if gather else aot_type([1, 1, BLOCK_R, tk]), "x_ptr": "*bf16",
+           "gather_ptr": "*i32", "dw_desc": aot_type([1, tn, tk]), "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
            "N": "i32", "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
            "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "RAGGED": "constexpr",
            "GATHER": "constexpr", "num_warps": "constexpr"}

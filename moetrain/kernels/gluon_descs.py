@@ -1,0 +1,35 @@
+"""TMA descriptors of bf16 tensors for the Gluon kernels (wgrad_pingpong.py, rowgroup_pingpong.py), whose shared
+layouts must be explicit: the default 128-byte-swizzled NVMMA layout of each block.
+
+    shared_layout(block)         the NVMMA shared layout of a bf16 block
+    descriptor(t, shape, strides, block)
+    ragged_desc(t, block)        t [M, C] (row stride t.stride(0)) as grouped_gemm_kernels' "ragged" 4-D descriptor,
+                                 block [1, 1, *block]: rows at or past a group's end read as zeros, stores dropped
+    aot_type(block)              the descriptor's type in a kernel signature, for ahead-of-time compiles
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental.gluon import language as gl
+
+from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
+
+
+def shared_layout(block: list):
+    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+
+
+def descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, shape, strides, block, shared_layout(block))
+
+
+def ragged_desc(t: torch.Tensor, block: list):
+    rs = t.stride(0)
+    return descriptor(t, [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, t.shape[1]], [(1 << 34) - rs, rs, rs, 1], [1, 1, *block])
+
+
+def aot_type(block: list) -> str:
+    return f"tensordesc<bf16[{', '.join(str(b) for b in block)}],{shared_layout(block)!r}>"
