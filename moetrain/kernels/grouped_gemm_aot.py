@@ -3,6 +3,11 @@ resource and instruction checks (shared memory, wgmma, TMA, spills) in the CPU t
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import tempfile
+
 import triton
 
 from moetrain.kernels.grouped_gemm import _block_g
@@ -73,3 +78,18 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+
+
+def spill_bytes(ptx: str, arch: str = "sm_90a") -> int | None:
+    """Bytes of spill stores when triton's bundled ptxas assembles ``ptx`` for ``arch``; None without a ptxas."""
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        info = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                              capture_output=True, text=True).stderr
+    found = re.search(r"(\d+) bytes spill stores", info)
+    return int(found.group(1)) if found else None

@@ -18,11 +18,9 @@ SMEM_BLOCK = 232448  # bytes of shared memory one block may use on H100/H200
 SMEM_SM = 233472  # per SM, shared by its resident blocks (each also reserves 1 KiB)
 
 _SCRIPT = r"""
-import json, os, re, subprocess, tempfile
-import triton
+import json
 from moetrain.kernels import grouped_gemm_aot as aot
 from moetrain.kernels import grouped_gemm as gg
-ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 rows = []
 launches = []
 for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather"):
@@ -34,15 +32,7 @@ for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather"):
 for op, cfg, part, big_m in launches:
     ck = aot.aot_compile(op, cfg, part=part, big_m=big_m)
     ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
-    spill = None
-    if os.path.exists(ptxas):
-        with tempfile.TemporaryDirectory() as d:
-            src = os.path.join(d, "k.ptx")
-            open(src, "w").write(ptx)
-            info = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.cubin")],
-                                  capture_output=True, text=True).stderr
-        m = re.search(r"(\d+) bytes spill stores", info)
-        spill = int(m.group(1)) if m else None
+    spill = aot.spill_bytes(ptx)
     rows.append(dict(op=op, config=str(cfg), part=part, tma=cfg.use_tma, shared=ck.metadata.shared, spill=spill,
                      per_sm=cfg.programs_per_sm,
                      wgmma="wgmma.mma_async" in ptx, tma_load="cp.async.bulk.tensor" in ptx,
