@@ -64,3 +64,37 @@ def check_groups_fp64(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tens
         else:
             err = ((have.double() - want).norm() / want.norm()).item()
             assert err < BF16_BOUND, (op, g, e - s, err)
+
+
+def hopper_kernels(module: str):
+    """moetrain.kernels.<module>, a Hopper-only compiled kernel module (the Gluon ping-pong kernels); skips the test
+    without a Hopper GPU or in a process that set TRITON_INTERPRET (compiled kernels unavailable there)."""
+    import importlib
+
+    import pytest
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper GPU")
+    from moetrain.kernels import grouped_gemm
+
+    if grouped_gemm.interpreting():
+        pytest.skip("TRITON_INTERPRET is set in this process: the compiled kernels are unavailable")
+    return importlib.import_module(f"moetrain.kernels.{module}")
+
+
+def check_graph_replays(step, offs: torch.Tensor, rows: int, outs, check, seeds=(2, 5)) -> None:
+    """Sync-free kernels read the routing on the device only: ``step()`` runs once (compiles, autotunes), is captured
+    in one CUDA graph, and replayed on new skewed routings of ``rows`` rows (skewed_offs_cuda, written into offs in
+    place; ``outs`` NaN-poisoned first), each replay followed by ``check()``."""
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in seeds:
+        offs.copy_(skewed_offs_cuda(rows, offs.numel(), seed=seed))
+        for t in outs:
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check()

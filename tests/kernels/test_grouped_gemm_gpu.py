@@ -9,7 +9,8 @@ Legend: M routed rows, G experts, N = w.shape[1], K = w.shape[2]; fc1: N = 2I, K
 import pytest
 import torch
 
-from kernel_checks import BF16_BOUND, check_groups_fp64, group_ranges as ranges, skewed_offs_cuda as skewed_offs
+from kernel_checks import (BF16_BOUND, check_graph_replays, check_groups_fp64, group_ranges as ranges,
+                           skewed_offs_cuda as skewed_offs)
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("triton", reason="the triton package is not installed")
@@ -167,21 +168,13 @@ def test_cuda_graph_replay_with_new_routing():
         gg.grouped_gemm_dgrad(dy, w, offs, out=dx)
         gg.grouped_gemm_wgrad(dy, x, offs, out=dw)
 
-    step()  # compile and autotune outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for seed in (2, 5):
-        offs.copy_(skewed_offs(m, g, seed=seed))
-        for t in (y, dx, dw):
-            t.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+    def check():
         ref_x, ref_dy, ref_w = x.double(), dy.double(), w.double()
         assert rel_err(y, gg.grouped_gemm_ref(ref_x, ref_w, offs)) < BF16_BOUND
         assert rel_err(dx, gg.grouped_gemm_dgrad_ref(ref_dy, ref_w, offs)) < BF16_BOUND
         assert rel_err(dw, gg.grouped_gemm_wgrad_ref(ref_dy, ref_x, offs)) < BF16_BOUND
+
+    check_graph_replays(step, offs, m, (y, dx, dw), check)  # the first step compiles and autotunes
 
 
 def _trial_cases():
@@ -209,17 +202,11 @@ def test_pingpong_wgrad_in_a_cuda_graph_with_new_routing(cfg_index):
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     offs = skewed_offs(m, g, seed=1)
     dw = torch.empty(g, n, k, device="cuda", dtype=torch.bfloat16)
-    gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=dw)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=dw)
-    for seed in (2, 5):
-        offs.copy_(skewed_offs(m, g, seed=seed))
-        dw.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+
+    def check():
         assert rel_err(dw, gg.grouped_gemm_wgrad_ref(dy.double(), x.double(), offs)) < BF16_BOUND
+
+    check_graph_replays(lambda: gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=dw), offs, m, (dw,), check)
 
 
 @pytest.mark.parametrize("op,cfg", _trial_cases(), ids=lambda v: str(v))

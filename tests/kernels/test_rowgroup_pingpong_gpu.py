@@ -7,20 +7,15 @@ A hang here is a barrier-phase bug: the device scripts run this file under a tim
 import pytest
 import torch
 
-from kernel_checks import check_groups_fp64, group_ranges, rel_err, skewed_offs_cuda
+from kernel_checks import (check_graph_replays, check_groups_fp64, group_ranges, hopper_kernels, rel_err,
+                           skewed_offs_cuda)
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("triton", reason="the triton package is not installed")
 
 
 def kernel():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("needs a Hopper GPU")
-    from moetrain.kernels import grouped_gemm, rowgroup_pingpong
-
-    if grouped_gemm.interpreting():
-        pytest.skip("TRITON_INTERPRET is set in this process: the compiled kernels are unavailable")
-    return rowgroup_pingpong
+    return hopper_kernels("rowgroup_pingpong")
 
 
 M, G, N, K = 9000, 24, 768 + 72, 1024 + 8  # partial tiles over N and K
@@ -160,15 +155,10 @@ def test_in_a_cuda_graph_with_new_routing(dgrad):
     w = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)
     offs = skewed_offs_cuda(m, g, seed=1)
     out = torch.empty(m, k if dgrad else n, device="cuda", dtype=torch.bfloat16)
-    rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, out=out)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, out=out)
-    for seed in (2, 5):
-        offs.copy_(skewed_offs_cuda(m, g, seed=seed))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+
+    def check():
         assert not torch.isnan(out).any()
         check_groups_fp64("dgrad" if dgrad else "fwd", out, a, w, offs, range(g))
+
+    check_graph_replays(lambda: rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, out=out), offs, m, (out,),
+                        check)

@@ -7,20 +7,14 @@ A hang here is a barrier-phase bug: the device scripts run this file under a tim
 import pytest
 import torch
 
-from kernel_checks import BF16_BOUND, check_groups_fp64, skewed_offs_cuda
+from kernel_checks import BF16_BOUND, check_groups_fp64, hopper_kernels, skewed_offs_cuda
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("triton", reason="the triton package is not installed")
 
 
 def kernel():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("needs a Hopper GPU")
-    from moetrain.kernels import grouped_gemm, wgrad_pingpong
-
-    if grouped_gemm.interpreting():
-        pytest.skip("TRITON_INTERPRET is set in this process: the compiled kernels are unavailable")
-    return wgrad_pingpong
+    return hopper_kernels("wgrad_pingpong")
 
 
 M, G, N, K = 9000, 24, 768 + 64, 1024 + 8  # skewed-routing tests: partial tiles over N and K
