@@ -50,6 +50,10 @@ from moetrain.kernels.moe_rows import ACTIVATIONS
 
 BLOCK_K = 64  # reduction step
 TILES = ((128, 128), (64, 256))  # a consumer's output tile (rows, columns): a 128-register fp32 accumulator either way
+# The epilogue a launch runs on each output tile (the kernel's EPILOGUE constexpr).
+PLAIN = gl.constexpr(0)  # store the tile
+SWIGLU_BWD = gl.constexpr(1)  # data gradient only: SwiGLU's backward (grouped_gemm_dgrad_swiglu_pingpong)
+SWIGLU_FWD = gl.constexpr(2)  # forward only: FC1 with SwiGLU (grouped_gemm_fc1_swiglu_pingpong)
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (setmaxnreg)
 CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup
 
@@ -84,9 +88,11 @@ def _coords(tile, g_end, row0, row_end, n_tiles, BM: gl.constexpr, TN: gl.conste
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, G, n_tiles, k_tiles, total, NUM_PROGS,
-              BM: gl.constexpr, TN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr):
-    """TMA loads of each step's A block [BM, BK] and w block ([TN, BK] forward, [BK, TN] data gradient)."""
+def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS,
+              BM: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
+              EPILOGUE: gl.constexpr):
+    """TMA loads of each step's A block [BM, BK] and w block ([TN, BK] forward, [BK, TN] data gradient; SWIGLU_FWD:
+    the gate rows n0.. and the up rows OUT + n0.. of expert g, CN each, from w viewed as [G * 2 * OUT, K])."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     g = -1
     g_end = 0
@@ -96,30 +102,40 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, G, n_ti
     for tile in range(gl.program_id(0), total, NUM_PROGS):
         g, g_end, row0, row_end = _advance(tile, g, g_end, row0, row_end, offs_ptr, M, G, n_tiles, BM)
         if g < G:  # (the pseudo-group past offs[-1] loads nothing)
-            m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, TN, GROUP_M)
+            m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, CN, GROUP_M)
             for step in range(k_tiles):
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: ring empty
-                mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
                 k0 = step * BK
-                tma.async_copy_global_to_shared(a_desc, [m0, k0], ready.index(s), a_bufs.index(s))
-                if DGRAD:
-                    tma.async_copy_global_to_shared(w_desc, [g, k0, n0], ready.index(s), w_bufs.index(s))
+                if EPILOGUE == SWIGLU_FWD:
+                    # Past OUT the gate box reads up rows and the up box the next expert's: they only feed output
+                    # columns >= OUT, which the stores drop.
+                    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + 2 * w_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(a_desc, [m0, k0], ready.index(s), a_bufs.index(s))
+                    first = g * 2 * OUT + n0
+                    tma.async_copy_global_to_shared(w_desc, [first, k0], ready.index(s),
+                                                    w_bufs.index(s).slice(0, CN))
+                    tma.async_copy_global_to_shared(w_desc, [first + OUT, k0], ready.index(s),
+                                                    w_bufs.index(s).slice(CN, CN))
                 else:
-                    tma.async_copy_global_to_shared(w_desc, [g, n0, k0], ready.index(s), w_bufs.index(s))
+                    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(a_desc, [m0, k0], ready.index(s), a_bufs.index(s))
+                    if DGRAD:
+                        tma.async_copy_global_to_shared(w_desc, [g, k0, n0], ready.index(s), w_bufs.index(s))
+                    else:
+                        tma.async_copy_global_to_shared(w_desc, [g, n0, k0], ready.index(s), w_bufs.index(s))
                 it += 1
 
 
 @gluon.jit
 def _consumer(out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, epi, gu_ready, h_desc, h_up_desc,
               probs_ptr, parts_ptr, offs_ptr, M, G, n_tiles, k_tiles, total, NUM_PROGS, ROLE: gl.constexpr,
-              BM: gl.constexpr,
-              TN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr, RAGGED: gl.constexpr,
-              SWIGLU: gl.constexpr, ACT: gl.constexpr, HAS_PROBS: gl.constexpr):
+              BM: gl.constexpr, TN: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+              DGRAD: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
+              HAS_PROBS: gl.constexpr):
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TN, 16])
-    out = out_bufs.index(ROLE if not SWIGLU else 0).reshape([BM, TN])
-    epi_phase = 1 - ROLE  # SWIGLU: the shared epilogue buffers change hands as the MMA turns do
+    epi_phase = 1 - ROLE  # SWIGLU_BWD: the shared epilogue buffers change hands as the MMA turns do
     gu_phase = 0
     g = -1
     g_end = 0
@@ -139,7 +155,9 @@ def _consumer(out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, tur
                 s = (it + step) % STAGES
                 mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
                 a = a_bufs.index(s)  # [BM, BK]
-                if DGRAD:
+                if EPILOGUE == SWIGLU_FWD:
+                    b = w_bufs.index(s).permute((1, 0))  # [TN, BK]: gate rows then up rows
+                elif DGRAD:
                     b = w_bufs.index(s).reshape([BK, TN])
                 else:
                     b = w_bufs.index(s).reshape([TN, BK]).permute((1, 0))
@@ -151,8 +169,8 @@ def _consumer(out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, tur
             if steps > 0:
                 mbarrier.arrive(empty.index((it + steps - 1) % STAGES), count=1)
             mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
-            m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, TN, GROUP_M)
-            if SWIGLU:
+            m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, CN, GROUP_M)
+            if EPILOGUE == SWIGLU_BWD:
                 mbarrier.wait(epi.index(ROLE), epi_phase)
                 epi_phase ^= 1
                 _swiglu_bwd_epilogue(acc, out_bufs, h_desc, h_up_desc, out_desc, out_up_desc, gu_ready.index(ROLE),
@@ -160,15 +178,44 @@ def _consumer(out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, tur
                                      RAGGED)
                 gu_phase ^= 1
                 mbarrier.arrive(epi.index(1 - ROLE), count=1)
+            elif EPILOGUE == SWIGLU_FWD:
+                _swiglu_fwd_epilogue(acc, out_bufs, ROLE, out_desc, h_desc, h_up_desc, probs_ptr, m0, n0, row_end, BM,
+                                     CN, ACT, HAS_PROBS, RAGGED)
             else:
                 tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffer
-                out.store(acc.to(out_desc.dtype))
+                out_bufs.index(ROLE).reshape([BM, TN]).store(acc.to(out_desc.dtype))
                 fence_async_shared()
                 tma.async_copy_shared_to_global(out_desc, [RAGGED, row_end, RAGGED - row_end + m0, n0],
                                                 out_bufs.index(ROLE))
         it += steps
         j += 1
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _swiglu_fwd_epilogue(acc, bufs, ROLE: gl.constexpr, a_desc, h_desc, h_up_desc, probs_ptr, m0, n0, row_end,
+                         BM: gl.constexpr, CN: gl.constexpr, ACT: gl.constexpr, HAS_PROBS: gl.constexpr,
+                         RAGGED: gl.constexpr):
+    """FC1's tile acc [BM, 2 CN] (gate columns n0.. of h, then the up columns I + n0..) -> h's two halves and
+    a [:, n0..] = act(g, u) (* probs[row]), from g and u rounded to bf16 as the separate SwiGLU kernel reads them.
+    bufs[3 ROLE + 0..2]: this warpgroup's store buffers (g, u, a)."""
+    # A thread of the wgmma layout holds columns c and c + CN of the same rows: the split moves no data.
+    g, u = acc.reshape([BM, 2, CN]).permute((0, 2, 1)).split()
+    g = g.to(h_desc.dtype)
+    u = u.to(h_desc.dtype)
+    tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffers
+    bufs.index(3 * ROLE).reshape([BM, CN]).store(g)
+    bufs.index(3 * ROLE + 1).reshape([BM, CN]).store(u)
+    act, _, _ = _activation_and_slopes(g.to(gl.float32), u.to(gl.float32), ACT)
+    if HAS_PROBS:
+        rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, act.type.layout))
+        act = act * gl.expand_dims(gl.load(probs_ptr + rows, mask=rows < row_end, other=0.0), 1)
+    bufs.index(3 * ROLE + 2).reshape([BM, CN]).store(act.to(a_desc.dtype))
+    fence_async_shared()
+    at = [RAGGED, row_end, RAGGED - row_end + m0, n0]
+    tma.async_copy_shared_to_global(h_desc, at, bufs.index(3 * ROLE))
+    tma.async_copy_shared_to_global(h_up_desc, at, bufs.index(3 * ROLE + 1))
+    tma.async_copy_shared_to_global(a_desc, at, bufs.index(3 * ROLE + 2))
 
 
 # The activations' math is moetrain.kernels.moe_rows._activation / _activation_bwd (Triton), written again here: a
@@ -247,23 +294,32 @@ def _tile_total(offs_ptr, M, G, n_tiles, BM: gl.constexpr, BLOCK_G: gl.constexpr
 def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, out_up_desc, h_desc, h_up_desc, probs_ptr, parts_ptr, offs_ptr,
                               M, OUT, RED, G,
                               NUM_PROGS, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
-                              BLOCK_G: gl.constexpr, RAGGED: gl.constexpr, SWIGLU: gl.constexpr, ACT: gl.constexpr,
+                              BLOCK_G: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
                               HAS_PROBS: gl.constexpr, num_warps: gl.constexpr):
     """a_desc: A [M, RED] (x or dy), block [BM, BK]; w_desc: w [G, N, K], block [1, TN, BK] (forward) or [1, BK, TN]
     (DGRAD); out_desc: out [M, OUT] ragged, block [1, 1, BM, TN].
-    SWIGLU (with DGRAD): out_desc / out_up_desc are dh [M, 2I]'s gate and up halves, h_desc / h_up_desc h's, each
+    SWIGLU_BWD (with DGRAD): out_desc / out_up_desc are dh [M, 2I]'s gate and up halves, h_desc / h_up_desc h's, each
     as a ragged [M, I] with row stride 2I; probs_ptr [M] fp32 and parts_ptr [M, n_tiles] fp32 with HAS_PROBS.
-    Else out_up_desc, h_desc, h_up_desc, probs_ptr, parts_ptr are unused."""
+    SWIGLU_FWD (forward): w_desc is FC1's w [G, 2 OUT, K] viewed as [G * 2 OUT, K], block [TN / 2, BK]; out_desc is
+    a [M, OUT] ragged, block [1, 1, BM, TN / 2]; h_desc / h_up_desc the halves of h [M, 2 OUT] (outputs here);
+    probs_ptr [M] fp32 with HAS_PROBS.
+    Unused descriptors and pointers may be any of the others."""
     BM: gl.constexpr = out_desc.block_type.shape[2]
-    TN: gl.constexpr = out_desc.block_type.shape[3]
+    CN: gl.constexpr = out_desc.block_type.shape[3]  # output columns per tile (of a, with SWIGLU_FWD)
+    TN: gl.constexpr = 2 * CN if EPILOGUE == SWIGLU_FWD else CN  # accumulator columns
     BK: gl.constexpr = a_desc.block_type.shape[1]
-    n_tiles = (OUT + TN - 1) // TN
+    n_tiles = (OUT + CN - 1) // CN
     k_tiles = (RED + BK - 1) // BK
     total = _tile_total(offs_ptr, M, G, n_tiles, BM, BLOCK_G)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    if SWIGLU:  # one set (da, g, u), passed between the consumers with the epilogue turn
+    if EPILOGUE == SWIGLU_FWD:  # each stage: the gate box, then the up box
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, TN, BK], w_desc.layout)
+    else:
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    if EPILOGUE == SWIGLU_BWD:  # one set (da, g, u), passed between the consumers with the epilogue turn
         out_bufs = gl.allocate_shared_memory(h_desc.dtype, [3] + h_desc.block_type.shape, h_desc.layout)
+    elif EPILOGUE == SWIGLU_FWD:  # (g, u, a) per consumer
+        out_bufs = gl.allocate_shared_memory(h_desc.dtype, [6] + h_desc.block_type.shape, h_desc.layout)
     else:  # one store buffer per consumer
         out_bufs = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -282,14 +338,12 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, out_up_desc, h_desc, h_u
     gl.warp_specialize([
         (_consumer, (out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, epi, gu_ready, h_desc,
                      h_up_desc, probs_ptr, parts_ptr, offs_ptr, M, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM, TN,
-                     BK, GROUP_M, DGRAD,
-                     RAGGED, SWIGLU, ACT, HAS_PROBS)),
+                     CN, BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
         (_consumer, (out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, epi, gu_ready, h_desc,
                      h_up_desc, probs_ptr, parts_ptr, offs_ptr, M, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN,
-                     BK, GROUP_M, DGRAD,
-                     RAGGED, SWIGLU, ACT, HAS_PROBS)),
-        (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, G, n_tiles, k_tiles, total,
-                     NUM_PROGS, BM, TN, BK, GROUP_M, DGRAD)),
+                     CN, BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
+        (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total,
+                     NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -335,17 +389,21 @@ def _check(name: str, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, dgra
         raise ValueError(f"{name}: {G} groups: at most 1023")
 
 
-def _launch(a, w, out, offs, a_desc, w_desc, out_descs, h_descs, probs, parts, *, dgrad: bool, stages: int,
-            group_m: int, num_programs: int | None, swiglu: bool = False, act: int = 0):
-    G = w.shape[0]
-    width, red = out.shape[1] // (2 if swiglu else 1), a.shape[1]
+def _value(epilogue) -> int:
+    """PLAIN / SWIGLU_BWD / SWIGLU_FWD (constexprs, for the kernel's comparisons) as the int a launch takes."""
+    return int(getattr(epilogue, "value", epilogue))
+
+
+def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_descs, h_descs, probs, parts, *, dgrad: bool,
+            stages: int, group_m: int, num_programs: int | None, epilogue: int = PLAIN, act: int = 0):
+    """width: the output columns the tiles cover (OUT: N or K; I with SWIGLU_BWD / SWIGLU_FWD)."""
     nprog = max(1, num_programs or cuda_device.sm_count(a.device))
     with torch.cuda.device(a.device):
         _rowgroup_pingpong_kernel[(nprog,)](
             a_desc, w_desc, *out_descs, *h_descs, probs if probs is not None else offs,
-            parts if parts is not None else offs, offs, a.shape[0], width, red, G, nprog, STAGES=stages,
-            GROUP_M=group_m, DGRAD=dgrad, BLOCK_G=_block_g(G), RAGGED=RAGGED_ROWS, SWIGLU=swiglu, ACT=act,
-            HAS_PROBS=probs is not None, num_warps=4, maxnreg=168)
+            parts if parts is not None else offs, offs, a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages,
+            GROUP_M=group_m, DGRAD=dgrad, BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS, EPILOGUE=_value(epilogue),
+            ACT=act, HAS_PROBS=probs is not None, num_warps=4, maxnreg=168)
 
 
 def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, dgrad: bool = False,
@@ -370,9 +428,8 @@ def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch
         return out.zero_()
     a_desc, w_desc = _descs(a, w, tile, dgrad)
     out_desc = ragged_desc(out, list(tile))
-    _launch(a, w, out, offs, a_desc, w_desc, (out_desc, out_desc), (out_desc, out_desc), None, None, dgrad=dgrad,
-            stages=stages,
-            group_m=group_m, num_programs=num_programs)
+    _launch(a, offs, w.shape[0], width, a_desc, w_desc, (out_desc, out_desc), (out_desc, out_desc), None, None,
+            dgrad=dgrad, stages=stages, group_m=group_m, num_programs=num_programs)
     return out
 
 
@@ -390,10 +447,7 @@ def grouped_gemm_dgrad_swiglu_pingpong(dy: torch.Tensor, w: torch.Tensor, offs: 
     M, inter = dy.shape[0], w.shape[2]
     if h.dtype != torch.bfloat16 or tuple(h.shape) != (M, 2 * inter) or h.device != dy.device:
         raise ValueError(f"{name}: h {tuple(h.shape)} {h.dtype} must be bf16 [M, 2I] = [{M}, {2 * inter}]")
-    if probs is not None and (probs.dtype != torch.float32 or tuple(probs.shape) != (M,)):
-        raise ValueError(f"{name}: probs {tuple(probs.shape)} {probs.dtype} must be float32 [M] = [{M}]")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{name}: activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    _check_probs_activation(name, probs, M, activation)
     if stages > 4:
         raise ValueError(f"{name}: stages={stages}: at most 4 fit beside the epilogue's buffers")
     dy, w, h = dy.contiguous(), w.contiguous(), h.contiguous()
@@ -406,32 +460,78 @@ def grouped_gemm_dgrad_swiglu_pingpong(dy: torch.Tensor, w: torch.Tensor, offs: 
     if w.shape[0] == 0:
         return dh.zero_(), None if probs is None else torch.zeros_like(probs)
     a_desc, w_desc = _descs(dy, w, tile, True)
-    _launch(dy, w, dh, offs, a_desc, w_desc, _ragged_halves(dh, list(tile)), _ragged_halves(h, list(tile)),
+    _launch(dy, offs, w.shape[0], inter, a_desc, w_desc, _ragged_halves(dh, list(tile)), _ragged_halves(h, list(tile)),
             probs.contiguous() if probs is not None else None, parts, dgrad=True, stages=stages, group_m=group_m,
-            num_programs=num_programs, swiglu=True, act=ACTIVATIONS[activation])
+            num_programs=num_programs, epilogue=SWIGLU_BWD, act=ACTIVATIONS[activation])
     return dh, None if parts is None else parts.sum(dim=1)
 
 
-def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool = False, swiglu: bool = False,
+def grouped_gemm_fc1_swiglu_pingpong(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                                     probs: torch.Tensor | None = None, activation: str = "swiglu", *,
+                                     stages: int = 4, group_m: int = 8, num_programs: int | None = None):
+    """FC1's forward with SwiGLU in its epilogue: h = x_g @ w[g]^T per group (x [M, H], w [G, 2I, H], gate rows then
+    up rows) and a = act(h[:, :I], h[:, I:]) * probs[:, None] from h rounded to bf16, as moe_rows.swiglu_fwd computes
+    it. Returns (h [M, 2I], a [M, I]), bf16; rows past offs[-1] are zeros in both. Each tile: 128 rows by 64 columns
+    of a, from the gate and up rows of w at those columns (one 128-column accumulator); I a multiple of 8."""
+    name = "grouped_gemm_fc1_swiglu_pingpong"
+    tile = (128, 128)
+    _check(name, x, w, offs, False, tile)
+    M, inter = x.shape[0], w.shape[1] // 2
+    if w.shape[1] % 16:
+        raise ValueError(f"{name}: w {tuple(w.shape)} must be [G, 2I, H] with I a multiple of 8 (TMA-aligned halves)")
+    _check_probs_activation(name, probs, M, activation)
+    if stages > 4:
+        raise ValueError(f"{name}: stages={stages}: at most 4 fit beside the epilogue's buffers")
+    x, w = x.contiguous(), w.contiguous()
+    offs = offs.to(torch.int32).contiguous()
+    h = torch.empty(M, 2 * inter, dtype=x.dtype, device=x.device)
+    a = torch.empty(M, inter, dtype=x.dtype, device=x.device)
+    if M == 0 or inter == 0:
+        return h, a
+    if w.shape[0] == 0:
+        return h.zero_(), a.zero_()
+    half = tile[1] // 2
+    x_desc = descriptor(x, list(x.shape), [x.stride(0), 1], [tile[0], BLOCK_K])
+    w_desc = descriptor(w, [w.shape[0] * w.shape[1], w.shape[2]], [w.shape[2], 1], [half, BLOCK_K])
+    a_desc = ragged_desc(a, [tile[0], half])
+    _launch(x, offs, w.shape[0], inter, x_desc, w_desc, (a_desc, a_desc), _ragged_halves(h, [tile[0], half]),
+            probs.contiguous() if probs is not None else None, None, dgrad=False, stages=stages, group_m=group_m,
+            num_programs=num_programs, epilogue=SWIGLU_FWD, act=ACTIVATIONS[activation])
+    return h, a
+
+
+def _check_probs_activation(name: str, probs: torch.Tensor | None, rows: int, activation: str) -> None:
+    if probs is not None and (probs.dtype != torch.float32 or tuple(probs.shape) != (rows,)):
+        raise ValueError(f"{name}: probs {tuple(probs.shape)} {probs.dtype} must be float32 [M] = [{rows}]")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{name}: activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+
+
+def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool = False, epilogue: int = PLAIN,
                 act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
-    triton CompiledKernel. ``swiglu``: the data gradient with SwiGLU's backward in its epilogue."""
+    triton CompiledKernel. ``epilogue``: PLAIN, SWIGLU_BWD (a data gradient) or SWIGLU_FWD (a forward, 128x128)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     bm, tn = tile
-    out = aot_type([1, 1, bm, tn])
-    w_block = [1, BLOCK_K, tn] if dgrad or swiglu else [1, tn, BLOCK_K]
+    dgrad = dgrad or epilogue == SWIGLU_BWD
+    out = aot_type([1, 1, bm, tn // 2 if epilogue == SWIGLU_FWD else tn])
+    if epilogue == SWIGLU_FWD:
+        w_block = [tn // 2, BLOCK_K]
+    else:
+        w_block = [1, BLOCK_K, tn] if dgrad else [1, tn, BLOCK_K]
     sig = {"a_desc": aot_type([bm, BLOCK_K]), "w_desc": aot_type(w_block),
            "out_desc": out, "out_up_desc": out, "h_desc": out, "h_up_desc": out, "probs_ptr": "*fp32",
            "parts_ptr": "*fp32", "offs_ptr": "*i32", "M": "i32",
            "OUT": "i32", "RED": "i32", "G": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr",
-           "DGRAD": "constexpr", "BLOCK_G": "constexpr", "RAGGED": "constexpr", "SWIGLU": "constexpr",
+           "DGRAD": "constexpr", "BLOCK_G": "constexpr", "RAGGED": "constexpr", "EPILOGUE": "constexpr",
            "ACT": "constexpr", "HAS_PROBS": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     src = GluonASTSource(_rowgroup_pingpong_kernel, sig,
-                         constexprs={"STAGES": stages, "GROUP_M": group_m, "DGRAD": dgrad or swiglu, "BLOCK_G": 256,
-                                     "RAGGED": RAGGED_ROWS, "SWIGLU": swiglu, "ACT": act, "HAS_PROBS": has_probs,
+                         constexprs={"STAGES": stages, "GROUP_M": group_m, "DGRAD": dgrad, "BLOCK_G": 256,
+                                     "RAGGED": RAGGED_ROWS, "EPILOGUE": _value(epilogue), "ACT": act,
+                                     "HAS_PROBS": has_probs,
                                      "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ("probs_ptr", "parts_ptr",
                                                                                          "offs_ptr")})

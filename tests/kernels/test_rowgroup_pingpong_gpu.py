@@ -162,3 +162,92 @@ def test_in_a_cuda_graph_with_new_routing(dgrad):
 
     check_graph_replays(lambda: rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, out=out), offs, m, (out,),
                         check)
+
+
+def fc1_swiglu_fp64(x, w, offs, probs, activation):
+    """(h, a) in float64: FC1 per group, then the activation of h rounded to bf16 (as the kernel and the separate
+    SwiGLU kernel read it), times the row factors."""
+    from moetrain.ops import moe_rows
+
+    h = torch.zeros(x.shape[0], w.shape[1], dtype=torch.float64, device=x.device)
+    for g, (s, e) in enumerate(group_ranges(offs)):
+        h[s:e] = x[s:e].double() @ w[g].double().T
+    a = moe_rows.swiglu_torch(h.to(torch.bfloat16).double(), activation)
+    return h, a if probs is None else a * probs.double()[:, None]
+
+
+@pytest.mark.parametrize("activation, with_probs, programs", [("swiglu", True, None), ("swiglu", False, 5),
+                                                                ("swiglu_clamped", True, None)])
+def test_fc1_with_swiglu_matches_float64(activation, with_probs, programs):
+    rp = kernel()
+    m, g, hid, inter = 6000, 16, 512 + 72, 384 + 40  # I not a multiple of the 64-column tile, H of the 64-step
+    offs = skewed_offs_cuda(m, g, seed=41)  # empty groups, 37 trailing rows past offs[-1]
+    torch.manual_seed(42)
+    scale = 4.0 if activation == "swiglu_clamped" else 1.0  # past the clamp (7) often enough to matter
+    x = (torch.randn(m, hid, device="cuda") * scale).to(torch.bfloat16)
+    w = (torch.randn(g, 2 * inter, hid, device="cuda") / hid ** 0.5).to(torch.bfloat16)
+    probs = torch.rand(m, device="cuda") if with_probs else None
+    h, a = rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, probs, activation, num_programs=programs)
+    torch.cuda.synchronize()
+    want_h, want_a = fc1_swiglu_fp64(x, w, offs, probs, activation)
+    end = int(offs[-1])
+    for got in (h, a):
+        assert not torch.isnan(got).any()
+        assert torch.equal(got[end:], torch.zeros_like(got[end:])), "rows past offs[-1] must be zeros"
+    assert rel_err(h[:end], want_h[:end]) < 1e-2
+    assert rel_err(a[:end], want_a[:end]) < 1e-2
+
+
+def test_fc1_with_swiglu_matches_the_separate_kernels_at_qwen3_fc1():
+    """Against the path it replaces: the ping-pong forward (h), then the SwiGLU kernel on that h."""
+    rp = kernel()
+    from moetrain.kernels import moe_rows
+
+    m, g, hid, inter = 131072 // 16, 8, 2048, 768
+    offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
+    torch.manual_seed(43)
+    x = torch.randn(m, hid, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(g, 2 * inter, hid, device="cuda") / hid ** 0.5).to(torch.bfloat16)
+    probs = torch.rand(m, device="cuda")
+    h, a = rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, probs)
+    want_h = rp.grouped_gemm_rowgroup_pingpong(x, w, offs)
+    assert rel_err(h, want_h) < 1e-3
+    assert rel_err(a, moe_rows.swiglu_fwd(h, "swiglu", probs)) < 1e-3
+
+
+def test_fc1_with_swiglu_refuses_what_it_cannot_run():
+    rp = kernel()
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([32, 64], device="cuda", dtype=torch.int32)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        rp.grouped_gemm_fc1_swiglu_pingpong(x, torch.randn(2, 2 * 12, 128, device="cuda", dtype=torch.bfloat16), offs)
+    w = torch.randn(2, 2 * 64, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="probs"):
+        rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, torch.rand(63, device="cuda"))
+    with pytest.raises(ValueError, match="activation"):
+        rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, None, "gelu")
+    with pytest.raises(ValueError, match="stages"):
+        rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, stages=5)
+
+
+def test_fc1_with_swiglu_in_a_cuda_graph_with_new_routing():
+    rp = kernel()
+    m, g, hid, inter = 8192, 32, 512, 256
+    torch.manual_seed(44)
+    x = torch.randn(m, hid, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(g, 2 * inter, hid, device="cuda") / hid ** 0.5).to(torch.bfloat16)
+    probs = torch.rand(m, device="cuda")
+    offs = skewed_offs_cuda(m, g, seed=1)
+    outs = []
+
+    def step():
+        h, a = rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, probs)
+        outs[:] = [h, a]
+
+    def check():
+        want_h, want_a = fc1_swiglu_fp64(x, w, offs, probs, "swiglu")
+        end = int(offs[-1])
+        assert not any(torch.isnan(t).any() for t in outs)
+        assert rel_err(outs[0][:end], want_h[:end]) < 1e-2 and rel_err(outs[1][:end], want_a[:end]) < 1e-2
+
+    check_graph_replays(step, offs, m, outs, check)  # outs: the captured h and a, poisoned before each replay

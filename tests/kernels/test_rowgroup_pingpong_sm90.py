@@ -1,7 +1,7 @@
-"""Compile the ping-pong forward / data gradient (kernels/rowgroup_pingpong.py, Gluon) for Hopper without a GPU,
-with and without SwiGLU's backward in the data gradient's epilogue: each fits the shared memory of a block, spills
-nothing, issues wgmma and TMA, and rebalances registers between its partitions. Runs in a subprocess (compiled
-kernels are unavailable in a process that set TRITON_INTERPRET)."""
+"""Compile the ping-pong forward / data gradient (kernels/rowgroup_pingpong.py, Gluon) for Hopper without a GPU:
+plain, with SwiGLU's backward in the data gradient's epilogue, and with SwiGLU in the forward's. Each fits the shared
+memory of a block, spills nothing, issues wgmma and TMA, and rebalances registers between its partitions. Runs in a
+subprocess (compiled kernels are unavailable in a process that set TRITON_INTERPRET)."""
 
 import json
 
@@ -19,7 +19,8 @@ from moetrain.kernels import rowgroup_pingpong as rp
 from moetrain.kernels.grouped_gemm_aot import spill_bytes
 rows = []
 for kw in (dict(stages=4, tile=(128, 128)), dict(stages=5, tile=(128, 128), dgrad=True), dict(stages=4, tile=(64, 256)),
-           dict(stages=4, swiglu=True), dict(stages=3, swiglu=True, act=1, has_probs=False)):
+           dict(stages=4, epilogue=rp.SWIGLU_BWD), dict(stages=3, epilogue=rp.SWIGLU_BWD, act=1, has_probs=False),
+           dict(stages=4, epilogue=rp.SWIGLU_FWD), dict(stages=4, epilogue=rp.SWIGLU_FWD, act=1, has_probs=False)):
     ck = rp.aot_compile(**kw)
     ptx = ck.asm["ptx"]
     rows.append(dict(kw=repr(kw), shared=ck.metadata.shared, spill=spill_bytes(ptx),
@@ -33,7 +34,7 @@ def test_compiles_for_sm90_and_fits():
     proc = run_without_interpreter(_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(rows) == 5
+    assert len(rows) == 7
     for row in rows:
         assert row["shared"] <= SMEM_BLOCK, row
         assert row["spill"] == 0, row
