@@ -11,7 +11,8 @@ the choice made on uniform routing ran 11% slower than triton on skewed).
 
     op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each; the MoE
               expert path's "auto" picks each of its GEMMs this way), "moe_fc1_fwd" (the fused path's
-              FC1 forward: "gather" or "copy", see GPU_VALIDATED), "moe_fc1_wgrad" (its weight gradient)
+              FC1 forward: "gather" or "copy", see GPU_VALIDATED), "moe_fc1_wgrad" (its weight gradient),
+              "moe_fc1_swiglu" (FC1 and SwiGLU: "separate" or "fused")
     N, K      the layer's forward output and reduction sizes, w [G, N, K]
     bucket    next power of two of M / G (rows per group); M = routed rows
 Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), see
@@ -49,9 +50,12 @@ GPU_VALIDATED = {
     # FC1's weight gradient: x_perm gathered again for the auto-chosen wgrad ("copy"), or our wgrad kernel
     # reading x through the index ("gather"; its GPU tests passed on an H200).
     "moe_fc1_wgrad": ("copy", "gather"),
+    # FC1 and SwiGLU (moe_fused.fc1_swiglu): the two kernels, or the ping-pong FC1 with SwiGLU in its epilogue
+    # (Hopper only; its GPU tests passed on an H200 in session 13).
+    "moe_fc1_swiglu": ("separate", "fused"),
 }
 # What runs when every candidate of a kind failed to run (kinds not listed: the loop reference).
-FALLBACK = {"moe_fc1_fwd": "gather", "moe_fc1_wgrad": "copy"}
+FALLBACK = {"moe_fc1_fwd": "gather", "moe_fc1_wgrad": "copy", "moe_fc1_swiglu": "separate"}
 
 CACHE_FILE = "grouped_gemm_backends.json"
 VERSION = 2  # 2: grouped GEMMs timed on the caller's and a skewed routing

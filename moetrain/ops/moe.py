@@ -12,7 +12,8 @@ Backends:
   "auto"   : on CUDA with 16-bit activations, the fused path with each of the other five GEMMs
              (FC1 data and weight gradients, FC2 forward, data and weight gradients) on the backend
              measured fastest for it (grouped_gemm's per-op "auto"), and FC1's forward measured as
-             gather vs copy (moe_fused.py); on CUDA in fp32, "torch" (our kernels are tuned for 16-bit
+             gather vs copy, and FC1 + SwiGLU as separate kernels vs one fused ping-pong kernel on Hopper
+             (moe_fused.py); on CUDA in fp32, "torch" (our kernels are tuned for 16-bit
              tiles; fp32 autotuning took minutes per shape); elsewhere "loop".
   "torch"  : torch._grouped_mm GEMMs and plain-PyTorch row ops (no triton needed).
   "loop"   : the per-expert reference ("reference" in the config).
@@ -175,6 +176,16 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
     weight = _live_weight(topk_idx, topk_weight)
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
+    if fused and b1 is None and b2 is None:
+        # The routing weights scale the rows inside SwiGLU, before FC2 (FC2 is linear): the combine is
+        # then a plain sum and keeps no copy of FC2's output [M, H] for the weights' gradient, which
+        # SwiGLU's backward gets from the [M, I] values it reads anyway. (With an FC2 bias the scaled
+        # bias would keep an [M, H] operand instead: the weights stay in the combine.)
+        from moetrain.ops.moe_fused import fc1_swiglu
+
+        probs = moe_rows.row_values(weight.float().reshape(-1), row_map, inverse)
+        a = fc1_swiglu(x, w1, offs, token_of_row, inverse, K, probs, activation, gemm)
+        return moe_rows.combine(grouped_gemm(a, w2, offs, gemm), inverse, None, K, rows)
     if fused:
         from moetrain.ops.moe_fused import fc1_gathered
 
@@ -183,11 +194,7 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
         h = grouped_gemm(moe_rows.expand_rows(x, row_map, inverse, K), w1, offs, gemm)
     if b1 is not None:
         h = h + b1.index_select(0, expert_of_row)
-    if fused and b2 is None:
-        # The routing weights scale the rows inside SwiGLU, before FC2 (FC2 is linear): the combine is
-        # then a plain sum and keeps no copy of FC2's output [M, H] for the weights' gradient, which
-        # SwiGLU's backward gets from the [M, I] values it reads anyway. (With an FC2 bias the scaled
-        # bias would keep an [M, H] operand instead: the weights stay in the combine.)
+    if fused and b2 is None:  # as above, with FC1's bias added to h between FC1 and SwiGLU
         probs = moe_rows.row_values(weight.float().reshape(-1), row_map, inverse)
         y = grouped_gemm(moe_rows.swiglu(h, activation, rows, probs=probs), w2, offs, gemm)
         return moe_rows.combine(y, inverse, None, K, rows)

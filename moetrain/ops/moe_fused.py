@@ -19,13 +19,18 @@ Backward (``gemm`` picks the GEMM backend: "triton", or "auto" = each op's measu
                                                             the index (auto measures both per shape)
 Dropped assignments (-1) sit with the last expert (see ``permute``); the combine gives their rows
 zero gradient, so they add nothing to dx or dw1.
+
+``fc1_swiglu``: FC1 followed by SwiGLU (with the routing weights as row factors). With gemm "auto" on Hopper it is
+measured once per shape as "separate" (the FC1 above, then the SwiGLU kernel, which reads h back) against "fused"
+(x_perm gathered transiently and one ping-pong kernel writing h and a: kernels/rowgroup_pingpong.py); the backward
+is the same either way (SwiGLU's backward kernel, then FC1's as above).
 """
 
 from __future__ import annotations
 
 import torch
 
-from moetrain.ops import autoselect
+from moetrain.ops import autoselect, moe_rows
 from moetrain.ops.grouped_gemm import grouped_gemm_op
 from moetrain.ops.moe_rows import combine
 
@@ -68,20 +73,26 @@ class GatherFC1(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dh):
         x, w1, offs, inverse, token_of_row = ctx.saved_tensors
-        dh = dh.to(x.dtype).contiguous()
-        dx = dw1 = None
-        if ctx.needs_input_grad[0]:
-            # dx_perm [M, H] is freed before the weight gradient runs (its "copy" variant gathers another
-            # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md session 9)
-            dx = combine(grouped_gemm_op("dgrad", ctx.gemm, dh, w1, offs, w1.shape), inverse, None, ctx.topk, "triton")
-        if ctx.needs_input_grad[1]:
-            variant = "copy"
-            if ctx.gemm == "auto":
-                G, N, K = w1.shape
-                variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G,
-                                            lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, w1.shape))
-            dw1 = _fc1_wgrad(variant, ctx.gemm, dh, x, offs, token_of_row, w1.shape)
+        dx, dw1 = _fc1_backward(dh.to(x.dtype).contiguous(), x, w1, offs, inverse, token_of_row, ctx.topk, ctx.gemm,
+                                ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         return dx, dw1, None, None, None, None, None
+
+
+def _fc1_backward(dh, x, w1, offs, inverse, token_of_row, topk: int, gemm: str, need_dx: bool, need_dw1: bool):
+    """(dx [T, H] or None, dw1 [E, 2I, H] or None) from dh [M, 2I] (FC1's output gradient, x's dtype)."""
+    dx = dw1 = None
+    if need_dx:
+        # dx_perm [M, H] is freed before the weight gradient runs (its "copy" variant gathers another
+        # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md session 9)
+        dx = combine(grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape), inverse, None, topk, "triton")
+    if need_dw1:
+        variant = "copy"
+        if gemm == "auto":
+            G, N, K = w1.shape
+            variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G,
+                                        lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, w1.shape))
+        dw1 = _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, w1.shape)
+    return dx, dw1
 
 
 def fc1_gathered(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_row: torch.Tensor,
@@ -89,3 +100,69 @@ def fc1_gathered(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of
     """x [T, H], w1 [E, 2I, H], offs [E] int32, token_of_row [M] int32 (row_map // K: kernels.sort_rows
     returns it), inverse [M] int64 -> h [M, 2I] in x.dtype."""
     return GatherFC1.apply(x, w1, offs, token_of_row, inverse, topk, gemm)
+
+
+def fused_fc1_swiglu_applies(x: torch.Tensor, w1: torch.Tensor) -> bool:
+    """Whether FC1 with SwiGLU in its epilogue (kernels/rowgroup_pingpong.py) can run: the ping-pong kernels' GPU,
+    dtype and triton (grouped_gemm.pingpong_applies), TMA-aligned rows and gate / up halves, and its group limit."""
+    from moetrain.kernels import grouped_gemm as kernels
+
+    E, two_i, H = w1.shape
+    return (kernels.pingpong_applies(x) and w1.dtype == x.dtype and two_i % 16 == 0 and H % 8 == 0
+            and E < 1023)
+
+
+def _fused_forward(x, w1, offs, token_of_row, probs, activation: str):
+    """(h [M, 2I], a [M, I]) by one kernel from x_perm = x[token_of_row], gathered here and freed on return."""
+    from moetrain.kernels.rowgroup_pingpong import grouped_gemm_fc1_swiglu_pingpong
+
+    return grouped_gemm_fc1_swiglu_pingpong(x.index_select(0, token_of_row), w1, offs, probs, activation)
+
+
+class FusedFC1SwiGLU(torch.autograd.Function):
+    """a = act(x[token_of_row] @ w1_g^T) * probs[:, None] with SwiGLU in FC1's epilogue (one kernel over a transient
+    x_perm; the separate path's SwiGLU kernel reads h back). Saves what GatherFC1 and the SwiGLU op save together."""
+
+    @staticmethod
+    def forward(ctx, x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation):
+        offs = offs.to(torch.int32)
+        h, a = _fused_forward(x, w1, offs, token_of_row, probs, activation)
+        ctx.save_for_backward(x, w1, offs, inverse, token_of_row, h, probs)
+        ctx.topk, ctx.gemm, ctx.activation = topk, gemm, activation
+        return a
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, da):
+        from moetrain.kernels import moe_rows as row_kernels
+
+        x, w1, offs, inverse, token_of_row, h, probs = ctx.saved_tensors
+        dh, dprobs = row_kernels.swiglu_bwd(h, da.to(h.dtype).contiguous(), ctx.activation, probs)
+        dx, dw1 = _fc1_backward(dh, x, w1, offs, inverse, token_of_row, ctx.topk, ctx.gemm, ctx.needs_input_grad[0],
+                                ctx.needs_input_grad[1])
+        return dx, dw1, None, None, None, dprobs if ctx.needs_input_grad[5] else None, None, None, None
+
+
+def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_row: torch.Tensor,
+               inverse: torch.Tensor, topk: int, probs: torch.Tensor | None, activation: str,
+               gemm: str = "triton") -> torch.Tensor:
+    """a [M, I] = act(h[:, :I], h[:, I:]) * probs[:, None] with h = FC1 of the token rows (``fc1_gathered``'s
+    operands; probs [M] fp32 or None). With gemm "auto" where the fused kernel applies, "separate" (fc1_gathered,
+    then the SwiGLU kernel) and "fused" (``FusedFC1SwiGLU``) are measured once per shape (autoselect kind
+    "moe_fc1_swiglu", forward only: both backwards run the same kernels); otherwise "separate"."""
+    variant = "separate"
+    if gemm == "auto" and fused_fc1_swiglu_applies(x, w1):
+        G, N, K = w1.shape
+
+        def run(name):
+            with torch.no_grad():
+                if name == "fused":
+                    return _fused_forward(x, w1, offs.to(torch.int32), token_of_row, probs, activation)
+                return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation,
+                                       "triton", probs=probs)
+
+        variant = autoselect.choose("moe_fc1_swiglu", x, N, K, token_of_row.shape[0], G, run)
+    if variant == "fused":
+        return FusedFC1SwiGLU.apply(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation)
+    return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation, "triton",
+                           probs=probs)

@@ -225,3 +225,46 @@ def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch
     probe = torch.randn(T, H, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     run("triton", torch.float32, *inputs, probe)
     assert len(dgrad_rows) == 1 and alive_at_wgrad == [False]
+
+
+def _fc1_swiglu_in_torch(x, w1, offs, token_of_row, probs, activation):
+    """The fused kernel's contract (h, a) in plain torch, for the CPU tests of FusedFC1SwiGLU's autograd."""
+    from moetrain.ops.moe_rows import swiglu_torch
+
+    x_perm = x.index_select(0, token_of_row)
+    h = torch.zeros(x_perm.shape[0], w1.shape[1], dtype=x.dtype, device=x.device)
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        h[start:end] = x_perm[start:end] @ w1[g].T
+        start = end
+    a = swiglu_torch(h, activation)
+    return h, a if probs is None else (a * probs[:, None]).to(a.dtype)
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
+def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, activation):
+    # FC1 + SwiGLU as one op (moe_fused.FusedFC1SwiGLU): its forward kernel needs a Hopper GPU, so here a torch
+    # stand-in of the same contract runs; its backward (SwiGLU's backward kernel, FC1's data gradient + combine,
+    # weight gradient) and the routing weights' gradient through probs are the real ones.
+    monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
+    autoselect.reset()
+    monkeypatch.setattr(autoselect, "measures", lambda device: True)
+    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
+    monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
+                                                      "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("gather",),
+                                                      "moe_fc1_wgrad": ("copy",), "moe_fc1_swiglu": ("fused",)})
+    monkeypatch.setattr(moe_fused, "fused_fc1_swiglu_applies", lambda x, w1: True)
+    forwards = []
+    monkeypatch.setattr(moe_fused, "_fused_forward", lambda *a: forwards.append(1) or _fc1_swiglu_in_torch(*a))
+    inputs = make(13, 24, 10, 6, 2, seed=8, dropped=[(0, 1), (5, 0)])
+    if activation == "swiglu_clamped":
+        inputs = (inputs[0] * 6,) + inputs[1:]  # past the clamp limit
+    probe = torch.randn(13, 24, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    got = run("auto", torch.float32, *inputs, probe, activation=activation)
+    want = run("reference", torch.float64, *inputs, probe, activation=activation)
+    assert forwards == [1]
+    for what, a, b in zip(["out", "dx", "dweight", "dw1", "dw2"], got, want):
+        assert rel_err(a, b) < BOUND, what
+    assert got[2][0, 1] == 0 and got[2][5, 0] == 0  # dropped assignments: zero weight gradient
+    autoselect.reset()

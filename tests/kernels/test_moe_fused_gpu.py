@@ -59,6 +59,25 @@ def skewed_forcing(T, E, K, seed):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("T,H,I,E,K", [(1000, 256, 128, 16, 4), (333, 128, 64, 1, 1), (517, 128, 96, 64, 8)])
 def test_bf16_matches_fp64_reference(backend, T, H, I, E, K):
+    check_against_fp64(backend, T, H, I, E, K)
+
+
+def fused_fc1_swiglu_only(monkeypatch):
+    """auto with FC1 + SwiGLU forced to the fused ping-pong kernel (skips unless it applies: Hopper)."""
+    from moetrain.kernels.grouped_gemm import pingpong_applies
+
+    if not pingpong_applies(torch.empty(1, device="cuda", dtype=torch.bfloat16)):
+        pytest.skip("the fused FC1 + SwiGLU kernel needs a Hopper GPU")
+    monkeypatch.setitem(autoselect.GPU_VALIDATED, "moe_fc1_swiglu", ("fused",))
+
+
+@pytest.mark.parametrize("T,H,I,E,K", [(1000, 256, 128, 16, 4), (333, 128, 64, 1, 1), (517, 128, 96, 64, 8)])
+def test_fused_fc1_swiglu_layer_matches_fp64_reference(monkeypatch, T, H, I, E, K):
+    fused_fc1_swiglu_only(monkeypatch)
+    check_against_fp64("auto", T, H, I, E, K)
+
+
+def check_against_fp64(backend, T, H, I, E, K):
     x, router, w1, w2 = make(T, H, I, E, K, seed=T + E)
     idx, weight = route(x, router, skewed_forcing(T, E, K, seed=E), K)
     idx[::7, -1] = -1  # dropped assignments
@@ -82,12 +101,17 @@ def test_auto_measures_each_gemm_once_and_caches_on_disk(tmp_path, monkeypatch):
     ops.moe_experts(x, idx, weight, w1, w2, backend="auto").sum().backward()
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
     # FC1 forward and weight gradient: gather vs copy (the copy variants' GEMMs are measured too);
-    # FC2 fwd/dgrad/wgrad; FC1 dgrad
+    # FC2 fwd/dgrad/wgrad; FC1 dgrad; on Hopper, FC1 + SwiGLU separate vs fused
+    from moetrain.ops.moe_fused import fused_fc1_swiglu_applies
+
+    hopper = fused_fc1_swiglu_applies(x, w1)
     assert sorted(k.split("|")[0] for k in entries) == sorted(
         ["moe_fc1_fwd", "moe_fc1_wgrad", "grouped_gemm_fwd", "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad",
-         "grouped_gemm_dgrad", "grouped_gemm_wgrad"])
+         "grouped_gemm_dgrad", "grouped_gemm_wgrad"] + ["moe_fc1_swiglu"] * hopper)
     for key, entry in entries.items():
-        names = {"gather", "copy"} if key.startswith("moe_fc1_") else {"torch", "triton"}
+        names = {"torch", "triton"}
+        if key.startswith("moe_fc1_"):
+            names = {"separate", "fused"} if key.startswith("moe_fc1_swiglu") else {"gather", "copy"}
         assert entry["backend"] in names and set(entry["ms"]) == names
 
     def no_timing(*a):
@@ -100,6 +124,15 @@ def test_auto_measures_each_gemm_once_and_caches_on_disk(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_graph_captures_layer_forward_backward_and_replays_new_routing(backend):
+    check_graph_replays(backend)
+
+
+def test_cuda_graph_replays_the_layer_with_fused_fc1_swiglu(monkeypatch):
+    fused_fc1_swiglu_only(monkeypatch)
+    check_graph_replays("auto")
+
+
+def check_graph_replays(backend):
     T, H, I, E, K = 1024, 256, 128, 32, 4
     x0, router, w1, w2 = make(T, H, I, E, K, seed=7)
     router = router.requires_grad_()
