@@ -5,11 +5,12 @@ routed rows, in turns, after a check against them:
     torch+swiglu    x_perm = x[token_of_row], torch._grouped_mm, then the SwiGLU kernel (moe_rows.swiglu_fwd, the
                     routing weights as probs) reading h back
     tuned+swiglu    the same with our autotuned forward (its candidates include the plain ping-pong)
+    pp s5+swiglu    the same with the plain ping-pong forward, 5 stages (the fused kernel's main loop, alone)
     gather+swiglu   our forward reading x's rows through the index (no x_perm), then the SwiGLU kernel
     fused sN        x_perm, then the fused kernel with N stages (h and a in one pass)
 
     python scripts/fc1_swiglu_bench.py [--shapes qwen3,gptoss,mixtral,dsv3] [--routing balanced,skewed]
-        [--rounds 5] [--stages 4,3]
+        [--rounds 5] [--stages 5,4]
 
 One row per (shape, routing): ms of each contender, and the best separate path over the best fused variant.
 """
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="qwen3,gptoss,mixtral,dsv3")
     ap.add_argument("--routing", default="balanced")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--stages", default="4,3", help="fused variants' pipeline stages (at most 4)")
+    ap.add_argument("--stages", default="5,4", help="fused variants' pipeline stages (at most 5)")
     args = ap.parse_args(argv)
     unknown = [sh for sh in args.shapes.split(",") if sh not in sweep.SHAPES]
     if unknown:
@@ -42,11 +43,11 @@ def main(argv=None) -> int:
     if any(r not in ("balanced", "skewed") for r in args.routing.split(",")):
         raise SystemExit(f"--routing: {args.routing!r}: balanced and/or skewed")
     stages = [int(s) for s in args.stages.split(",")]
-    if any(not 2 <= s <= 4 for s in stages):
-        raise SystemExit(f"--stages: {args.stages!r}: each 2..4")
+    if any(not 2 <= s <= 5 for s in stages):
+        raise SystemExit(f"--stages: {args.stages!r}: each 2..5")
     if not torch.cuda.is_available():
         raise SystemExit("scripts/fc1_swiglu_bench.py times GPU kernels: no CUDA device visible")
-    separate = ["torch+swiglu", "tuned+swiglu", "gather+swiglu"]
+    separate = ["torch+swiglu", "tuned+swiglu", "pp s5+swiglu", "gather+swiglu"]
     names = [*separate, *(f"fused s{s}" for s in stages)]
     print(f"{'shape':8s} {'routing':8s} " + " ".join(f"{c:>14s}" for c in names) + "  separate/fused", flush=True)
     for shape in args.shapes.split(","):
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
                 "torch+swiglu": lambda: moe_rows.swiglu_fwd(torch._grouped_mm(rows(), w.transpose(-2, -1), offs=offs),
                                                             "swiglu", probs),
                 "tuned+swiglu": lambda: moe_rows.swiglu_fwd(gg.grouped_gemm_fwd(rows(), w, offs), "swiglu", probs),
+                "pp s5+swiglu": lambda: moe_rows.swiglu_fwd(
+                    rp.grouped_gemm_rowgroup_pingpong(rows(), w, offs, stages=5), "swiglu", probs),
                 "gather+swiglu": lambda: moe_rows.swiglu_fwd(gg.grouped_gemm_fwd(x, w, offs, gather_rows=token_of_row),
                                                              "swiglu", probs),
             }

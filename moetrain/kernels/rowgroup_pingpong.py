@@ -198,24 +198,26 @@ def _swiglu_fwd_epilogue(acc, bufs, ROLE: gl.constexpr, a_desc, h_desc, h_up_des
                          RAGGED: gl.constexpr):
     """FC1's tile acc [BM, 2 CN] (gate columns n0.. of h, then the up columns I + n0..) -> h's two halves and
     a [:, n0..] = act(g, u) (* probs[row]), from g and u rounded to bf16 as the separate SwiGLU kernel reads them.
-    bufs[3 ROLE + 0..2]: this warpgroup's store buffers (g, u, a)."""
+    bufs[2 ROLE], bufs[2 ROLE + 1]: this warpgroup's store buffers (g then a, and u), so that 5 stages fit."""
     # A thread of the wgmma layout holds columns c and c + CN of the same rows: the split moves no data.
     g, u = acc.reshape([BM, 2, CN]).permute((0, 2, 1)).split()
     g = g.to(h_desc.dtype)
     u = u.to(h_desc.dtype)
+    at = [RAGGED, row_end, RAGGED - row_end + m0, n0]
     tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffers
-    bufs.index(3 * ROLE).reshape([BM, CN]).store(g)
-    bufs.index(3 * ROLE + 1).reshape([BM, CN]).store(u)
+    bufs.index(2 * ROLE).reshape([BM, CN]).store(g)
+    bufs.index(2 * ROLE + 1).reshape([BM, CN]).store(u)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(h_desc, at, bufs.index(2 * ROLE))
+    tma.async_copy_shared_to_global(h_up_desc, at, bufs.index(2 * ROLE + 1))
     act, _, _ = _activation_and_slopes(g.to(gl.float32), u.to(gl.float32), ACT)
     if HAS_PROBS:
         rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, act.type.layout))
         act = act * gl.expand_dims(gl.load(probs_ptr + rows, mask=rows < row_end, other=0.0), 1)
-    bufs.index(3 * ROLE + 2).reshape([BM, CN]).store(act.to(a_desc.dtype))
+    tma.store_wait(pendings=1)  # g's store has read its buffer (u's may still be reading)
+    bufs.index(2 * ROLE).reshape([BM, CN]).store(act.to(a_desc.dtype))
     fence_async_shared()
-    at = [RAGGED, row_end, RAGGED - row_end + m0, n0]
-    tma.async_copy_shared_to_global(h_desc, at, bufs.index(3 * ROLE))
-    tma.async_copy_shared_to_global(h_up_desc, at, bufs.index(3 * ROLE + 1))
-    tma.async_copy_shared_to_global(a_desc, at, bufs.index(3 * ROLE + 2))
+    tma.async_copy_shared_to_global(a_desc, at, bufs.index(2 * ROLE))
 
 
 # The activations' math is moetrain.kernels.moe_rows._activation / _activation_bwd (Triton), written again here: a
@@ -318,8 +320,8 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, out_up_desc, h_desc, h_u
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
     if EPILOGUE == SWIGLU_BWD:  # one set (da, g, u), passed between the consumers with the epilogue turn
         out_bufs = gl.allocate_shared_memory(h_desc.dtype, [3] + h_desc.block_type.shape, h_desc.layout)
-    elif EPILOGUE == SWIGLU_FWD:  # (g, u, a) per consumer
-        out_bufs = gl.allocate_shared_memory(h_desc.dtype, [6] + h_desc.block_type.shape, h_desc.layout)
+    elif EPILOGUE == SWIGLU_FWD:  # (g then a, u) per consumer
+        out_bufs = gl.allocate_shared_memory(h_desc.dtype, [4] + h_desc.block_type.shape, h_desc.layout)
     else:  # one store buffer per consumer
         out_bufs = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -468,7 +470,7 @@ def grouped_gemm_dgrad_swiglu_pingpong(dy: torch.Tensor, w: torch.Tensor, offs: 
 
 def grouped_gemm_fc1_swiglu_pingpong(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
                                      probs: torch.Tensor | None = None, activation: str = "swiglu", *,
-                                     stages: int = 4, group_m: int = 8, num_programs: int | None = None):
+                                     stages: int = 5, group_m: int = 8, num_programs: int | None = None):
     """FC1's forward with SwiGLU in its epilogue: h = x_g @ w[g]^T per group (x [M, H], w [G, 2I, H], gate rows then
     up rows) and a = act(h[:, :I], h[:, I:]) * probs[:, None] from h rounded to bf16, as moe_rows.swiglu_fwd computes
     it. Returns (h [M, 2I], a [M, I]), bf16; rows past offs[-1] are zeros in both. Each tile: 128 rows by 64 columns
@@ -480,8 +482,8 @@ def grouped_gemm_fc1_swiglu_pingpong(x: torch.Tensor, w: torch.Tensor, offs: tor
     if w.shape[1] % 16:
         raise ValueError(f"{name}: w {tuple(w.shape)} must be [G, 2I, H] with I a multiple of 8 (TMA-aligned halves)")
     _check_probs_activation(name, probs, M, activation)
-    if stages > 4:
-        raise ValueError(f"{name}: stages={stages}: at most 4 fit beside the epilogue's buffers")
+    if stages > 5:
+        raise ValueError(f"{name}: stages={stages}: at most 5 fit beside the epilogue's buffers")
     x, w = x.contiguous(), w.contiguous()
     offs = offs.to(torch.int32).contiguous()
     h = torch.empty(M, 2 * inter, dtype=x.dtype, device=x.device)
