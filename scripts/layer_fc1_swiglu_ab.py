@@ -1,0 +1,80 @@
+"""The whole MoE layer (forward + backward, `bench moe`'s "ours (auto)") with FC1 + SwiGLU forced to the separate
+kernels or to the fused ping-pong kernel (moe_fused.fc1_swiglu), in turns, in one process. auto makes this choice
+once, from a few timings of the forward inside the layer's first call; this times the whole layer both ways.
+
+    python scripts/layer_fc1_swiglu_ab.py --shapes qwen3-30b-a3b,gpt-oss-20b,mixtral-8x7b --reps 7
+
+Contenders: the eager reference, ours with each variant, the same behind queued GPU work (host ahead), and the six
+torch GEMMs ("/ GEMMs": the issue's floor). Every other choice of auto stays as it made it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+VARIANTS = ("separate", "fused")
+
+
+def forced(layer, key: str, variant: str):
+    """The layer with auto's cache entry ``key`` set to ``variant`` for its call (and the backward that follows it:
+    the contenders run one at a time)."""
+    from moetrain.ops import autoselect
+
+    def run(*args):
+        autoselect._entries()[key] = {"backend": variant, "ms": {}}
+        return layer(*args)
+    return run
+
+
+def main(argv=None) -> int:
+    from moetrain.bench import moe_layer as ml
+    from moetrain.ops import autoselect
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="qwen3-30b-a3b")
+    ap.add_argument("--routing", default="balanced", choices=("balanced", "skewed"))
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args(argv)
+    names = args.shapes.split(",")
+    unknown = [n for n in names if n not in ml.SHAPES]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(ml.SHAPES)}")
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts/layer_fc1_swiglu_ab.py times the layer on a GPU: no CUDA device visible")
+    for name in names:
+        s = ml.SHAPES[name]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def make_args():
+            return ml.layer_inputs(s, args.routing, gen)
+
+        auto = ml.ours("auto")
+        print(f"{name} {args.routing}: first call (autotuning, auto's measurements)", flush=True)
+        ml._fwd_bwd(auto, make_args())
+        torch.cuda.synchronize()
+        keys = [k for k in autoselect.entries() if k.startswith("moe_fc1_swiglu|")]
+        if len(keys) != 1:
+            raise SystemExit(f"{name}: expected one moe_fc1_swiglu choice (a Hopper GPU), found {keys}")
+        entry = autoselect.entries()[keys[0]]
+        print(f"  auto chose {entry['backend']} ({autoselect.describe_times(entry['ms'])} ms)", flush=True)
+        contenders = {"reference eager": ml.reference_layer}
+        for variant in VARIANTS:
+            contenders[f"ours, FC1 + SwiGLU {variant}"] = forced(auto, keys[0], variant)
+        for label in [n for n in contenders if n.startswith("ours")]:
+            contenders[f"{label}, host ahead"] = ml.HostAhead(contenders[label])
+        contenders[ml.FLOOR] = ml.GemmFloor(s, args.routing)
+        for fn in contenders.values():  # both variants compiled and tuned before timing
+            ml._fwd_bwd(fn, make_args())
+        timed = ml.time_contenders(contenders, make_args, args.warmup, args.reps)
+        ref, floor = timed["reference eager"][0], timed[ml.FLOOR][0]
+        print(f"{name} {args.routing} (ms, median of {args.reps}; x eager; / six torch GEMMs)")
+        for label, (ms, _peak, spread, _events) in timed.items():
+            print(f"  {label:48s} {ms:8.2f} ±{spread:4.1f}%  {ref / ms:5.2f}x  {ms / floor:5.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
