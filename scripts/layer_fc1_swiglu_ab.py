@@ -55,7 +55,8 @@ def main(argv=None) -> int:
         print(f"{name} {args.routing}: first call (autotuning, auto's measurements)", flush=True)
         ml._fwd_bwd(auto, make_args())
         torch.cuda.synchronize()
-        keys = [k for k in autoselect.entries() if k.startswith("moe_fc1_swiglu|")]
+        # (the cache file may hold other shapes' choices: the key names FC1's N = 2I and K = H)
+        keys = [k for k in autoselect.entries() if k.startswith("moe_fc1_swiglu|") and f"|N{2 * s.I}|K{s.H}|" in k]
         if len(keys) != 1:
             raise SystemExit(f"{name}: expected one moe_fc1_swiglu choice (a Hopper GPU), found {keys}")
         entry = autoselect.entries()[keys[0]]
