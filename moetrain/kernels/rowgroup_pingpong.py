@@ -27,10 +27,17 @@ RAGGED), which drops rows at or past the group's end in hardware.
 Measured on the H200 (session 12, bench/NOTES.md): level with torch._grouped_mm on the sums of the forward / data
 gradient GEMMs at Qwen3, GPT-OSS and Mixtral (0.999-1.010x), 0.94x at DeepSeek-V3; up to 1.05x on single ops. The
 autotuner offers it (grouped_gemm_tuning.PINGPONG_ROWGROUP_CONFIGS) and keeps it where it wins.
-On trial, not called by the layer: grouped_gemm_dgrad_swiglu_pingpong, FC2's data gradient with SwiGLU's backward in
-its epilogue (the fusion the non-specialized Triton kernel lost in session 8). Correct; 1.02x the separate data
-gradient + SwiGLU backward at Mixtral, 0.57x at Qwen3: its epilogue (4 warps, shared buffers passed between the
-consumers) takes longer than a Qwen3 tile's main loop.
+
+Two fused epilogues (the EPILOGUE constexpr):
+- SWIGLU_FWD, grouped_gemm_fc1_swiglu_pingpong, called by the layer (moe_fused.fc1_swiglu, where auto measures it
+  faster): FC1's forward writes h and a = SwiGLU(h) * probs. Each stage loads the gate rows and the up rows of 64
+  columns of a into one 128-row w block, so each thread's accumulator holds g and u of the same elements and the
+  activation runs in registers; the separate SwiGLU kernel's read of h [M, 2I] goes away. Session 13: 1.02-1.14x the
+  best separate path (FC1 GEMM + SwiGLU kernel) at Qwen3, GPT-OSS and Mixtral, 0.98x at DeepSeek-V3.
+- SWIGLU_BWD, grouped_gemm_dgrad_swiglu_pingpong, on trial (not called by the layer): FC2's data gradient with
+  SwiGLU's backward. Correct; 1.02x the separate data gradient + SwiGLU backward at Mixtral, 0.57x at Qwen3: its
+  epilogue (g and u loaded when the tile's MMAs end, shared buffers passed between the consumers, fully unrolled:
+  Nsight Compute shows instruction-fetch stalls) takes longer than a Qwen3 tile's main loop.
 """
 
 from __future__ import annotations
