@@ -119,28 +119,45 @@ def _fused_forward(x, w1, offs, token_of_row, probs, activation: str):
     return grouped_gemm_fc1_swiglu_pingpong(x.index_select(0, token_of_row), w1, offs, probs, activation)
 
 
-class FusedFC1SwiGLU(torch.autograd.Function):
-    """a = act(x[token_of_row] @ w1_g^T) * probs[:, None] with SwiGLU in FC1's epilogue (one kernel over a transient
-    x_perm; the separate path's SwiGLU kernel reads h back). Saves what GatherFC1 and the SwiGLU op save together."""
+class FusedFC1(torch.autograd.Function):
+    """(h, a) = FC1 of the token rows and a = act(h) * probs[:, None], by one kernel (SwiGLU in FC1's epilogue, over a
+    transient x_perm). Differentiable in h only, with GatherFC1's backward: a's gradient reaches h through
+    ``_SwiGLUOfFusedFC1``, SwiGLU's own node, so that h is freed after SwiGLU's backward as on the separate path
+    (held by this node instead, it stayed alive through FC1's backward: +1.9 GB peak at Mixtral, session 13)."""
 
     @staticmethod
     def forward(ctx, x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation):
         offs = offs.to(torch.int32)
         h, a = _fused_forward(x, w1, offs, token_of_row, probs, activation)
-        ctx.save_for_backward(x, w1, offs, inverse, token_of_row, h, probs)
-        ctx.topk, ctx.gemm, ctx.activation = topk, gemm, activation
-        return a
+        ctx.save_for_backward(x, w1, offs, inverse, token_of_row)
+        ctx.topk, ctx.gemm = topk, gemm
+        ctx.mark_non_differentiable(a)
+        return h, a
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dh, _da):
+        x, w1, offs, inverse, token_of_row = ctx.saved_tensors
+        dx, dw1 = _fc1_backward(dh.to(x.dtype).contiguous(), x, w1, offs, inverse, token_of_row, ctx.topk, ctx.gemm,
+                                ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        return dx, dw1, None, None, None, None, None, None, None
+
+
+class _SwiGLUOfFusedFC1(torch.autograd.Function):
+    """The SwiGLU node of the fused path: a (computed by FusedFC1's kernel) as a function of h and probs. Saves and
+    differentiates exactly as moe_rows.swiglu with impl "triton" (its backward kernel)."""
+
+    @staticmethod
+    def forward(ctx, h, probs, a, activation):
+        ctx.save_for_backward(h, probs)
+        ctx.activation, ctx.impl = activation, "triton"
+        return a.view_as(a)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, da):
-        from moetrain.kernels import moe_rows as row_kernels
-
-        x, w1, offs, inverse, token_of_row, h, probs = ctx.saved_tensors
-        dh, dprobs = row_kernels.swiglu_bwd(h, da.to(h.dtype).contiguous(), ctx.activation, probs)
-        dx, dw1 = _fc1_backward(dh, x, w1, offs, inverse, token_of_row, ctx.topk, ctx.gemm, ctx.needs_input_grad[0],
-                                ctx.needs_input_grad[1])
-        return dx, dw1, None, None, None, dprobs if ctx.needs_input_grad[5] else None, None, None, None
+        dh, dprobs, _, _ = moe_rows.swiglu_backward(ctx, da)
+        return dh, dprobs, None, None
 
 
 def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_row: torch.Tensor,
@@ -148,7 +165,7 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_r
                gemm: str = "triton") -> torch.Tensor:
     """a [M, I] = act(h[:, :I], h[:, I:]) * probs[:, None] with h = FC1 of the token rows (``fc1_gathered``'s
     operands; probs [M] fp32 or None). With gemm "auto" where the fused kernel applies, "separate" (fc1_gathered,
-    then the SwiGLU kernel) and "fused" (``FusedFC1SwiGLU``) are measured once per shape (autoselect kind
+    then the SwiGLU kernel) and "fused" (``FusedFC1``) are measured once per shape (autoselect kind
     "moe_fc1_swiglu", forward only: both backwards run the same kernels); otherwise "separate"."""
     variant = "separate"
     if gemm == "auto" and fused_fc1_swiglu_applies(x, w1):
@@ -163,6 +180,7 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_r
 
         variant = autoselect.choose("moe_fc1_swiglu", x, N, K, token_of_row.shape[0], G, run)
     if variant == "fused":
-        return FusedFC1SwiGLU.apply(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation)
+        h, a = FusedFC1.apply(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation)
+        return _SwiGLUOfFusedFC1.apply(h, probs, a, activation)
     return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation, "triton",
                            probs=probs)

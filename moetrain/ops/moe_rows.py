@@ -176,14 +176,20 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, da):
-        h, probs = ctx.saved_tensors
-        da = da.to(h.dtype)
-        if ctx.impl == "triton":
-            dh, dprobs = _kernels().swiglu_bwd(h, da, ctx.activation, probs)
-        else:
-            dprobs = None if probs is None else (da * swiglu_torch(h, ctx.activation)).sum(dim=1, dtype=probs.dtype)
-            dh = swiglu_bwd_torch(h, da if probs is None else (da * probs.unsqueeze(1)).to(h.dtype), ctx.activation)
-        return dh, dprobs if ctx.needs_input_grad[1] else None, None, None
+        return swiglu_backward(ctx, da)
+
+
+def swiglu_backward(ctx, da):
+    """(dh, dprobs or None, None, None) of a SwiGLU node whose ctx saved (h, probs) and holds activation and impl
+    (_SwiGLU here; moe_fused's node for the a that FC1's fused kernel computed)."""
+    h, probs = ctx.saved_tensors
+    da = da.to(h.dtype)
+    if ctx.impl == "triton":
+        dh, dprobs = _kernels().swiglu_bwd(h, da, ctx.activation, probs)
+    else:
+        dprobs = None if probs is None else (da * swiglu_torch(h, ctx.activation)).sum(dim=1, dtype=probs.dtype)
+        dh = swiglu_bwd_torch(h, da if probs is None else (da * probs.unsqueeze(1)).to(h.dtype), ctx.activation)
+    return dh, dprobs if ctx.needs_input_grad[1] else None, None, None
 
 
 def swiglu(h: torch.Tensor, activation: str = "swiglu", impl: str = "torch",
