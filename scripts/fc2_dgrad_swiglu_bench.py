@@ -4,7 +4,7 @@ check against them: the data gradient (torch._grouped_mm, our tuned Triton kerne
 da [M, I], then the SwiGLU backward kernel (moe_rows.swiglu_bwd, with the routing weights as probs) reading it.
 
     python scripts/fc2_dgrad_swiglu_bench.py [--shapes qwen3,gptoss,mixtral,dsv3] [--routing balanced,skewed]
-        [--rounds 5] [--stages 4,3]
+        [--rounds 5] [--stages 5,4]
 
 One row per (shape, routing): ms of each contender, and the best separate pair over the best fused variant.
 --profile: after the check, the plain ping-pong pair and the first fused variant run once more between
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="qwen3,gptoss,mixtral,dsv3")
     ap.add_argument("--routing", default="balanced")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--stages", default="4,3", help="fused variants' pipeline stages (at most 4)")
+    ap.add_argument("--stages", default="5,4", help="fused variants' pipeline stages (at most 6)")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
     unknown = [sh for sh in args.shapes.split(",") if sh not in sweep.SHAPES]
@@ -38,8 +38,8 @@ def main(argv=None) -> int:
     if any(r not in ("balanced", "skewed") for r in args.routing.split(",")):
         raise SystemExit(f"--routing: {args.routing!r}: balanced and/or skewed")
     stages = [int(s) for s in args.stages.split(",")]
-    if any(not 2 <= s <= 4 for s in stages):
-        raise SystemExit(f"--stages: {args.stages!r}: each 2..4")
+    if any(not 2 <= s <= 6 for s in stages):
+        raise SystemExit(f"--stages: {args.stages!r}: each 2..6")
     if not torch.cuda.is_available():
         raise SystemExit("scripts/fc2_dgrad_swiglu_bench.py times GPU kernels: no CUDA device visible")
     names = ["torch+swiglu_bwd", "tuned+swiglu_bwd", "pingpong+swiglu_bwd", *(f"fused s{s}" for s in stages)]

@@ -135,15 +135,13 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G,
 
 
 @gluon.jit
-def _consumer(out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, epi, gu_ready, h_desc, h_up_desc,
-              probs_ptr, parts_ptr, offs_ptr, M, G, n_tiles, k_tiles, total, NUM_PROGS, ROLE: gl.constexpr,
+def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr, probs_ptr,
+              parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, ROLE: gl.constexpr,
               BM: gl.constexpr, TN: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
               DGRAD: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
               HAS_PROBS: gl.constexpr):
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TN, 16])
-    epi_phase = 1 - ROLE  # SWIGLU_BWD: the shared epilogue buffers change hands as the MMA turns do
-    gu_phase = 0
     g = -1
     g_end = 0
     row0 = 0
@@ -178,13 +176,8 @@ def _consumer(out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, tur
             mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
             m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, CN, GROUP_M)
             if EPILOGUE == SWIGLU_BWD:
-                mbarrier.wait(epi.index(ROLE), epi_phase)
-                epi_phase ^= 1
-                _swiglu_bwd_epilogue(acc, out_bufs, h_desc, h_up_desc, out_desc, out_up_desc, gu_ready.index(ROLE),
-                                     gu_phase, probs_ptr, parts_ptr, m0, n0, row_end, n_tiles, BM, TN, ACT, HAS_PROBS,
-                                     RAGGED)
-                gu_phase ^= 1
-                mbarrier.arrive(epi.index(1 - ROLE), count=1)
+                _swiglu_bwd_epilogue(acc, h_ptr, dh_ptr, probs_ptr, parts_ptr, m0, n0, row_end, OUT, n_tiles, BM, TN,
+                                     ACT, HAS_PROBS)
             elif EPILOGUE == SWIGLU_FWD:
                 _swiglu_fwd_epilogue(acc, out_bufs, ROLE, out_desc, h_desc, h_up_desc, probs_ptr, m0, n0, row_end, BM,
                                      CN, ACT, HAS_PROBS, RAGGED)
@@ -248,41 +241,68 @@ def _activation_and_slopes(g, u, ACT: gl.constexpr):
 
 
 @gluon.jit
-def _swiglu_bwd_epilogue(acc, bufs, h_desc, h_up_desc, dh_desc, dh_up_desc, gu_ready, gu_phase, probs_ptr, parts_ptr,
-                         m0, n0, row_end, n_tiles, BM: gl.constexpr, TN: gl.constexpr, ACT: gl.constexpr,
-                         HAS_PROBS: gl.constexpr, RAGGED: gl.constexpr):
+def _row_halves(t):
+    """t [R, C] -> (rows [0, R/2), rows [R/2, R)), in a layout where each thread repeats over the rows (the 16-byte
+    row layout of _swiglu_bwd_epilogue), so the split moves no data."""
+    R: gl.constexpr = t.type.shape[0]
+    C: gl.constexpr = t.type.shape[1]
+    return t.reshape([2, R // 2, C]).permute((1, 2, 0)).split()
+
+
+@gluon.jit
+def _swiglu_bwd_rows(da, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0, n0, row_end, I, n_tiles, TN: gl.constexpr,
+                     ACT: gl.constexpr, HAS_PROBS: gl.constexpr):
+    """SwiGLU's backward on da [R, TN] (bf16, rows r0.., columns n0.. of I): g and u loaded from h [M, 2I] in da's
+    layout, dh's gate and up columns stored from it; with probs, the rows' partial d probs into parts [M, n_tiles]."""
+    R: gl.constexpr = da.type.shape[0]
+    local = gl.arange(0, R, layout=gl.SliceLayout(1, da.type.layout))
+    rows = r0 + local
+    cols = n0 + gl.arange(0, TN, layout=gl.SliceLayout(0, da.type.layout))
+    live_rows = rows < row_end
+    live = gl.expand_dims(live_rows, 1) & gl.expand_dims(cols < I, 0)
+    h_ptr += r0.to(gl.int64) * (2 * I)  # 32-bit offsets from the first row: fewer registers than 64-bit ones
+    dh_ptr += r0.to(gl.int64) * (2 * I)
+    at = gl.expand_dims(local * (2 * I), 1) + gl.expand_dims(cols, 0)
+    g = gl.load(h_ptr + at, mask=live, other=0.0).to(gl.float32)
+    u = gl.load(h_ptr + at + I, mask=live, other=0.0).to(gl.float32)
+    da = da.to(gl.float32)
+    act, slope_g, slope_u = _activation_and_slopes(g, u, ACT)
+    if HAS_PROBS:
+        gl.store(parts_ptr + rows.to(gl.int64) * n_tiles + n0 // TN, gl.sum(da * act, axis=1), mask=live_rows)
+        da = da * gl.expand_dims(gl.load(probs_ptr + rows, mask=live_rows, other=0.0), 1)
+    gl.store(dh_ptr + at, (da * slope_g).to(dh_ptr.dtype.element_ty), mask=live)
+    gl.store(dh_ptr + at + I, (da * slope_u).to(dh_ptr.dtype.element_ty), mask=live)
+
+
+@gluon.jit
+def _swiglu_bwd_epilogue(acc, h_ptr, dh_ptr, probs_ptr, parts_ptr, m0, n0, row_end, I, n_tiles, BM: gl.constexpr,
+                         TN: gl.constexpr, ACT: gl.constexpr, HAS_PROBS: gl.constexpr):
     """SwiGLU's backward on a data-gradient tile: acc = da [BM, TN] (FC2's dgrad, columns n0.. of I) ->
-    dh[:, n0..] (gate) and dh[:, I + n0..] (up) through ragged descriptors of h's and dh's two halves (each [M, I]
-    with row stride 2I), and with probs, the partial d probs of these columns into
-    parts [M, n_tiles]. Uses bufs [3] (da, g -> dg, u -> du) while holding the epilogue turn."""
-    CH: gl.constexpr = 32  # rows per pass: three fp32 [CH, TN] tiles in registers
+    dh[:, n0..] (gate) and dh[:, I + n0..] (up), and with probs the rows' partial d probs of these columns into
+    parts [M, n_tiles]. da is rounded to bf16 (as the separate path's da) and converted to a layout of 16-byte rows
+    per thread, in which g and u are loaded and dh stored with whole 16-byte accesses, an eighth of the rows at a
+    time; no shared buffer of ours, so each consumer's epilogue is its own."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (TN // 8), TN // 8], [4, 1], [1, 0])
-    da_buf = bufs.index(0).reshape([BM, TN])
-    g_buf = bufs.index(1).reshape([BM, TN])
-    u_buf = bufs.index(2).reshape([BM, TN])
-    mbarrier.expect(gu_ready, 2 * h_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(h_desc, [RAGGED, row_end, RAGGED - row_end + m0, n0], gu_ready, bufs.index(1))
-    tma.async_copy_global_to_shared(h_up_desc, [RAGGED, row_end, RAGGED - row_end + m0, n0], gu_ready, bufs.index(2))
-    da_buf.store(acc.to(dh_desc.dtype))  # rounded to bf16 as the separate path's da
-    gl.thread_barrier()
-    mbarrier.wait(gu_ready, gu_phase)
-    rows = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
-    for c in gl.static_range(BM // CH):
-        da = da_buf.slice(c * CH, CH).load(layout).to(gl.float32)
-        gv = g_buf.slice(c * CH, CH).load(layout).to(gl.float32)
-        uv = u_buf.slice(c * CH, CH).load(layout).to(gl.float32)
-        act, slope_g, slope_u = _activation_and_slopes(gv, uv, ACT)
-        if HAS_PROBS:
-            r = m0 + c * CH + rows
-            live = r < row_end
-            gl.store(parts_ptr + r.to(gl.int64) * n_tiles + n0 // TN, gl.sum(da * act, axis=1), mask=live)
-            da = da * gl.expand_dims(gl.load(probs_ptr + r, mask=live, other=0.0), 1)
-        g_buf.slice(c * CH, CH).store((da * slope_g).to(dh_desc.dtype))
-        u_buf.slice(c * CH, CH).store((da * slope_u).to(dh_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dh_desc, [RAGGED, row_end, RAGGED - row_end + m0, n0], bufs.index(1))
-    tma.async_copy_shared_to_global(dh_up_desc, [RAGGED, row_end, RAGGED - row_end + m0, n0], bufs.index(2))
-    tma.store_wait(pendings=0)  # the buffers are the other warpgroup's next
+    da = gl.convert_layout(acc.to(dh_ptr.dtype.element_ty), layout)
+    top, bottom = _row_halves(da)
+    _swiglu_bwd_half(top, h_ptr, dh_ptr, probs_ptr, parts_ptr, m0, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
+    _swiglu_bwd_half(bottom, h_ptr, dh_ptr, probs_ptr, parts_ptr, m0 + BM // 2, n0, row_end, I, n_tiles, TN, ACT,
+                     HAS_PROBS)
+
+
+@gluon.jit
+def _swiglu_bwd_half(da, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0, n0, row_end, I, n_tiles, TN: gl.constexpr,
+                     ACT: gl.constexpr, HAS_PROBS: gl.constexpr):
+    """_swiglu_bwd_rows on da [R, TN] (rows r0..) in four passes of R / 4 rows (each pass's g, u, pointers and
+    temporaries in registers: with two passes per 128-row tile the routing weights' reduction spilled)."""
+    E: gl.constexpr = da.type.shape[0] // 4
+    top, bottom = _row_halves(da)
+    p0, p1 = _row_halves(top)
+    p2, p3 = _row_halves(bottom)
+    _swiglu_bwd_rows(p0, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
+    _swiglu_bwd_rows(p1, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0 + E, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
+    _swiglu_bwd_rows(p2, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0 + 2 * E, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
+    _swiglu_bwd_rows(p3, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0 + 3 * E, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
 
 
 @gluon.jit
@@ -300,15 +320,15 @@ def _tile_total(offs_ptr, M, G, n_tiles, BM: gl.constexpr, BLOCK_G: gl.constexpr
 
 
 @gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
-def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, out_up_desc, h_desc, h_up_desc, probs_ptr, parts_ptr, offs_ptr,
-                              M, OUT, RED, G,
+def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr, dh_ptr, probs_ptr, parts_ptr,
+                              offs_ptr, M, OUT, RED, G,
                               NUM_PROGS, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
                               BLOCK_G: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
                               HAS_PROBS: gl.constexpr, num_warps: gl.constexpr):
     """a_desc: A [M, RED] (x or dy), block [BM, BK]; w_desc: w [G, N, K], block [1, TN, BK] (forward) or [1, BK, TN]
     (DGRAD); out_desc: out [M, OUT] ragged, block [1, 1, BM, TN].
-    SWIGLU_BWD (with DGRAD): out_desc / out_up_desc are dh [M, 2I]'s gate and up halves, h_desc / h_up_desc h's, each
-    as a ragged [M, I] with row stride 2I; probs_ptr [M] fp32 and parts_ptr [M, n_tiles] fp32 with HAS_PROBS.
+    SWIGLU_BWD (with DGRAD): h_ptr / dh_ptr are h and dh [M, 2I] (gate columns, then up); out_desc is dh's gate half
+    as a ragged [M, I] (its block gives the tile); probs_ptr [M] fp32 and parts_ptr [M, n_tiles] fp32 with HAS_PROBS.
     SWIGLU_FWD (forward): w_desc is FC1's w [G, 2 OUT, K] viewed as [G * 2 OUT, K], block [TN / 2, BK]; out_desc is
     a [M, OUT] ragged, block [1, 1, BM, TN / 2]; h_desc / h_up_desc the halves of h [M, 2 OUT] (outputs here);
     probs_ptr [M] fp32 with HAS_PROBS.
@@ -325,8 +345,8 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, out_up_desc, h_desc, h_u
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, TN, BK], w_desc.layout)
     else:
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    if EPILOGUE == SWIGLU_BWD:  # one set (da, g, u), passed between the consumers with the epilogue turn
-        out_bufs = gl.allocate_shared_memory(h_desc.dtype, [3] + h_desc.block_type.shape, h_desc.layout)
+    if EPILOGUE == SWIGLU_BWD:  # none: the epilogue's layout conversion has its own scratch (a placeholder)
+        out_bufs = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     elif EPILOGUE == SWIGLU_FWD:  # (g then a, u) per consumer
         out_bufs = gl.allocate_shared_memory(h_desc.dtype, [4] + h_desc.block_type.shape, h_desc.layout)
     else:  # one store buffer per consumer
@@ -334,23 +354,19 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, out_up_desc, h_desc, h_u
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    epi = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    gu_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
-        mbarrier.init(epi.index(i), count=1)
-        mbarrier.init(gu_ready.index(i), count=1)
     # (spelled out as in wgrad_pingpong.py: argument tuples held in variables lose their constexprs)
     gl.warp_specialize([
-        (_consumer, (out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, epi, gu_ready, h_desc,
-                     h_up_desc, probs_ptr, parts_ptr, offs_ptr, M, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM, TN,
-                     CN, BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
-        (_consumer, (out_desc, out_up_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, epi, gu_ready, h_desc,
-                     h_up_desc, probs_ptr, parts_ptr, offs_ptr, M, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN,
-                     CN, BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
+        (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
+                     probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM, TN, CN, BK,
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
+        (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
+                     probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN, CN, BK,
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
         (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total,
                      NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -403,14 +419,16 @@ def _value(epilogue) -> int:
     return int(getattr(epilogue, "value", epilogue))
 
 
-def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_descs, h_descs, probs, parts, *, dgrad: bool,
-            stages: int, group_m: int, num_programs: int | None, epilogue: int = PLAIN, act: int = 0):
-    """width: the output columns the tiles cover (OUT: N or K; I with SWIGLU_BWD / SWIGLU_FWD)."""
+def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad: bool, stages: int, group_m: int,
+            num_programs: int | None, h_descs=None, h=None, dh=None, probs=None, parts=None, epilogue: int = PLAIN,
+            act: int = 0):
+    """width: the output columns the tiles cover (OUT: N or K; I with SWIGLU_BWD / SWIGLU_FWD). The kernel's unused
+    descriptors and pointers get out_desc and offs."""
     nprog = max(1, num_programs or cuda_device.sm_count(a.device))
+    h_descs = h_descs or (out_desc, out_desc)
     with torch.cuda.device(a.device):
         _rowgroup_pingpong_kernel[(nprog,)](
-            a_desc, w_desc, *out_descs, *h_descs, probs if probs is not None else offs,
-            parts if parts is not None else offs, offs, a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages,
+            a_desc, w_desc, out_desc, *h_descs, *(t if t is not None else offs for t in (h, dh, probs, parts)), offs, a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages,
             GROUP_M=group_m, DGRAD=dgrad, BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS, EPILOGUE=_value(epilogue),
             ACT=act, HAS_PROBS=probs is not None, num_warps=4, maxnreg=168)
 
@@ -437,19 +455,19 @@ def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch
         return out.zero_()
     a_desc, w_desc = _descs(a, w, tile, dgrad)
     out_desc = ragged_desc(out, list(tile))
-    _launch(a, offs, w.shape[0], width, a_desc, w_desc, (out_desc, out_desc), (out_desc, out_desc), None, None,
-            dgrad=dgrad, stages=stages, group_m=group_m, num_programs=num_programs)
+    _launch(a, offs, w.shape[0], width, a_desc, w_desc, out_desc, dgrad=dgrad, stages=stages, group_m=group_m,
+            num_programs=num_programs)
     return out
 
 
 def grouped_gemm_dgrad_swiglu_pingpong(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, h: torch.Tensor,
                                        probs: torch.Tensor | None = None, activation: str = "swiglu", *,
-                                       stages: int = 4, group_m: int = 8, num_programs: int | None = None):
+                                       stages: int = 5, group_m: int = 8, num_programs: int | None = None):
     """FC2's data gradient with SwiGLU's backward in its epilogue: da = dy_g @ w[g] per group (dy [M, H], w [G, H, I]),
     never written; from it and h [M, 2I] (FC1's output, gate columns then up), as moe_rows.swiglu_bwd does from da:
     (dh [M, 2I] bf16, dprobs [M] fp32 or None), where a = act(h) * probs[:, None] was FC2's input. Rows past
-    offs[-1] get dh = 0 and dprobs = 0. 128x128 tiles; the shared (da, g, u) buffers take the second store buffer's
-    place, so stages <= 4."""
+    offs[-1] get dh = 0 and dprobs = 0. 128x128 tiles; stages <= 6 (the epilogue's layout conversion takes ~16 KB of
+    shared memory)."""
     name = "grouped_gemm_dgrad_swiglu_pingpong"
     tile = (128, 128)
     _check(name, dy, w, offs, True, tile)
@@ -457,8 +475,8 @@ def grouped_gemm_dgrad_swiglu_pingpong(dy: torch.Tensor, w: torch.Tensor, offs: 
     if h.dtype != torch.bfloat16 or tuple(h.shape) != (M, 2 * inter) or h.device != dy.device:
         raise ValueError(f"{name}: h {tuple(h.shape)} {h.dtype} must be bf16 [M, 2I] = [{M}, {2 * inter}]")
     _check_probs_activation(name, probs, M, activation)
-    if stages > 4:
-        raise ValueError(f"{name}: stages={stages}: at most 4 fit beside the epilogue's buffers")
+    if stages > 6:
+        raise ValueError(f"{name}: stages={stages}: at most 6 fit beside the epilogue's scratch")
     dy, w, h = dy.contiguous(), w.contiguous(), h.contiguous()
     offs = offs.to(torch.int32).contiguous()
     dh = torch.empty_like(h)
@@ -469,9 +487,10 @@ def grouped_gemm_dgrad_swiglu_pingpong(dy: torch.Tensor, w: torch.Tensor, offs: 
     if w.shape[0] == 0:
         return dh.zero_(), None if probs is None else torch.zeros_like(probs)
     a_desc, w_desc = _descs(dy, w, tile, True)
-    _launch(dy, offs, w.shape[0], inter, a_desc, w_desc, _ragged_halves(dh, list(tile)), _ragged_halves(h, list(tile)),
-            probs.contiguous() if probs is not None else None, parts, dgrad=True, stages=stages, group_m=group_m,
-            num_programs=num_programs, epilogue=SWIGLU_BWD, act=ACTIVATIONS[activation])
+    _launch(dy, offs, w.shape[0], inter, a_desc, w_desc, _ragged_halves(dh, list(tile))[0], dgrad=True, stages=stages,
+            group_m=group_m, num_programs=num_programs, h=h, dh=dh,
+            probs=probs.contiguous() if probs is not None else None, parts=parts, epilogue=SWIGLU_BWD,
+            act=ACTIVATIONS[activation])
     return dh, None if parts is None else parts.sum(dim=1)
 
 
@@ -503,9 +522,10 @@ def grouped_gemm_fc1_swiglu_pingpong(x: torch.Tensor, w: torch.Tensor, offs: tor
     x_desc = descriptor(x, list(x.shape), [x.stride(0), 1], [tile[0], BLOCK_K])
     w_desc = descriptor(w, [w.shape[0] * w.shape[1], w.shape[2]], [w.shape[2], 1], [half, BLOCK_K])
     a_desc = ragged_desc(a, [tile[0], half])
-    _launch(x, offs, w.shape[0], inter, x_desc, w_desc, (a_desc, a_desc), _ragged_halves(h, [tile[0], half]),
-            probs.contiguous() if probs is not None else None, None, dgrad=False, stages=stages, group_m=group_m,
-            num_programs=num_programs, epilogue=SWIGLU_FWD, act=ACTIVATIONS[activation])
+    _launch(x, offs, w.shape[0], inter, x_desc, w_desc, a_desc, dgrad=False, stages=stages, group_m=group_m,
+            num_programs=num_programs, h_descs=_ragged_halves(h, [tile[0], half]),
+            probs=probs.contiguous() if probs is not None else None, epilogue=SWIGLU_FWD,
+            act=ACTIVATIONS[activation])
     return h, a
 
 
@@ -531,7 +551,7 @@ def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool
     else:
         w_block = [1, BLOCK_K, tn] if dgrad else [1, tn, BLOCK_K]
     sig = {"a_desc": aot_type([bm, BLOCK_K]), "w_desc": aot_type(w_block),
-           "out_desc": out, "out_up_desc": out, "h_desc": out, "h_up_desc": out, "probs_ptr": "*fp32",
+           "out_desc": out, "h_desc": out, "h_up_desc": out, "h_ptr": "*bf16", "dh_ptr": "*bf16", "probs_ptr": "*fp32",
            "parts_ptr": "*fp32", "offs_ptr": "*i32", "M": "i32",
            "OUT": "i32", "RED": "i32", "G": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr",
            "DGRAD": "constexpr", "BLOCK_G": "constexpr", "RAGGED": "constexpr", "EPILOGUE": "constexpr",
@@ -542,6 +562,6 @@ def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool
                                      "RAGGED": RAGGED_ROWS, "EPILOGUE": _value(epilogue), "ACT": act,
                                      "HAS_PROBS": has_probs,
                                      "num_warps": 4},
-                         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ("probs_ptr", "parts_ptr",
-                                                                                         "offs_ptr")})
+                         attrs={(names.index(n),): [["tt.divisibility", 16]]
+                                for n in ("h_ptr", "dh_ptr", "probs_ptr", "parts_ptr", "offs_ptr", "OUT", "RED")})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4, "maxnreg": 168})

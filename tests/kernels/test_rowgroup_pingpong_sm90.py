@@ -19,7 +19,7 @@ from moetrain.kernels import rowgroup_pingpong as rp
 from moetrain.kernels.grouped_gemm_aot import spill_bytes
 rows = []
 for kw in (dict(stages=4, tile=(128, 128)), dict(stages=5, tile=(128, 128), dgrad=True), dict(stages=4, tile=(64, 256)),
-           dict(stages=4, epilogue=rp.SWIGLU_BWD), dict(stages=3, epilogue=rp.SWIGLU_BWD, act=1, has_probs=False),
+           dict(stages=6, epilogue=rp.SWIGLU_BWD), dict(stages=5, epilogue=rp.SWIGLU_BWD, act=1),
            dict(stages=5, epilogue=rp.SWIGLU_FWD), dict(stages=4, epilogue=rp.SWIGLU_FWD, act=1, has_probs=False)):
     ck = rp.aot_compile(**kw)
     ptx = ck.asm["ptx"]
