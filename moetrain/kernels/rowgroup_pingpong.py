@@ -250,27 +250,23 @@ def _row_halves(t):
 
 
 @gluon.jit
-def _tile_offsets(like, r0, n0, row_end, I, TN: gl.constexpr):
-    """For a [R, TN] tile in ``like``'s layout at rows r0.., columns n0.. of h's / dh's gate half [M, I] (row stride
-    2I): (32-bit offsets from row r0, the live mask, the rows, the live rows)."""
-    R: gl.constexpr = like.type.shape[0]
-    local = gl.arange(0, R, layout=gl.SliceLayout(1, like.type.layout))
+def _swiglu_bwd_rows(da, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0, n0, row_end, I, n_tiles, TN: gl.constexpr,
+                     ACT: gl.constexpr, HAS_PROBS: gl.constexpr):
+    """SwiGLU's backward on da [R, TN] (bf16, rows r0.., columns n0.. of I): g and u loaded from h [M, 2I] in da's
+    layout, dh's gate and up columns stored from it; with probs, the rows' partial d probs into parts [M, n_tiles]."""
+    R: gl.constexpr = da.type.shape[0]
+    local = gl.arange(0, R, layout=gl.SliceLayout(1, da.type.layout))
     rows = r0 + local
-    cols = n0 + gl.arange(0, TN, layout=gl.SliceLayout(0, like.type.layout))
+    cols = n0 + gl.arange(0, TN, layout=gl.SliceLayout(0, da.type.layout))
     live_rows = rows < row_end
     live = gl.expand_dims(live_rows, 1) & gl.expand_dims(cols < I, 0)
-    return gl.expand_dims(local * (2 * I), 1) + gl.expand_dims(cols, 0), live, rows, live_rows
-
-
-@gluon.jit
-def _swiglu_bwd_rows(da, g, u, dh_ptr, probs_ptr, parts_ptr, r0, n0, row_end, I, n_tiles, TN: gl.constexpr,
-                     ACT: gl.constexpr, HAS_PROBS: gl.constexpr):
-    """SwiGLU's backward on da, g, u [R, TN] (bf16, rows r0.., columns n0.. of I): dh's gate and up columns; with
-    probs, the rows' partial d probs into parts [M, n_tiles]."""
-    at, live, rows, live_rows = _tile_offsets(da, r0, n0, row_end, I, TN)
+    h_ptr += r0.to(gl.int64) * (2 * I)  # 32-bit offsets from the first row: fewer registers than 64-bit ones
     dh_ptr += r0.to(gl.int64) * (2 * I)
+    at = gl.expand_dims(local * (2 * I), 1) + gl.expand_dims(cols, 0)
+    g = gl.load(h_ptr + at, mask=live, other=0.0).to(gl.float32)
+    u = gl.load(h_ptr + at + I, mask=live, other=0.0).to(gl.float32)
     da = da.to(gl.float32)
-    act, slope_g, slope_u = _activation_and_slopes(g.to(gl.float32), u.to(gl.float32), ACT)
+    act, slope_g, slope_u = _activation_and_slopes(g, u, ACT)
     if HAS_PROBS:
         gl.store(parts_ptr + rows.to(gl.int64) * n_tiles + n0 // TN, gl.sum(da * act, axis=1), mask=live_rows)
         da = da * gl.expand_dims(gl.load(probs_ptr + rows, mask=live_rows, other=0.0), 1)
@@ -300,26 +296,13 @@ def _swiglu_bwd_half(da, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0, n0, row_end, I
     """_swiglu_bwd_rows on da [R, TN] (rows r0..) in four passes of R / 4 rows (each pass's g, u, pointers and
     temporaries in registers: with two passes per 128-row tile the routing weights' reduction spilled)."""
     E: gl.constexpr = da.type.shape[0] // 4
-    # g and u of all four passes loaded first: one memory round trip per half tile, not one per pass
-    at, live, _, _ = _tile_offsets(da, r0, n0, row_end, I, TN)
-    h_ptr += r0.to(gl.int64) * (2 * I)  # 32-bit offsets from the first row: fewer registers than 64-bit ones
-    g = gl.load(h_ptr + at, mask=live, other=0.0)
-    u = gl.load(h_ptr + at + I, mask=live, other=0.0)
-    da01, da23 = _row_halves(da)
-    g01, g23 = _row_halves(g)
-    u01, u23 = _row_halves(u)
-    da0, da1 = _row_halves(da01)
-    da2, da3 = _row_halves(da23)
-    g0, g1 = _row_halves(g01)
-    g2, g3 = _row_halves(g23)
-    u0, u1 = _row_halves(u01)
-    u2, u3 = _row_halves(u23)
-    _swiglu_bwd_rows(da0, g0, u0, dh_ptr, probs_ptr, parts_ptr, r0, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
-    _swiglu_bwd_rows(da1, g1, u1, dh_ptr, probs_ptr, parts_ptr, r0 + E, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
-    _swiglu_bwd_rows(da2, g2, u2, dh_ptr, probs_ptr, parts_ptr, r0 + 2 * E, n0, row_end, I, n_tiles, TN, ACT,
-                     HAS_PROBS)
-    _swiglu_bwd_rows(da3, g3, u3, dh_ptr, probs_ptr, parts_ptr, r0 + 3 * E, n0, row_end, I, n_tiles, TN, ACT,
-                     HAS_PROBS)
+    top, bottom = _row_halves(da)
+    p0, p1 = _row_halves(top)
+    p2, p3 = _row_halves(bottom)
+    _swiglu_bwd_rows(p0, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
+    _swiglu_bwd_rows(p1, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0 + E, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
+    _swiglu_bwd_rows(p2, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0 + 2 * E, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
+    _swiglu_bwd_rows(p3, h_ptr, dh_ptr, probs_ptr, parts_ptr, r0 + 3 * E, n0, row_end, I, n_tiles, TN, ACT, HAS_PROBS)
 
 
 @gluon.jit
