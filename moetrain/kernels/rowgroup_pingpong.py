@@ -35,9 +35,11 @@ Two fused epilogues (the EPILOGUE constexpr):
   activation runs in registers; the separate SwiGLU kernel's read of h [M, 2I] goes away. Session 13: 1.02-1.14x the
   best separate path (FC1 GEMM + SwiGLU kernel) at Qwen3, GPT-OSS and Mixtral, 0.98x at DeepSeek-V3.
 - SWIGLU_BWD, grouped_gemm_dgrad_swiglu_pingpong, on trial (not called by the layer): FC2's data gradient with
-  SwiGLU's backward. Correct; 1.02x the separate data gradient + SwiGLU backward at Mixtral, 0.57x at Qwen3: its
-  epilogue (g and u loaded when the tile's MMAs end, shared buffers passed between the consumers, fully unrolled:
-  Nsight Compute shows instruction-fetch stalls) takes longer than a Qwen3 tile's main loop.
+  SwiGLU's backward. Correct. Session 13's epilogue (da converted to 16-byte rows per thread, g and u loaded and dh
+  stored from registers, each consumer on its own) runs 0.68x the best separate pair at Qwen3, 0.77x at GPT-OSS,
+  0.94-0.98x at Mixtral and DeepSeek-V3 (session 12's, with shared buffers passed between the consumers: 0.57x at
+  Qwen3): per tile it still takes ~2x a Qwen3 tile's main loop. Suspected: eight dependent memory round trips per
+  tile (branch next/swiglu-bwd-prefetch loads a quarter tile's g and u at once; unrun).
 """
 
 from __future__ import annotations
@@ -428,9 +430,10 @@ def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad
     h_descs = h_descs or (out_desc, out_desc)
     with torch.cuda.device(a.device):
         _rowgroup_pingpong_kernel[(nprog,)](
-            a_desc, w_desc, out_desc, *h_descs, *(t if t is not None else offs for t in (h, dh, probs, parts)), offs, a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages,
-            GROUP_M=group_m, DGRAD=dgrad, BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS, EPILOGUE=_value(epilogue),
-            ACT=act, HAS_PROBS=probs is not None, num_warps=4, maxnreg=168)
+            a_desc, w_desc, out_desc, *h_descs, *(t if t is not None else offs for t in (h, dh, probs, parts)), offs,
+            a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages, GROUP_M=group_m, DGRAD=dgrad,
+            BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS, EPILOGUE=_value(epilogue), ACT=act,
+            HAS_PROBS=probs is not None, num_warps=4, maxnreg=168)
 
 
 def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, dgrad: bool = False,
