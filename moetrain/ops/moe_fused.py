@@ -23,7 +23,9 @@ zero gradient, so they add nothing to dx or dw1.
 ``fc1_swiglu``: FC1 followed by SwiGLU (with the routing weights as row factors). With gemm "auto" on Hopper it is
 measured once per shape as "separate" (the FC1 above, then the SwiGLU kernel, which reads h back) against "fused"
 (x_perm gathered transiently and one ping-pong kernel writing h and a: kernels/rowgroup_pingpong.py); the backward
-is the same either way (SwiGLU's backward kernel, then FC1's as above).
+is the same either way (SwiGLU's backward kernel, then FC1's as above), and so are the saved tensors. Memory: the
+fused forward holds x_perm, h and a at once, a [M, I] more than the separate path's "copy" forward ever holds
+(GPT-OSS: +0.35 GiB at the layer's peak, bench/NOTES.md session 13).
 """
 
 from __future__ import annotations
