@@ -176,15 +176,19 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
     weight = _live_weight(topk_idx, topk_weight)
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
-    if fused and b1 is None and b2 is None:
+    if fused and b2 is None:
         # The routing weights scale the rows inside SwiGLU, before FC2 (FC2 is linear): the combine is
         # then a plain sum and keeps no copy of FC2's output [M, H] for the weights' gradient, which
         # SwiGLU's backward gets from the [M, I] values it reads anyway. (With an FC2 bias the scaled
         # bias would keep an [M, H] operand instead: the weights stay in the combine.)
-        from moetrain.ops.moe_fused import fc1_swiglu
+        from moetrain.ops.moe_fused import fc1_gathered, fc1_swiglu
 
         probs = moe_rows.row_values(weight.float().reshape(-1), row_map, inverse)
-        a = fc1_swiglu(x, w1, offs, token_of_row, inverse, K, probs, activation, gemm)
+        if b1 is None:
+            a = fc1_swiglu(x, w1, offs, token_of_row, inverse, K, probs, activation, gemm)
+        else:  # FC1's bias is added to h between FC1 and SwiGLU
+            h = fc1_gathered(x, w1, offs, token_of_row, inverse, K, gemm) + b1.index_select(0, expert_of_row)
+            a = moe_rows.swiglu(h, activation, rows, probs=probs)
         return moe_rows.combine(grouped_gemm(a, w2, offs, gemm), inverse, None, K, rows)
     if fused:
         from moetrain.ops.moe_fused import fc1_gathered
@@ -194,10 +198,6 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
         h = grouped_gemm(moe_rows.expand_rows(x, row_map, inverse, K), w1, offs, gemm)
     if b1 is not None:
         h = h + b1.index_select(0, expert_of_row)
-    if fused and b2 is None:  # as above, with FC1's bias added to h between FC1 and SwiGLU
-        probs = moe_rows.row_values(weight.float().reshape(-1), row_map, inverse)
-        y = grouped_gemm(moe_rows.swiglu(h, activation, rows, probs=probs), w2, offs, gemm)
-        return moe_rows.combine(y, inverse, None, K, rows)
     if fused:
         weight = weight.float()  # the Triton combine takes fp32 weights
     a = moe_rows.swiglu(h, activation, rows)
