@@ -46,6 +46,24 @@ def group_ranges(offs: torch.Tensor) -> list:
     return list(zip([0] + ends[:-1], ends))
 
 
+def group_fp64(op: str, a: torch.Tensor, b: torch.Tensor, g: int, s: int, e: int) -> torch.Tensor:
+    """Group g's output of a grouped GEMM in float64 (rows [s, e) of a; op "fwd", "dgrad" or "wgrad", a and b as
+    the op reads them)."""
+    if op == "fwd":
+        return a[s:e].double() @ b[g].double().T
+    if op == "dgrad":
+        return a[s:e].double() @ b[g].double()
+    return a[s:e].double().T @ b[s:e].double()
+
+
+def rows_fp64(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """A forward's or data gradient's whole output [M, N] in float64; rows past offs[-1] zero."""
+    out = torch.zeros(a.shape[0], b.shape[1] if op == "fwd" else b.shape[2], dtype=torch.float64, device=a.device)
+    for g, (s, e) in enumerate(group_ranges(offs)):
+        out[s:e] = group_fp64(op, a, b, g, s, e)
+    return out
+
+
 def check_groups_fp64(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, groups) -> None:
     """A grouped GEMM's bf16 output against float64, group by group (a, b: the op's two inputs as the op reads
     them; op "fwd", "dgrad" or "wgrad"); an empty group's output must be exactly zero. Computed on the inputs'
@@ -53,12 +71,7 @@ def check_groups_fp64(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tens
     rng = group_ranges(offs)
     for g in groups:
         s, e = rng[g]
-        if op == "fwd":
-            want, have = a[s:e].double() @ b[g].double().T, got[s:e]
-        elif op == "dgrad":
-            want, have = a[s:e].double() @ b[g].double(), got[s:e]
-        else:
-            want, have = a[s:e].double().T @ b[s:e].double(), got[g]
+        want, have = group_fp64(op, a, b, g, s, e), got[g] if op == "wgrad" else got[s:e]
         if e == s:
             assert torch.equal(have, torch.zeros_like(have)), (op, g, "empty group not zero")
         else:

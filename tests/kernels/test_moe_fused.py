@@ -131,21 +131,27 @@ def test_fused_path_saves_x_not_the_permuted_copy():
     assert not holds_x_perm(fused) and any(t is leaves[0] or torch.equal(t, leaves[0].detach()) for t in fused)
 
 
+def fake_gpu_auto(monkeypatch, tmp_path, validated: dict) -> None:
+    """backend "auto" on a fake "GPU" (this CPU, kernels in the interpreter, which computes fp32 only): its own
+    cache directory, and ``validated`` as autoselect's candidates per op kind."""
+    monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
+    autoselect.reset()
+    monkeypatch.setattr(autoselect, "measures", lambda device: True)
+    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
+    monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))
+    monkeypatch.setattr(autoselect, "GPU_VALIDATED", validated)
+
+
 def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path):
     # A fake "GPU" device on CPU: auto takes the fused path; FC1's forward is measured as "gather" (our
     # kernel reading token rows through the index) against "copy" (a permuted copy fed to the auto
     # forward GEMM), and each other GEMM on its own (triton against the loop reference here: torch's
     # CPU grouped GEMM cannot run these shapes); each computes with its recorded winner.
     monkeypatch.setattr(autoselect, "ROUNDS", 1)  # the fake timer below alternates winners per call
-    monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
-    autoselect.reset()
-    monkeypatch.setattr(autoselect, "measures", lambda device: True)
-    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
     monkeypatch.setattr(autoselect, "triton_available", lambda: True)
-    monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))  # the interpreter computes fp32 only
     kinds = ("grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad")
     validated = {kind: ("triton", "loop") for kind in kinds}
-    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {**validated, "moe_fc1_fwd": ("gather", "copy")})
+    fake_gpu_auto(monkeypatch, tmp_path, {**validated, "moe_fc1_fwd": ("gather", "copy")})
     timed = []
 
     def fake_timer(backend, run_once):
@@ -180,14 +186,9 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
 
 @pytest.mark.parametrize("fwd, wgrad", [("copy", "copy"), ("copy", "gather"), ("gather", "gather")])
 def test_auto_fc1_variants_match_the_reference(monkeypatch, tmp_path, fwd, wgrad):
-    monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
-    autoselect.reset()
-    monkeypatch.setattr(autoselect, "measures", lambda device: True)
-    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
-    monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))
-    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
-                                                      "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": (fwd,),
-                                                      "moe_fc1_wgrad": (wgrad,)})
+    fake_gpu_auto(monkeypatch, tmp_path, {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
+                                          "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": (fwd,),
+                                          "moe_fc1_wgrad": (wgrad,)})
     calls = []
     real = gg.grouped_gemm_wgrad
     monkeypatch.setattr(gg, "grouped_gemm_wgrad", lambda *a, **kw: calls.append("gather_rows" in kw) or real(*a, **kw))
@@ -229,32 +230,22 @@ def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch
 
 
 def _fc1_swiglu_in_torch(x, w1, offs, token_of_row, probs, activation):
-    """The fused kernel's contract (h, a) in plain torch, for the CPU tests of FusedFC1SwiGLU's autograd."""
+    """The fused kernel's contract (h, a) in plain torch, for the CPU tests of FusedFC1 and its SwiGLU node."""
     from moetrain.ops.moe_rows import swiglu_torch
 
-    x_perm = x.index_select(0, token_of_row)
-    h = torch.zeros(x_perm.shape[0], w1.shape[1], dtype=x.dtype, device=x.device)
-    start = 0
-    for g, end in enumerate(offs.tolist()):
-        h[start:end] = x_perm[start:end] @ w1[g].T
-        start = end
+    h = ops.grouped_gemm(x.index_select(0, token_of_row), w1, offs, "loop")
     a = swiglu_torch(h, activation)
     return h, a if probs is None else (a * probs[:, None]).to(a.dtype)
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
 def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, activation):
-    # FC1 + SwiGLU as one op (moe_fused.FusedFC1SwiGLU): its forward kernel needs a Hopper GPU, so here a torch
+    # FC1 + SwiGLU fused (moe_fused.FusedFC1 and its SwiGLU node): the kernel needs a Hopper GPU, so here a torch
     # stand-in of the same contract runs; its backward (SwiGLU's backward kernel, FC1's data gradient + combine,
     # weight gradient) and the routing weights' gradient through probs are the real ones.
-    monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
-    autoselect.reset()
-    monkeypatch.setattr(autoselect, "measures", lambda device: True)
-    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
-    monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))
-    monkeypatch.setattr(autoselect, "GPU_VALIDATED", {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
-                                                      "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("gather",),
-                                                      "moe_fc1_wgrad": ("copy",), "moe_fc1_swiglu": ("fused",)})
+    fake_gpu_auto(monkeypatch, tmp_path, {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
+                                          "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("gather",),
+                                          "moe_fc1_wgrad": ("copy",), "moe_fc1_swiglu": ("fused",)})
     monkeypatch.setattr(moe_fused, "fused_fc1_swiglu_applies", lambda x, w1: True)
     h_refs, h_alive_in_fc1_backward = [], []
 

@@ -7,8 +7,7 @@ A hang here is a barrier-phase bug: the device scripts run this file under a tim
 import pytest
 import torch
 
-from kernel_checks import (check_graph_replays, check_groups_fp64, group_ranges, hopper_kernels, rel_err,
-                           skewed_offs_cuda)
+from kernel_checks import check_graph_replays, check_groups_fp64, hopper_kernels, rel_err, rows_fp64, skewed_offs_cuda
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("triton", reason="the triton package is not installed")
@@ -92,9 +91,7 @@ def swiglu_bwd_fp64(dy, w, offs, h, probs, activation):
     """(dh, dprobs) in float64: FC2's data gradient per group, then SwiGLU's backward with the row factors."""
     from moetrain.ops import moe_rows
 
-    da = torch.zeros(dy.shape[0], w.shape[2], dtype=torch.float64, device=dy.device)
-    for g, (s, e) in enumerate(group_ranges(offs)):
-        da[s:e] = dy[s:e].double() @ w[g].double()
+    da = rows_fp64("dgrad", dy, w, offs)
     hd = h.double()
     dprobs = None if probs is None else (da * moe_rows.swiglu_torch(hd, activation)).sum(1)
     scaled = da if probs is None else da * probs.double()[:, None]
@@ -169,9 +166,7 @@ def fc1_swiglu_fp64(x, w, offs, probs, activation):
     SwiGLU kernel read it), times the row factors."""
     from moetrain.ops import moe_rows
 
-    h = torch.zeros(x.shape[0], w.shape[1], dtype=torch.float64, device=x.device)
-    for g, (s, e) in enumerate(group_ranges(offs)):
-        h[s:e] = x[s:e].double() @ w[g].double().T
+    h = rows_fp64("fwd", x, w, offs)
     a = moe_rows.swiglu_torch(h.to(torch.bfloat16).double(), activation)
     return h, a if probs is None else a * probs.double()[:, None]
 
