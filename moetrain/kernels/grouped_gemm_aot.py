@@ -93,3 +93,11 @@ def spill_bytes(ptx: str, arch: str = "sm_90a") -> int | None:
                               capture_output=True, text=True).stderr
     found = re.search(r"(\d+) bytes spill stores", info)
     return int(found.group(1)) if found else None
+
+
+def compiled_facts(ck) -> dict:
+    """What the sm_90a compile tests check of a compiled warp-specialized kernel: its shared memory, spilled bytes
+    (spill_bytes), whether its PTX issues wgmma and TMA copies, and its register rebalancing (setmaxnreg count)."""
+    ptx = ck.asm["ptx"]
+    return dict(shared=ck.metadata.shared, spill=spill_bytes(ptx), wgmma="wgmma.mma_async" in ptx,
+                tma="cp.async.bulk.tensor" in ptx, setmaxnreg=len(re.findall(r"setmaxnreg\.(?:inc|dec)", ptx)))

@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 FP32_BOUND = 1e-5  # fp32 accumulation over <= 100 terms, compared with fp64
 BF16_BOUND = 1e-2  # bf16 inputs and outputs, fp32 accumulation, compared with fp64
+SMEM_BLOCK = 232448  # bytes of shared memory one block may use on H100/H200
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -28,6 +29,15 @@ def run_without_interpreter(code: str, timeout: int = 300) -> subprocess.Complet
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def check_pingpong_compiled(row: dict) -> None:
+    """A ping-pong kernel's sm_90a compile (grouped_gemm_aot.compiled_facts in ``row``): it fits a block's shared
+    memory, spills nothing, issues wgmma and TMA, and its consumers take registers that the producer gives up."""
+    assert row["shared"] <= SMEM_BLOCK, row
+    assert row["spill"] == 0, row
+    assert row["wgmma"] and row["tma"], row
+    assert row["setmaxnreg"] >= 3, row
 
 
 def skewed_offs_cuda(m: int, g: int, seed: int, trailing: int = 37) -> torch.Tensor:

@@ -10,11 +10,10 @@ import json
 
 import pytest
 
-from kernel_checks import run_without_interpreter
+from kernel_checks import SMEM_BLOCK, run_without_interpreter
 
 pytest.importorskip("triton", reason="the triton package is not installed")
 
-SMEM_BLOCK = 232448  # bytes of shared memory one block may use on H100/H200
 SMEM_SM = 233472  # per SM, shared by its resident blocks (each also reserves 1 KiB)
 
 _SCRIPT = r"""
