@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     from moetrain.kernels import moe_rows
     from moetrain.kernels import rowgroup_pingpong as rp
     from moetrain.kernels import sweep_grouped_gemm as sweep
-    from moetrain.kernels.timing import in_turns, median_ms, skewed_offs
+    from moetrain.kernels.timing import in_turns, median_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="qwen3,gptoss,mixtral,dsv3")
@@ -37,29 +37,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--stages", default="5,4", help="fused variants' pipeline stages (at most 5)")
     args = ap.parse_args(argv)
-    unknown = [sh for sh in args.shapes.split(",") if sh not in sweep.SHAPES]
-    if unknown:
-        raise SystemExit(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(sorted(sweep.SHAPES))}")
-    if any(r not in ("balanced", "skewed") for r in args.routing.split(",")):
-        raise SystemExit(f"--routing: {args.routing!r}: balanced and/or skewed")
+    shapes, routings = sweep.script_shapes(args.shapes), sweep.script_routings(args.routing)
     stages = [int(s) for s in args.stages.split(",")]
     if any(not 2 <= s <= 5 for s in stages):
         raise SystemExit(f"--stages: {args.stages!r}: each 2..5")
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts/fc1_swiglu_bench.py times GPU kernels: no CUDA device visible")
+    sweep.require_cuda("scripts/fc1_swiglu_bench.py")
     separate = ["torch+swiglu", "tuned+swiglu", "pp s5+swiglu", "gather+swiglu"]
     names = [*separate, *(f"fused s{s}" for s in stages)]
     print(f"{'shape':8s} {'routing':8s} " + " ".join(f"{c:>14s}" for c in names) + "  separate/fused", flush=True)
-    for shape in args.shapes.split(","):
+    for shape in shapes:
         m, g, hid, inter = sweep.SHAPES[shape]
         gen = torch.Generator(device="cuda").manual_seed(0)
         w = (torch.randn(g, 2 * inter, hid, device="cuda", generator=gen) / hid ** 0.5).to(torch.bfloat16)
         x = torch.randn(m // TOPK[shape], hid, device="cuda", generator=gen).to(torch.bfloat16)
         token_of_row = torch.randint(0, x.shape[0], (m,), device="cuda", generator=gen, dtype=torch.int32)
         probs = torch.rand(m, device="cuda", generator=gen)
-        for routing in args.routing.split(","):
-            offs = (skewed_offs(m, g, 0, torch.device("cuda")) if routing == "skewed"
-                    else torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g))
+        for routing in routings:
+            offs = sweep.group_ends(m, g, routing)
 
             def rows():
                 return x.index_select(0, token_of_row)

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import rowgroup_pingpong as rp
     from moetrain.kernels import sweep_grouped_gemm as sweep
-    from moetrain.kernels.timing import in_turns, median_ms, skewed_offs
+    from moetrain.kernels.timing import in_turns, median_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,gptoss,mixtral")
@@ -46,19 +46,15 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="128x128/s4/g8,64x256/s3/g8")
     args = ap.parse_args(argv)
     variants = parse_variants(args.variants, rp.TILES)
-    unknown = [sh for sh in args.shapes.split(",") if sh not in sweep.SHAPES]
-    if unknown:
-        raise SystemExit(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(sorted(sweep.SHAPES))}")
+    shapes = sweep.script_shapes(args.shapes)
     if any(o not in ("fwd", "dgrad") for o in args.ops.split(",")):
         raise SystemExit(f"--ops: {args.ops!r}: fwd and/or dgrad")
-    if any(r not in ("balanced", "skewed") for r in args.routing.split(",")):
-        raise SystemExit(f"--routing: {args.routing!r}: balanced and/or skewed")
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts/rowgroup_pingpong_bench.py times GPU kernels: no CUDA device visible")
+    routings = sweep.script_routings(args.routing)
+    sweep.require_cuda("scripts/rowgroup_pingpong_bench.py")
     print(f"{'shape':8s} {'layer':5s} {'op':5s} {'routing':8s} "
           + " ".join(f"{c:>17s}" for c in ("torch", "tuned", *variants)) + "  torch/best variant", flush=True)
     sums = collections.defaultdict(lambda: collections.defaultdict(float))
-    for shape in args.shapes.split(","):
+    for shape in shapes:
         m, g, h, i = sweep.SHAPES[shape]
         for layer, (n, k) in sweep.layer_gemms(h, i).items():
             if layer not in args.layers.split(","):
@@ -68,9 +64,8 @@ def main(argv=None) -> int:
             for op in args.ops.split(","):
                 dgrad = op == "dgrad"
                 a = torch.randn(m, n if dgrad else k, device="cuda", generator=gen).to(torch.bfloat16)
-                for routing in args.routing.split(","):
-                    offs = (skewed_offs(m, g, 0, torch.device("cuda")) if routing == "skewed"
-                            else torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g))
+                for routing in routings:
+                    offs = sweep.group_ends(m, g, routing)
                     if dgrad:
                         runs = {"torch": lambda: torch._grouped_mm(a, w, offs=offs),
                                 "tuned": lambda: gg.grouped_gemm_dgrad(a, w, offs)}

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import sweep_grouped_gemm as sweep
     from moetrain.kernels import wgrad_pingpong as wp
-    from moetrain.kernels.timing import in_turns, median_ms, profiled_once, skewed_offs
+    from moetrain.kernels.timing import in_turns, median_ms, profiled_once
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,dsv3-ep8")
@@ -66,16 +66,13 @@ def main(argv=None) -> int:
     bad = [r for r in args.routing.split(",") if r not in ("balanced", "skewed", "layer-skewed")]
     if bad or ("layer-skewed" in args.routing and args.groups):
         raise SystemExit(f"--routing: {args.routing!r}: balanced, skewed or layer-skewed (not with --groups)")
-    unknown = [sh for sh in args.shapes.split(",") if sh not in sweep.SHAPES]
-    if unknown:
-        raise SystemExit(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(sorted(sweep.SHAPES))}")
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts/wgrad_pingpong_bench.py times GPU kernels: no CUDA device visible")
+    shapes = sweep.script_shapes(args.shapes)
+    sweep.require_cuda("scripts/wgrad_pingpong_bench.py")
     extra = ("triton gather", "pingpong copy") if args.gather else ()
     print(f"{'shape':10s} {'layer':5s} {'routing':8s} "
           + " ".join(f"{c:>17s}" for c in ("torch", "tuned", *extra, *variants)) + "  tuned/best variant",
           flush=True)
-    for shape in args.shapes.split(","):
+    for shape in shapes:
         m, g, h, i = sweep.SHAPES[shape]
         if args.groups:
             m, g = m // g * args.groups, args.groups
@@ -90,10 +87,8 @@ def main(argv=None) -> int:
             for routing in args.routing.split(","):
                 if routing == "layer-skewed":
                     offs = moe_layer.routed_offs(moe_layer.SHAPES[LAYER_SHAPES[shape]], "skewed", torch.device("cuda"))
-                elif routing == "skewed":
-                    offs = skewed_offs(m, g, 0, torch.device("cuda"))
                 else:
-                    offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
+                    offs = sweep.group_ends(m, g, routing)
                 if args.gather:
                     runs = {"torch": lambda: torch._grouped_mm(dy.t(), x[rows.long()], offs=offs),
                             "tuned": lambda: gg.grouped_gemm_wgrad(dy, x[rows.long()], offs),

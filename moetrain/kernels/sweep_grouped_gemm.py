@@ -83,6 +83,35 @@ def fp64_group_err(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     return ((have.double() - want).norm() / want.norm()).item()
 
 
+def group_ends(m: int, g: int, routing: str, seed: int = 0) -> torch.Tensor:
+    """[G] int32 group ends on the GPU: balanced (M/G rows per group) or skewed (``skewed_offs``)."""
+    if routing == "skewed":
+        return skewed_offs(m, g, seed, torch.device("cuda"))
+    return torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
+
+
+def script_shapes(text: str) -> list:
+    """The kernel scripts' --shapes (comma-separated SHAPES names); an unknown one exits with one line."""
+    names = text.split(",")
+    unknown = [sh for sh in names if sh not in SHAPES]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(sorted(SHAPES))}")
+    return names
+
+
+def script_routings(text: str) -> list:
+    """The kernel scripts' --routing: balanced and/or skewed; anything else exits with one line."""
+    names = text.split(",")
+    if any(r not in ("balanced", "skewed") for r in names):
+        raise SystemExit(f"--routing: {text!r}: balanced and/or skewed")
+    return names
+
+
+def require_cuda(script: str) -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script} times GPU kernels: no CUDA device visible")
+
+
 def make_inputs(m: int, g: int, n: int, k: int, sets: int, seed: int, gather: bool, routing: str = "balanced"):
     """``sets`` independent input sets (x, w, dy, x[perm], perm) of random bf16 data, and offs: balanced
     (M/G rows per group) or skewed (``skewed_offs``)."""
@@ -94,10 +123,7 @@ def make_inputs(m: int, g: int, n: int, k: int, sets: int, seed: int, gather: bo
         dy = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
         perm = torch.randperm(m, device="cuda", generator=gen).to(torch.int32) if gather else None
         out.append((x, w, dy, x[perm] if gather else None, perm))
-    if routing == "skewed":
-        return out, skewed_offs(m, g, seed, torch.device("cuda"))
-    offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
-    return out, offs
+    return out, group_ends(m, g, routing, seed)
 
 
 def op_inputs(op: str, inp):
