@@ -29,6 +29,7 @@ def forced(layer, key: str, variant: str):
 
 
 def main(argv=None) -> int:
+    from moetrain.bench import layer_ab
     from moetrain.bench import moe_layer as ml
     from moetrain.ops import autoselect
 
@@ -38,13 +39,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args(argv)
-    names = args.shapes.split(",")
-    unknown = [n for n in names if n not in ml.SHAPES]
-    if unknown:
-        raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(ml.SHAPES)}")
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts/layer_fc1_swiglu_ab.py times the layer on a GPU: no CUDA device visible")
-    for name in names:
+    for name in layer_ab.gpu_shapes(args.shapes, "scripts/layer_fc1_swiglu_ab.py"):
         s = ml.SHAPES[name]
         gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -61,19 +56,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"{name}: expected one moe_fc1_swiglu choice (a Hopper GPU), found {keys}")
         entry = autoselect.entries()[keys[0]]
         print(f"  auto chose {entry['backend']} ({autoselect.describe_times(entry['ms'])} ms)", flush=True)
-        contenders = {"reference eager": ml.reference_layer}
-        for variant in VARIANTS:
-            contenders[f"ours, FC1 + SwiGLU {variant}"] = forced(auto, keys[0], variant)
-        for label in [n for n in contenders if n.startswith("ours")]:
-            contenders[f"{label}, host ahead"] = ml.HostAhead(contenders[label])
-        contenders[ml.FLOOR] = ml.GemmFloor(s, args.routing)
-        for fn in contenders.values():  # both variants compiled and tuned before timing
-            ml._fwd_bwd(fn, make_args())
-        timed = ml.time_contenders(contenders, make_args, args.warmup, args.reps)
-        ref, floor = timed["reference eager"][0], timed[ml.FLOOR][0]
-        print(f"{name} {args.routing} (ms, median of {args.reps}; x eager; / six torch GEMMs)")
-        for label, (ms, _peak, spread, _events) in timed.items():
-            print(f"  {label:48s} {ms:8.2f} ±{spread:4.1f}%  {ref / ms:5.2f}x  {ms / floor:5.2f}", flush=True)
+        ours = {f"ours, FC1 + SwiGLU {variant}": forced(auto, keys[0], variant) for variant in VARIANTS}
+        timed = layer_ab.time_forced(s, args.routing, ours, make_args, args.warmup, args.reps)
+        layer_ab.print_forced(timed, f"{name} {args.routing}", args.reps, 48)
     return 0
 
 

@@ -30,6 +30,7 @@ def forced(layer, configs: dict):
 
 
 def main(argv=None) -> int:
+    from moetrain.bench import layer_ab
     from moetrain.bench import moe_layer as ml
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
@@ -50,13 +51,7 @@ def main(argv=None) -> int:
         forced_configs = [known[c] for c in args.configs.split(",")]
     else:
         forced_configs = list(tuning.PINGPONG_WGRAD_CONFIGS[:2] + tuning.WGRAD_CONFIGS[:1])
-    names = args.shapes.split(",")
-    unknown = [n for n in names if n not in ml.SHAPES]
-    if unknown:
-        raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(ml.SHAPES)}")
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts/layer_wgrad_ab.py times the layer on a GPU: no CUDA device visible")
-    for name in names:
+    for name in layer_ab.gpu_shapes(args.shapes, "scripts/layer_wgrad_ab.py"):
         s = ml.SHAPES[name]
         gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -74,22 +69,12 @@ def main(argv=None) -> int:
             continue
         chosen = {str(k[3:6]): str(tuned[k]) for k in keys}
         print(f"  autotuner's weight-gradient choices: {chosen}", flush=True)
-        contenders = {"reference eager": ml.reference_layer,
-                      "ours (auto's choices)": forced(auto, {k: tuned[k] for k in keys})}
+        ours = {"ours (auto's choices)": forced(auto, {k: tuned[k] for k in keys})}
         for cfg in forced_configs:
-            contenders[f"ours, wgrad {cfg}"] = forced(auto, dict.fromkeys(keys, cfg))
-        for label in [n for n in contenders if n.startswith("ours")]:
-            contenders[f"{label}, host ahead"] = ml.HostAhead(contenders[label])
-        contenders[ml.FLOOR] = ml.GemmFloor(s, args.routing)
-        for fn in contenders.values():  # every forced config compiled and tuned before timing
-            ml._fwd_bwd(fn, make_args())
-        print(f"{time.time():.1f} timing {len(contenders)} contenders in turns", flush=True)
-        timed = ml.time_contenders(contenders, make_args, args.warmup, args.reps)
+            ours[f"ours, wgrad {cfg}"] = forced(auto, dict.fromkeys(keys, cfg))
+        timed = layer_ab.time_forced(s, args.routing, ours, make_args, args.warmup, args.reps, stamp=True)
         tuning._BEST.update(tuned)  # the autotuner's choices back in place
-        ref, floor = timed["reference eager"][0], timed[ml.FLOOR][0]
-        print(f"{time.time():.1f} {name} {args.routing} (ms, median of {args.reps}; x eager; / six torch GEMMs)")
-        for label, (ms, _peak, spread, _events) in timed.items():
-            print(f"  {label:62s} {ms:8.2f} ±{spread:4.1f}%  {ref / ms:5.2f}x  {ms / floor:5.2f}", flush=True)
+        layer_ab.print_forced(timed, f"{time.time():.1f} {name} {args.routing}", args.reps, 62)
     return 0
 
 

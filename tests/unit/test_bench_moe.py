@@ -68,3 +68,36 @@ def test_skew_summary_compares_each_contender_across_routings():
             {"shape": "a", "routing": "skewed", "contender": "ref", "ms": 19.0},
             {"shape": "b", "routing": "balanced", "contender": "ours", "ms": 5.0}]  # one routing only: no line
     assert skew_summary(rows) == ["a: skewed over balanced: ours +15.0%, ref -5.0%"]
+
+
+def test_layer_ab_times_each_forced_layer_eager_and_host_ahead_against_the_peers(monkeypatch, capsys):
+    # The A/B scripts' shared part (moetrain.bench.layer_ab) with the GPU pieces replaced: which contenders run, in
+    # which order, each once before timing, and the printed ratios.
+    from moetrain.bench import layer_ab
+    from moetrain.bench import moe_layer as ml
+
+    warmed, timed_names = [], []
+    monkeypatch.setattr(ml, "HostAhead", lambda fn: ("host ahead", fn))
+    monkeypatch.setattr(ml, "GemmFloor", lambda s, routing: ("floor", s.name, routing))
+    monkeypatch.setattr(ml, "_fwd_bwd", lambda fn, args: warmed.append(fn))
+    ms = {"reference eager": 20.0, "ours, a": 10.0, "ours, b": 8.0, "ours, a, host ahead": 9.0,
+          "ours, b, host ahead": 7.5, ml.FLOOR: 5.0}
+
+    def time_contenders(contenders, make_args, warmup, reps):
+        timed_names.extend(contenders)
+        return {name: (ms[name], 1.0, 2.0, 0) for name in contenders}
+
+    monkeypatch.setattr(ml, "time_contenders", time_contenders)
+    ours = {"ours, a": "layer a", "ours, b": "layer b"}
+    s = Shape("t", T=4, H=8, I=4, E=2, K=1)
+    timed = layer_ab.time_forced(s, "skewed", ours, lambda: None, warmup=1, reps=3)
+    assert timed_names == ["reference eager", "ours, a", "ours, b", "ours, a, host ahead", "ours, b, host ahead",
+                           ml.FLOOR]
+    assert warmed == [reference_layer, "layer a", "layer b", ("host ahead", "layer a"), ("host ahead", "layer b"),
+                      ("floor", "t", "skewed")]
+    layer_ab.print_forced(timed, "t skewed", 3, 20)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "t skewed (ms, median of 3; x eager; / six torch GEMMs)"
+    assert lines[3].split() == ["ours,", "b", "8.00", "±", "2.0%", "2.50x", "1.60"]
+    with pytest.raises(SystemExit, match="unknown"):
+        layer_ab.gpu_shapes("qwen3-30b-a3b,nope", "s.py")
