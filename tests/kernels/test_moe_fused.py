@@ -258,9 +258,14 @@ def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, acti
         h_alive_in_fc1_backward.append(h_refs[-1]() is not None)
         return real_fc1_backward(*args)
 
-    real_fc1_backward = moe_fused._fc1_backward
+    def fused_backward(ctx, dh, da):
+        a_grads.append(da)
+        return real_fused_backward(ctx, dh, da)
+
+    real_fc1_backward, real_fused_backward, a_grads = moe_fused._fc1_backward, moe_fused.FusedFC1.backward, []
     monkeypatch.setattr(moe_fused, "_fused_forward", forward)
     monkeypatch.setattr(moe_fused, "_fc1_backward", fc1_backward)
+    monkeypatch.setattr(moe_fused.FusedFC1, "backward", staticmethod(fused_backward))
     inputs = make(13, 24, 10, 6, 2, seed=8, dropped=[(0, 1), (5, 0)])
     if activation == "swiglu_clamped":
         inputs = (inputs[0] * 6,) + inputs[1:]  # past the clamp limit
@@ -271,6 +276,8 @@ def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, acti
     # h is freed after SwiGLU's backward, before FC1's runs (as on the separate path): held through FC1's backward,
     # it raised Mixtral's peak by 1.9 GB
     assert h_alive_in_fc1_backward == [False]
+    # a is differentiated through SwiGLU's node: the fused node gets no zero-filled [M, I] for it
+    assert a_grads == [None]
     for what, a, b in zip(["out", "dx", "dweight", "dw1", "dw2"], got, want):
         assert rel_err(a, b) < BOUND, what
     assert got[2][0, 1] == 0 and got[2][5, 0] == 0  # dropped assignments: zero weight gradient
