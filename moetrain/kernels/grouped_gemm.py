@@ -249,7 +249,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         raise ValueError(f"grouped GEMM: config {config} needs a Hopper GPU, bf16, TMA-aligned tensors and rows not "
                          "gathered")
 
-    def launch(cfg: GemmConfig, part: int, big_m: int, sched: torch.Tensor):
+    def launch(cfg: GemmConfig, part: int, big_m: int, sched: torch.Tensor, offs: torch.Tensor):
         use_tma = cfg.use_tma and tma_ok
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         if use_tma:
@@ -269,7 +269,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             PART=part, BIG_M=big_m, MIX=cfg.mix, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
-    def run(cfg: GemmConfig):
+    def run(cfg: GemmConfig, offs: torch.Tensor = offs):
         if cfg.kernel == "pingpong":
             from moetrain.kernels.rowgroup_pingpong import grouped_gemm_rowgroup_pingpong
 
@@ -277,14 +277,28 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
                                            tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs)
             return
         sched = skew_schedule(offs) if cfg.mix else offs  # (unused without MIX)
-        _run_tail_split(cfg, lambda c, part, big_m: launch(c, part, big_m, sched))
+        _run_tail_split(cfg, lambda c, part, big_m: launch(c, part, big_m, sched, offs))
 
     op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
     key = (op, a.dtype, a.device, OUT, RED, rows_bucket(M, G), tma_ok)
     with _on_device(a.device):
         pingpong = PINGPONG_ROWGROUP_CONFIGS if pingpong_ok else ()
-        run(pick_config(key, ROWGROUP_CONFIGS + pingpong, config, run))
+        run(pick_config(key, ROWGROUP_CONFIGS + pingpong, config, run, _on_skewed_routing(run, M, G, a.device)))
     return out
+
+
+def _on_skewed_routing(run, m: int, g: int, device: torch.device):
+    """``run(cfg, offs)`` on a skewed routing of the same m rows over g groups (kernels.timing.skewed_offs, made on
+    the first call: only when the autotuner times candidates), for pick_config's run_skewed."""
+    made = []
+
+    def run_skewed(cfg: GemmConfig):
+        if not made:
+            from moetrain.kernels.timing import skewed_offs
+
+            made.append(skewed_offs(m, g, 0, device))
+        run(cfg, made[0])
+    return run_skewed
 
 
 def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, gather_rows: torch.Tensor | None = None,
@@ -324,7 +338,7 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
         raise ValueError(f"grouped_gemm_wgrad: config {config} needs a Hopper GPU, bf16 and TMA-aligned tensors "
                          "(with gathered rows, K a multiple of 128)")
 
-    def run(cfg: GemmConfig):
+    def run(cfg: GemmConfig, offs: torch.Tensor = offs):
         if cfg.kernel == "pingpong":
             from moetrain.kernels.wgrad_pingpong import grouped_gemm_wgrad_pingpong
 
@@ -355,7 +369,7 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
     with _on_device(dy.device):
         # (the gathered ping-pong configs are on trial: explicit configs only)
         pingpong = PINGPONG_WGRAD_CONFIGS if pingpong_ok and gather_rows is None else ()
-        run(pick_config(key, WGRAD_CONFIGS + pingpong, config, run))
+        run(pick_config(key, WGRAD_CONFIGS + pingpong, config, run, _on_skewed_routing(run, M, G, dy.device)))
     return out
 
 

@@ -155,8 +155,9 @@ INTERPRETER_PROGRAMS = 3
 _BEST: dict = {}  # autotune cache: key -> GemmConfig
 CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient; 4: the two-programs-per-SM configs
-# left them; 5: the ping-pong forward / data gradient joined (winners tuned under another candidate list are re-tuned)
-CONFIG_CACHE_VERSION = 5
+# left them; 5: the ping-pong forward / data gradient joined; 6: candidates timed on a skewed routing too (winners
+# tuned otherwise are re-tuned)
+CONFIG_CACHE_VERSION = 6
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 
@@ -276,10 +277,13 @@ def tuned_configs() -> dict:
     return dict(_BEST)
 
 
-def pick_config(key: tuple, candidates: tuple, config, run):
+def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None):
     """Explicit config, cached winner (this process, then the disk cache), or time the candidates in turns
     (median of CUDA-event timings; the FINALISTS fastest again over FINAL_ROUNDS longer rounds) and record
-    the winner in both."""
+    the winner in both. ``run_skewed(cfg)``: the same op on a skewed routing of the same rows; each candidate is
+    then judged by the sum of both times, as auto's torch-or-triton choice is (ops/autoselect.py): the key cannot
+    see skew without a host sync, the first call's routing is near-uniform and training's skews later, and a config
+    can lead on balanced routing yet collapse on skewed (the ping-pong weight gradient, bench/NOTES.md session 11)."""
     if config is not None:
         return config
     if interpreting():
@@ -292,14 +296,18 @@ def pick_config(key: tuple, candidates: tuple, config, run):
         return cached
     if torch.cuda.is_current_stream_capturing():
         return candidates[0]  # cannot time inside a graph capture; warm up before capturing
+
+    def timed(cfg, reps: int) -> float:
+        ms = median_ms(lambda: run(cfg), warmup=1, reps=reps)
+        return ms if run_skewed is None else ms + median_ms(lambda: run_skewed(cfg), warmup=1, reps=reps)
+
     # a config that does not fit (shared memory, registers) is dropped
-    times, failed = in_turns(candidates, lambda cfg: median_ms(lambda: run(cfg), warmup=1, reps=4), TUNE_ROUNDS)
+    times, failed = in_turns(candidates, lambda cfg: timed(cfg, 4), TUNE_ROUNDS)
     if not times:
         raise RuntimeError(f"grouped GEMM: no config ran for {key}") from next(iter(failed.values()), None)
     finalists = sorted(times, key=times.get)[:FINALISTS]
     if len(finalists) > 1:
-        again, _ = in_turns(finalists, lambda cfg: median_ms(lambda: run(cfg), warmup=1, reps=FINAL_REPS),
-                            FINAL_ROUNDS)
+        again, _ = in_turns(finalists, lambda cfg: timed(cfg, FINAL_REPS), FINAL_ROUNDS)
         times.update(again)
         finalists = [c for c in finalists if c in again] or finalists
     best = min(finalists, key=times.get)

@@ -317,6 +317,51 @@ def test_autotuner_prefers_a_tail_split_config_within_the_slack(monkeypatch):
         assert tuning.pick_config(("fwd", str(want)), (plain, split, other), None, lambda cfg: times[cfg]) == want
 
 
+def test_autotuner_judges_candidates_on_both_routings(monkeypatch):
+    # with run_skewed, a candidate's time is its caller-routing time plus its skewed-routing time: the config that
+    # leads on balanced routing but collapses on skewed loses
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)
+    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(tuning, "_BEST", {})
+    monkeypatch.setattr(tuning, "_to_disk", lambda *a: None)
+    monkeypatch.setattr(tuning, "median_ms", lambda run, **kw: run())  # the "run" below returns its time
+    fast, steady = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
+    balanced, skewed = {fast: 7.5, steady: 8.9}, {fast: 10.3, steady: 9.7}
+    assert tuning.pick_config(("wgrad", 1), (fast, steady), None, lambda c: balanced[c]) == fast
+    assert tuning.pick_config(("wgrad", 2), (fast, steady), None, lambda c: balanced[c], lambda c: skewed[c]) == fast
+    skewed[fast] = 12.0  # 19.5 against 18.6
+    assert tuning.pick_config(("wgrad", 3), (fast, steady), None, lambda c: balanced[c], lambda c: skewed[c]) == steady
+
+
+def test_kernels_time_their_candidates_on_a_skewed_routing_of_the_same_rows(monkeypatch):
+    # the launchers hand pick_config a run_skewed over kernels.timing.skewed_offs (same rows and groups), made only
+    # when it is called; the result is then computed on the caller's routing
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    seen = []
+
+    def fake_pick(key, candidates, config, run, run_skewed=None):
+        run_skewed(tuning.INTERPRETER_CONFIG)  # what the autotuner would time (it writes the output too)
+        seen.append(key[0])
+        return tuning.INTERPRETER_CONFIG
+
+    from moetrain.kernels import timing
+
+    made, real = [], timing.skewed_offs
+    monkeypatch.setattr(timing, "skewed_offs",
+                        lambda m, g, seed, device: made.append((m, g)) or real(m, g, seed, device))
+    monkeypatch.setattr(gg, "pick_config", fake_pick)
+    offs = [10, 10, 47, 60]
+    x, w, dy, offs_t = make(offs, 70, 24, 16, seed=4)
+    y = gg.grouped_gemm_fwd(x, w, offs_t, out=poisoned(70, 24))
+    assert rel_err(y, gg.grouped_gemm_ref(x.double(), w.double(), offs_t)) < FP32_BOUND
+    dw = gg.grouped_gemm_wgrad(dy, x, offs_t, out=poisoned(4, 24, 16))
+    assert rel_err(dw, gg.grouped_gemm_wgrad_ref(dy.double(), x.double(), offs_t)) < FP32_BOUND
+    assert seen == ["fwd", "wgrad"] and made == [(70, 4), (70, 4)]
+
+
 def test_autotuner_times_its_finalists_again_and_takes_the_second_verdict(monkeypatch):
     # One short pass ranks every config; the FINALISTS fastest are timed again, longer, and that decides.
     from moetrain.kernels import grouped_gemm_tuning as tuning
