@@ -101,3 +101,33 @@ def test_layer_ab_times_each_forced_layer_eager_and_host_ahead_against_the_peers
     assert lines[3].split() == ["ours,", "b", "8.00", "±", "2.0%", "2.50x", "1.60"]
     with pytest.raises(SystemExit, match="unknown"):
         layer_ab.gpu_shapes("qwen3-30b-a3b,nope", "s.py")
+
+
+def test_host_ahead_rows_are_divided_by_the_host_ahead_floor_and_reference():
+    # a GPU that idled before a call runs it at higher clocks: each row is compared with the peers timed the same way
+    from moetrain.bench import moe_layer as ml
+
+    s = Shape("t", T=8, H=4, I=2, E=2, K=1)
+    timed = {name: (ms, 1.0, 0.5, 0) for name, ms in {
+        "reference eager": 20.0, "ours (auto)": 10.0, ml.FLOOR: 5.0, "reference eager, host ahead": 16.0,
+        "ours (auto), host ahead": 9.0, f"{ml.FLOOR}, host ahead": 6.0}.items()}
+    rows = {r["contender"]: r for r in ml.table_rows(s, "balanced", timed, dict.fromkeys(timed, 0.0), {})}
+    assert rows["ours (auto)"]["vs_gemms"] == 2.0 and rows["ours (auto)"]["vs_eager"] == 2.0
+    assert rows["ours (auto), host ahead"]["vs_gemms"] == 1.5 and rows["ours (auto), host ahead"]["vs_eager"] == 16 / 9
+    assert rows[f"{ml.FLOOR}, host ahead"]["vs_gemms"] == 1.0
+    assert all(rows[name]["peak_gib"] != rows[name]["peak_gib"] for name in (ml.FLOOR, f"{ml.FLOOR}, host ahead"))
+    assert rows["ours (auto)"]["peak_gib"] == 1.0
+    # without host-ahead twins every row is divided by the plain floor and reference
+    del timed["reference eager, host ahead"], timed[f"{ml.FLOOR}, host ahead"]
+    rows = {r["contender"]: r for r in ml.table_rows(s, "balanced", timed, dict.fromkeys(timed, 0.0), {})}
+    assert rows["ours (auto), host ahead"]["vs_gemms"] == 1.8 and rows["ours (auto), host ahead"]["vs_eager"] == 20 / 9
+
+
+def test_the_host_ahead_floor_replays_the_six_gemms(monkeypatch):
+    from moetrain.bench import moe_layer as ml
+
+    monkeypatch.setattr(ml.HostAhead, "_lead", ("queued GEMM operands",))  # made on a GPU otherwise
+    floor, replayed = ml.GemmFloor(Shape("t", T=8, H=4, I=2, E=2, K=1), "balanced"), []
+    monkeypatch.setattr(floor, "replay", replayed.append)
+    ml._fwd_bwd(ml.HostAhead(floor), "args")
+    assert replayed == ["args"]
