@@ -24,8 +24,9 @@ zero gradient, so they add nothing to dx or dw1.
 measured once per shape as "separate" (the FC1 above, then the SwiGLU kernel, which reads h back) against "fused"
 (x_perm gathered transiently and one ping-pong kernel writing h and a: kernels/rowgroup_pingpong.py); the backward
 is the same either way (SwiGLU's backward kernel, then FC1's as above), and so are the saved tensors. Memory: the
-fused forward holds x_perm, h and a at once, a [M, I] more than the separate path's "copy" forward ever holds
-(GPT-OSS: +0.35 GiB at the layer's peak, bench/NOTES.md session 13).
+fused forward holds x_perm, h and a at once, a [M, I] more than the separate path's "copy" forward, which stays
+under the backward's peak: the layer peaks as the separate path does (GPT-OSS 1.15 GiB, Mixtral 2.63, session 14;
+the +0.35 GiB measured in session 13 was a zero-filled gradient for a, bench/NOTES.md).
 """
 
 from __future__ import annotations
