@@ -38,8 +38,10 @@ Two fused epilogues (the EPILOGUE constexpr; their code is pingpong_epilogues.py
   SwiGLU's backward. Correct. Session 13's epilogue (da converted to 16-byte rows per thread, g and u loaded and dh
   stored from registers, each consumer on its own) runs 0.68x the best separate pair at Qwen3, 0.77x at GPT-OSS,
   0.94-0.98x at Mixtral and DeepSeek-V3 (session 12's, with shared buffers passed between the consumers: 0.57x at
-  Qwen3): per tile it still takes ~2x a Qwen3 tile's main loop. Suspected: eight dependent memory round trips per
-  tile (branch next/swiglu-bwd-prefetch loads a quarter tile's g and u at once; unrun).
+  Qwen3): per tile it still takes ~2x a Qwen3 tile's main loop. Branch next/swiglu-bwd-prefetch loads a quarter
+  tile's g and u at once (four memory round trips per tile instead of eight): 0.73x at Qwen3, 0.77x at GPT-OSS
+  (session 14), so the round trips are part of the cost, not all of it. Shelved: even a free epilogue would save only
+  da's write and read (~0.1 ms per layer at Qwen3).
 """
 
 from __future__ import annotations
