@@ -136,8 +136,17 @@ def test_combine_ignores_rows_no_assignment_reads(impl):
     close(y_leaf.grad[spread.to(DEVICE)], weight.reshape(-1)[row_map].unsqueeze(1) * dout[row_map // K], torch.float32)
 
 
+def test_swiglu_tiles_leave_the_fewest_lanes_idle():
+    assert kernels._swiglu_tile_shape(768) == (16, 256)  # Qwen3: 1024 columns idled a quarter of the lanes
+    assert kernels._swiglu_tile_shape(2048) == (4, 1024)
+    assert kernels._swiglu_tile_shape(14336) == (4, 1024)
+    assert kernels._swiglu_tile_shape(2880) == (4, 1024)  # 192 idle at every width: the widest
+    assert kernels._swiglu_tile_shape(1100) == (16, 256)
+    assert kernels._swiglu_tile_shape(5) == (256, 16)
+
+
 @pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
-@pytest.mark.parametrize("M,I", [(7, 5), (9, 1100)])
+@pytest.mark.parametrize("M,I", [(7, 5), (9, 1100), (5, 768)])
 def test_swiglu_with_row_probabilities(activation, M, I):
     g = torch.Generator().manual_seed(M * I)
     h = torch.randn(M, 2 * I, generator=g, dtype=torch.float64) * 3
