@@ -29,7 +29,9 @@ Contenders:
   six torch GEMMs        not a layer: the six grouped GEMMs alone (torch._grouped_mm) on the same
                          routing's group sizes and the same expert weights, timed in turn with the
                          others; "/ GEMMs" = a contender's time over this floor (the issue's "within
-                         10% of the GEMM-only time")
+                         10% of the GEMM-only time"). With --host-ahead also "six torch GEMMs, host ahead",
+                         behind the same queued work, and the host-ahead rows are divided by it (an idle
+                         GPU runs the next call at other clocks than a busy one: compare like with like)
 Before anything is timed every contender runs once (the correctness check) and then --warmup
 times: Triton autotuning and auto's measurement happen there, never inside the timed reps.
 Routing is forced through the router logits so that all contenders route identically:
