@@ -38,9 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", default="5,4", help="fused variants' pipeline stages (at most 5)")
     args = ap.parse_args(argv)
     shapes, routings = sweep.script_shapes(args.shapes), sweep.script_routings(args.routing)
-    stages = [int(s) for s in args.stages.split(",")]
-    if any(not 2 <= s <= 5 for s in stages):
-        raise SystemExit(f"--stages: {args.stages!r}: each 2..5")
+    stages = sweep.script_stages(args.stages, 5)
     sweep.require_cuda("scripts/fc1_swiglu_bench.py")
     separate = ["torch+swiglu", "tuned+swiglu", "pp s5+swiglu", "gather+swiglu"]
     names = [*separate, *(f"fused s{s}" for s in stages)]

@@ -33,9 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
     shapes, routings = sweep.script_shapes(args.shapes), sweep.script_routings(args.routing)
-    stages = [int(s) for s in args.stages.split(",")]
-    if any(not 2 <= s <= 6 for s in stages):
-        raise SystemExit(f"--stages: {args.stages!r}: each 2..6")
+    stages = sweep.script_stages(args.stages, 6)
     sweep.require_cuda("scripts/fc2_dgrad_swiglu_bench.py")
     names = ["torch+swiglu_bwd", "tuned+swiglu_bwd", "pingpong+swiglu_bwd", *(f"fused s{s}" for s in stages)]
     print(f"{'shape':8s} {'routing':8s} " + " ".join(f"{c:>19s}" for c in names) + "  separate/fused", flush=True)

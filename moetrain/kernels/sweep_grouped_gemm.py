@@ -107,6 +107,17 @@ def script_routings(text: str) -> list:
     return names
 
 
+def script_stages(text: str, most: int) -> list:
+    """The fused-kernel scripts' --stages: comma-separated pipeline depths, each 2..most; else one line and exit."""
+    try:
+        stages = [int(s) for s in text.split(",")]
+    except ValueError:
+        stages = []
+    if not stages or any(not 2 <= s <= most for s in stages):
+        raise SystemExit(f"--stages: {text!r}: each 2..{most}")
+    return stages
+
+
 def require_cuda(script: str) -> None:
     if not torch.cuda.is_available():
         raise SystemExit(f"{script} times GPU kernels: no CUDA device visible")

@@ -439,3 +439,12 @@ def test_in_turns_alternates_candidates_and_drops_failures():
     medians, failed = in_turns(["a", "b"], time_one, rounds=3)
     assert calls == ["a", "b", "a", "b", "a"]
     assert medians == {"a": 2.0} and list(failed) == ["b"] and "out of resources" in str(failed["b"])
+
+
+@pytest.mark.parametrize("text,most", [("7", 6), ("x", 5), ("", 5), ("1,4", 5)])
+def test_kernel_scripts_refuse_bad_stages_in_one_line(text, most):
+    from moetrain.kernels.sweep_grouped_gemm import script_stages
+
+    with pytest.raises(SystemExit, match=rf"--stages: '{text}': each 2\.\.{most}"):
+        script_stages(text, most)
+    assert script_stages("5,4", 5) == [5, 4]
