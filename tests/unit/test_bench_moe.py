@@ -130,4 +130,6 @@ def test_the_host_ahead_floor_replays_the_six_gemms(monkeypatch):
     floor, replayed = ml.GemmFloor(Shape("t", T=8, H=4, I=2, E=2, K=1), "balanced"), []
     monkeypatch.setattr(floor, "replay", replayed.append)
     ml._fwd_bwd(ml.HostAhead(floor), "args")
-    assert replayed == ["args"]
+    ml._fwd_bwd(floor, "more args")
+    assert replayed == ["args", "more args"]
+    assert ml._floor(ml.HostAhead(reference_layer)) is None and ml._floor(reference_layer) is None
