@@ -1,0 +1,157 @@
+"""Host time of each piece of our eager MoE layer call (forward, then backward), on the GPU host, without a profiler:
+chosen functions are wrapped with a wall-clock timer (inclusive of what they call; ~1 us per wrapped call), every
+Triton / Gluon launch is timed per kernel, and torch._grouped_mm per call.
+
+    python scripts/host_breakdown.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--backend auto] [--calls 20]
+
+Why: in an eager call the GPU waits whenever the host issues slower than the GPU runs (session 15, call A: at Qwen3
+our forward takes 2.2 ms of host time and the backward 4.0 ms, against 1.1 and 1.5 for the eager reference, for a
+GPU time of 8 ms). cProfile's per-call overhead distorts small functions; this times only the listed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import statistics
+import sys
+import time
+
+import torch
+
+from moetrain.bench import moe_layer as bench
+
+# "module:function" or "module:Class.method"; nested entries report inclusive time (their callers include them)
+WRAPPED = (
+    "moetrain.ops.router_gemm:router_logits",
+    "moetrain.ops.route:route",
+    "moetrain.ops.moe:moe_experts",
+    "moetrain.kernels.sort_rows:sort_rows",
+    "moetrain.ops.moe:_live_weight",
+    "moetrain.ops.moe_rows:row_values",
+    "moetrain.ops.moe_fused:fc1_swiglu",
+    "moetrain.ops.moe_fused:_fused_forward",
+    "moetrain.kernels.rowgroup_pingpong:grouped_gemm_fc1_swiglu_pingpong",
+    "moetrain.ops.grouped_gemm:grouped_gemm_op",
+    "moetrain.ops.moe_rows:combine",
+    "moetrain.ops.moe_rows:swiglu_backward",
+    "moetrain.ops.moe_fused:_fc1_backward",
+    "moetrain.ops.autoselect:choose",
+    "moetrain.kernels.grouped_gemm_tuning:pick_config",
+    "moetrain.kernels.gluon_descs:descriptor",
+)
+
+
+class Timers:
+    def __init__(self):
+        self.total = collections.defaultdict(float)  # name -> seconds
+        self.calls = collections.Counter()
+        self.active = collections.Counter()  # recursion: only the outermost call counts
+        self.phase = ""  # "forward" or "backward": part of every name
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            if self.active[name]:
+                return fn(*args, **kwargs)
+            self.active[name] += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(name, time.perf_counter() - t0)
+                self.active[name] -= 1
+        return timed
+
+    def add(self, name: str, seconds: float) -> None:
+        key = f"{self.phase}: {name}"
+        self.total[key] += seconds
+        self.calls[key] += 1
+
+    def reset(self):
+        self.total.clear()
+        self.calls.clear()
+
+
+def install(timers: Timers) -> None:
+    for spec in WRAPPED:
+        modname, attr = spec.split(":")
+        mod = importlib.import_module(modname)
+        if "." in attr:
+            cls_name, meth = attr.split(".")
+            cls = getattr(mod, cls_name)
+            raw = cls.__dict__[meth]
+            inner = raw.__func__ if isinstance(raw, staticmethod) else raw
+            wrapped = timers.wrap(attr, inner)
+            setattr(cls, meth, staticmethod(wrapped) if isinstance(raw, staticmethod) else wrapped)
+            continue
+        orig = getattr(mod, attr)
+        wrapped = timers.wrap(attr, orig)
+        for m in list(sys.modules.values()):  # every module that imported the function by name
+            if m is not None and getattr(m, attr, None) is orig:
+                setattr(m, attr, wrapped)
+    from triton.runtime.jit import JITFunction
+
+    run = JITFunction.run
+
+    def timed_run(self, *args, **kwargs):
+        name = "launch " + self.fn.__name__
+        t0 = time.perf_counter()
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            timers.add(name, time.perf_counter() - t0)
+    JITFunction.run = timed_run
+    torch._grouped_mm = timers.wrap("torch._grouped_mm", torch._grouped_mm)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="gpt-oss-20b,qwen3-30b-a3b")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--calls", type=int, default=20)
+    a = p.parse_args()
+    timers = Timers()
+    install(timers)
+    for shape in a.shapes.split(","):
+        s = bench.SHAPES[shape]
+        args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
+        fn = bench.ours(a.backend)
+        x, router_w, forcing, w1, w2, K, grad_out = args
+        phases = {"forward": [], "backward": [], "GPU": []}
+        for i in range(3 + a.calls):
+            if i == 3:  # autotuning, auto's measurement and the allocator settle in the first calls
+                timers.reset()
+            for t in (x, w1, w2):
+                t.grad = None
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            t0 = time.perf_counter()
+            timers.phase = "forward"
+            out = fn(x, router_w, forcing, w1, w2, K)
+            t1 = time.perf_counter()
+            timers.phase = "backward"
+            out.backward(grad_out)
+            t2 = time.perf_counter()
+            end.record()
+            end.synchronize()
+            if i >= 3:
+                phases["forward"].append((t1 - t0) * 1e3)
+                phases["backward"].append((t2 - t1) * 1e3)
+                phases["GPU"].append(start.elapsed_time(end))
+        med = {k: statistics.median(v) for k, v in phases.items()}
+        print(f"== {shape}, ours ({a.backend}): host forward {med['forward']:.3f} ms, backward {med['backward']:.3f} "
+              f"ms; GPU start->end {med['GPU']:.3f} ms (medians of {a.calls} calls)", flush=True)
+        print(f"{'piece (inclusive)':58s} {'calls/call':>10s} {'us/call':>9s} {'us each':>8s}")
+        for name in sorted(timers.total, key=lambda n: (not n.startswith("forward"), -timers.total[n])):
+            per_call = timers.total[name] / a.calls * 1e6
+            n = timers.calls[name] / a.calls
+            print(f"{name:58s} {n:10.1f} {per_call:9.1f} {per_call / n:8.1f}")
+        timers.reset()
+        del args, x, w1, w2, out
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
