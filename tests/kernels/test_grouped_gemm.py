@@ -288,10 +288,9 @@ def test_resolve_backend_triton(monkeypatch):
         monkeypatch.delenv("TRITON_INTERPRET")
         with pytest.raises(UserError, match="TRITON_INTERPRET=1"):
             ops.resolve_backend("triton", torch.device("cpu"))
-    import importlib.util
+    from moetrain.ops import autoselect
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    monkeypatch.setattr(autoselect, "triton_available", lambda: False)  # as without the package
     with pytest.raises(UserError, match="triton package"):
         ops.resolve_backend("triton", torch.device(DEVICE))
 

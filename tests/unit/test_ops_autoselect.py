@@ -282,3 +282,15 @@ def test_cache_of_another_version_is_measured_again_quietly(monkeypatch, cache_d
 
 def test_describe_times_names_each_candidate_and_failures():
     assert autoselect.describe_times({"torch": 2.6534, "triton": None}) == "torch 2.653, triton failed"
+
+
+def test_triton_available_asks_the_import_system_until_triton_is_imported(monkeypatch):
+    import importlib.util
+    import sys
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    assert autoselect.triton_available() is False
+    monkeypatch.setitem(sys.modules, "triton", object())  # imported: no search
+    assert autoselect.triton_available() is True
