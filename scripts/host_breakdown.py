@@ -29,7 +29,7 @@ WRAPPED = (
     "moetrain.ops.moe:moe_experts",
     "moetrain.kernels.sort_rows:sort_rows",
     "moetrain.ops.moe:_live_weight",
-    "moetrain.ops.moe_rows:row_values",
+    "moetrain.kernels.sort_rows:routing_weight_grad",
     "moetrain.ops.moe_fused:fc1_swiglu",
     "moetrain.ops.moe_fused:_fused_forward",
     "moetrain.kernels.rowgroup_pingpong:grouped_gemm_fc1_swiglu_pingpong",

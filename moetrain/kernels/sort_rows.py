@@ -5,6 +5,10 @@ Legend: T tokens, K top-k, E experts, M = T*K assignments (flat a = t*K + k).
 
     sort_rows(topk_idx [T, K] int64, E) -> (offs [E] int32, row_map [M] int64, inverse [M] int64,
                                             token_of_row [M] int32)
+    sort_rows(topk_idx, E, weights [T, K] float) -> the same and probs [M] fp32: probs[r] = weights.flat[row_map[r]],
+                                            0 for a dropped assignment (the routing weights in row order)
+    routing_weight_grad(dprobs [M] fp32, inverse, topk_idx, dtype) -> dweights [T, K] in dtype: probs' gradient
+                                            gathered back (0 for a dropped assignment)
 
 The key of assignment a is topk_idx.flat[a], a dropped one (-1) keyed E - 1 (grouped with the last expert,
 as ``ops.moe.permute`` documents). Rows are sorted by key, ties by a: the order of torch.sort(stable=True).
@@ -17,7 +21,9 @@ chunks before its own, then places its chunk SUB assignments at a time: an assig
 plus its key's assignments in earlier chunks, in earlier sub-blocks, and earlier in its own sub-block.
 Why a kernel: torch's stable sort and the searchsorted and index ops around it were ~20 GPU operations, each a
 host launch, between the routing and FC1 of every eager layer call, where the GPU waits on the host (bench/NOTES.md,
-session 8).
+session 8). The weights ride along for the same reason: zeroing the dropped ones and gathering them in row order
+were three more PyTorch ops there, each ~50-130 us of host time on the H200's host (scripts/host_breakdown.py,
+session 15).
 """
 
 from __future__ import annotations
@@ -57,8 +63,9 @@ def _chunk_counts_kernel(idx_ptr, counts_ptr, M, E, CHUNK: tl.constexpr, BLOCK_E
 
 
 @triton.jit
-def _place_rows_kernel(idx_ptr, counts_ptr, offs_ptr, row_map_ptr, inverse_ptr, token_ptr, M, E, K, n_chunks,
-                       CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr):
+def _place_rows_kernel(idx_ptr, counts_ptr, offs_ptr, row_map_ptr, inverse_ptr, token_ptr, weight_ptr, probs_ptr, M,
+                       E, K, n_chunks, CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_E: tl.constexpr,
+                       BLOCK_C: tl.constexpr, HAS_WEIGHTS: tl.constexpr):
     c = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
     e_ok = e < E
@@ -85,15 +92,32 @@ def _place_rows_kernel(idx_ptr, counts_ptr, offs_ptr, row_map_ptr, inverse_ptr, 
         tl.store(row_map_ptr + row, a.to(tl.int64), mask=ok)
         tl.store(inverse_ptr + a, row.to(tl.int64), mask=ok)
         tl.store(token_ptr + row, a // K, mask=ok)
+        if HAS_WEIGHTS:
+            live = tl.load(idx_ptr + a, mask=ok, other=-1) >= 0
+            w = tl.load(weight_ptr + a, mask=ok, other=0.0).to(tl.float32)
+            tl.store(probs_ptr + row, tl.where(live, w, 0.0), mask=ok)
         # lanes past M (keyed 0) come last: they only follow the chunk's final sub-block
         next_row += tl.histogram(key, BLOCK_E)
 
 
-def sort_rows(topk_idx: torch.Tensor, num_experts: int):
+@triton.jit
+def _weight_grad_kernel(dprobs_ptr, inverse_ptr, idx_ptr, out_ptr, M, BLOCK: tl.constexpr):
+    a = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = a < M
+    row = tl.load(inverse_ptr + a, mask=ok, other=0)
+    live = tl.load(idx_ptr + a, mask=ok, other=-1) >= 0
+    d = tl.load(dprobs_ptr + row, mask=ok & live, other=0.0)
+    tl.store(out_ptr + a, d.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def sort_rows(topk_idx: torch.Tensor, num_experts: int, weights: torch.Tensor | None = None):
     """(offs [E] int32, row_map [M] int64, inverse [M] int64, token_of_row [M] int32) of topk_idx [T, K] int64
-    (see the module docstring); on CUDA or in the Triton interpreter. Sync-free."""
-    _check_device(topk_idx)
+    (see the module docstring), and probs [M] fp32 after them when ``weights`` [T, K] (any float dtype) is given;
+    on CUDA or in the Triton interpreter. Sync-free. Not differentiable (ops.moe wraps it)."""
+    _check_device(topk_idx, *([] if weights is None else [weights]))
     T, K = topk_idx.shape
+    if weights is not None and tuple(weights.shape) != (T, K):
+        raise ValueError(f"sort_rows: weights {tuple(weights.shape)} must be [T, K] = {(T, K)} like topk_idx")
     M, E = T * K, num_experts
     dev = topk_idx.device
     idx = topk_idx.contiguous()
@@ -101,15 +125,37 @@ def sort_rows(topk_idx: torch.Tensor, num_experts: int):
     row_map = torch.empty(M, dtype=torch.int64, device=dev)
     inverse = torch.empty(M, dtype=torch.int64, device=dev)
     token_of_row = torch.empty(M, dtype=torch.int32, device=dev)
+    probs = None if weights is None else torch.empty(M, dtype=torch.float32, device=dev)
+    out = (offs, row_map, inverse, token_of_row) + (() if probs is None else (probs,))
     if M == 0:
-        return offs.zero_(), row_map, inverse, token_of_row
+        offs.zero_()
+        return out
     chunk = max(1024, next_pow2(cdiv(M, MAX_CHUNKS)))
     n_chunks = cdiv(M, chunk)
     block_e = next_pow2(E)
     counts = torch.empty(n_chunks, E, dtype=torch.int32, device=dev)
     with _on_device(dev):
         _chunk_counts_kernel[(n_chunks,)](idx, counts, M, E, CHUNK=chunk, BLOCK_E=block_e, num_warps=4)
-        _place_rows_kernel[(n_chunks,)](idx, counts, offs, row_map, inverse, token_of_row, M, E, K, n_chunks,
+        _place_rows_kernel[(n_chunks,)](idx, counts, offs, row_map, inverse, token_of_row,
+                                        idx if weights is None else weights.contiguous(),
+                                        offs if probs is None else probs, M, E, K, n_chunks,
                                         CHUNK=chunk, SUB=SUB, BLOCK_E=block_e,
-                                        BLOCK_C=max(1, min(16, 4096 // block_e)), num_warps=8)
-    return offs, row_map, inverse, token_of_row
+                                        BLOCK_C=max(1, min(16, 4096 // block_e)), HAS_WEIGHTS=probs is not None,
+                                        num_warps=8)
+    return out
+
+
+def routing_weight_grad(dprobs: torch.Tensor, inverse: torch.Tensor, topk_idx: torch.Tensor,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """dweights [T, K] in ``dtype``: dweights.flat[a] = dprobs[inverse[a]], 0 where topk_idx.flat[a] < 0 (a dropped
+    assignment's row carries weight 0, so its weight gets no gradient): the backward of sort_rows' probs.
+    dprobs [M] fp32, inverse [M] int64, topk_idx [T, K] int64."""
+    _check_device(dprobs, inverse, topk_idx)
+    out = torch.empty(topk_idx.shape, dtype=dtype, device=dprobs.device)
+    M = topk_idx.numel()
+    if M:
+        block = 1024
+        with _on_device(dprobs.device):
+            _weight_grad_kernel[(cdiv(M, block),)](dprobs.contiguous(), inverse, topk_idx.contiguous(), out, M,
+                                                    BLOCK=block, num_warps=4)
+    return out

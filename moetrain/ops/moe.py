@@ -166,24 +166,25 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
     E, K = w1.shape[0], topk_idx.shape[1]
     fused = gemm in ("triton", "auto")
     rows = "triton" if fused else "torch"
-    if fused:  # one Triton sort with the inverse and each row's token (the PyTorch ops were ~20 launches)
+    if fused and b2 is None:
+        # The routing weights scale the rows inside SwiGLU, before FC2 (FC2 is linear): the combine is
+        # then a plain sum and keeps no copy of FC2's output [M, H] for the weights' gradient, which
+        # SwiGLU's backward gets from the [M, I] values it reads anyway. (With an FC2 bias the scaled
+        # bias would keep an [M, H] operand instead: the weights stay in the combine.) The sort puts the
+        # weights in row order itself (probs [M] fp32).
+        offs, row_map, inverse, token_of_row, probs = _SortWithWeights.apply(topk_weight, topk_idx, E)
+    elif fused:  # one Triton sort with the inverse and each row's token (the PyTorch ops were ~20 launches)
         from moetrain.kernels import sort_rows as sorting
 
         offs, row_map, inverse, token_of_row = sorting.sort_rows(topk_idx, E)
     else:
         offs, row_map = sort_rows(topk_idx, E)
         inverse = inverse_permutation(row_map)
-    weight = _live_weight(topk_idx, topk_weight)
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
     if fused and b2 is None:
-        # The routing weights scale the rows inside SwiGLU, before FC2 (FC2 is linear): the combine is
-        # then a plain sum and keeps no copy of FC2's output [M, H] for the weights' gradient, which
-        # SwiGLU's backward gets from the [M, I] values it reads anyway. (With an FC2 bias the scaled
-        # bias would keep an [M, H] operand instead: the weights stay in the combine.)
         from moetrain.ops.moe_fused import fc1_gathered, fc1_swiglu
 
-        probs = moe_rows.row_values(weight.float().reshape(-1), row_map, inverse)
         if b1 is None:
             a = fc1_swiglu(x, w1, offs, token_of_row, inverse, K, probs, activation, gemm)
         else:  # FC1's bias is added to h between FC1 and SwiGLU
@@ -198,6 +199,7 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
         h = grouped_gemm(moe_rows.expand_rows(x, row_map, inverse, K), w1, offs, gemm)
     if b1 is not None:
         h = h + b1.index_select(0, expert_of_row)
+    weight = _live_weight(topk_idx, topk_weight)
     if fused:
         weight = weight.float()  # the Triton combine takes fp32 weights
     a = moe_rows.swiglu(h, activation, rows)
@@ -208,6 +210,32 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
 
 
 _eager_fused = eager_under_compile(_moe_experts)
+
+
+class _SortWithWeights(torch.autograd.Function):
+    """The fused path's row sort (kernels/sort_rows.py) with the routing weights carried into row order:
+    (offs, row_map, inverse, token_of_row, probs [M] fp32), probs[r] = topk_weight.flat[row_map[r]] and 0 for a
+    dropped assignment. Differentiable in topk_weight through probs (one gather kernel back)."""
+
+    @staticmethod
+    def forward(ctx, topk_weight, topk_idx, num_experts):
+        from moetrain.kernels import sort_rows as sorting
+
+        offs, row_map, inverse, token_of_row, probs = sorting.sort_rows(topk_idx, num_experts, weights=topk_weight)
+        ctx.save_for_backward(inverse, topk_idx)
+        ctx.weight_dtype = topk_weight.dtype
+        ctx.mark_non_differentiable(offs, row_map, inverse, token_of_row)
+        return offs, row_map, inverse, token_of_row, probs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, _offs, _row_map, _inverse, _token_of_row, dprobs):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        from moetrain.kernels import sort_rows as sorting
+
+        inverse, topk_idx = ctx.saved_tensors
+        return sorting.routing_weight_grad(dprobs.float(), inverse, topk_idx, ctx.weight_dtype), None, None
 
 
 def _live_weight(topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:

@@ -143,26 +143,6 @@ def expand_rows(x: torch.Tensor, row_map: torch.Tensor, inverse: torch.Tensor, t
     return _ExpandRows.apply(x, row_map, inverse, topk)
 
 
-class _RowValues(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, values, row_map, inverse):
-        ctx.save_for_backward(inverse)
-        return values.index_select(0, row_map)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, drows):
-        (inverse,) = ctx.saved_tensors
-        return drows.index_select(0, inverse), None, None
-
-
-def row_values(values: torch.Tensor, row_map: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """rows [M] = values[row_map]: a per-assignment value (values [T*K], e.g. the flat routing weights)
-    in permuted row order. Its gradient is a gather through ``inverse`` (row_map is a permutation):
-    no index_add, no atomics, and only inverse (kept by the combine anyway) is saved."""
-    return _RowValues.apply(values, row_map, inverse)
-
-
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, probs, activation, impl):

@@ -279,9 +279,9 @@ def routed_experts(cfg: Config, d: Dims) -> list[Term]:
     if e.expert_linear_bias:
         out.append(Term("bias idx", 8 * M))
     if fused_experts(cfg, d) and not e.expert_linear_bias:
-        # the routing weights scale SwiGLU's rows (fp32 [M] kept); the combine is a plain sum that keeps
-        # nothing; the where-mask of dropped assignments
-        out += [Term("combine mask", M), Term("row probs", 4 * M)]
+        # the routing weights scale SwiGLU's rows (fp32 [M] kept, put in row order by the sort, which zeroes
+        # dropped assignments itself: no mask kept); the combine is a plain sum that keeps nothing
+        out += [Term("row probs", 4 * M)]
     else:  # combine: FC2's output rows, the fp32 top-k weights and the where-mask of dropped assignments
         out += [Term("combine mask+weights", M + 4 * M), Term("combine rows", b * M * H)]
     return out

@@ -163,19 +163,3 @@ def test_swiglu_with_row_probabilities(activation, M, I):
         got.backward(da.to(DEVICE, torch.float32))
         close(leaf_h.grad, ref_h.grad, torch.float32)
         close(leaf_p.grad, ref_p.grad, torch.float32)
-
-
-def test_row_values_gathers_and_its_gradient_is_a_gather():
-    g = torch.Generator().manual_seed(4)
-    T, K = 9, 3
-    row_map = torch.randperm(T * K, generator=g)
-    inverse = moe_rows.inverse_permutation(row_map)
-    values = torch.rand(T * K, generator=g, dtype=torch.float64, requires_grad=True)
-    ref = values.detach().clone().requires_grad_()
-    probe = torch.randn(T * K, generator=g, dtype=torch.float64)
-    got = moe_rows.row_values(values, row_map, inverse)
-    want = ref.index_select(0, row_map)
-    assert torch.equal(got, want)
-    (got * probe).sum().backward()
-    (want * probe).sum().backward()
-    assert torch.equal(values.grad, ref.grad)

@@ -62,6 +62,35 @@ def test_matches_the_pytorch_sort(name):
     assert torch.equal(tokens.cpu().long(), want_map.cpu() // K)
 
 
+@pytest.mark.parametrize("name", ["dropped", "dsv3_like_256_experts", "single_expert", "empty"])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_weights_in_row_order_and_their_gradient(name, wdtype):
+    T, K, E, opts = CASES[name]
+    g = torch.Generator().manual_seed(T * 7 + K)
+    idx = routing(T, K, E, seed=T + E, **opts).to(DEVICE)
+    weights = torch.rand(T, K, generator=g).to(DEVICE, wdtype)
+    plain = kernel.sort_rows(idx, E)
+    offs, row_map, inverse, tokens, probs = kernel.sort_rows(idx, E, weights=weights)
+    for got, want in zip((offs, row_map, inverse, tokens), plain):
+        assert torch.equal(got, want)
+    live = weights.float().masked_fill(idx < 0, 0.0).reshape(-1)
+    assert probs.dtype == torch.float32 and torch.equal(probs.cpu(), live.index_select(0, row_map).cpu())
+    dprobs = torch.randn(T * K, generator=g).to(DEVICE)
+    dweights = kernel.routing_weight_grad(dprobs, inverse, idx, wdtype)
+    want = dprobs.index_select(0, inverse).view(T, K).masked_fill(idx < 0, 0.0)
+    assert dweights.dtype == wdtype
+    # one rounding to the weights' dtype (the interpreter's bf16 cast may round otherwise than torch's)
+    torch.testing.assert_close(dweights.float().cpu(), want.cpu(), rtol=0 if wdtype == torch.float32 else 2**-7,
+                               atol=0)
+    assert torch.equal((dweights == 0).cpu(), (want == 0).cpu())  # dropped assignments: exactly none
+
+
+def test_weights_of_another_shape_are_refused():
+    idx = routing(4, 2, 8, seed=1).to(DEVICE)
+    with pytest.raises(ValueError, match=r"weights \(4, 3\) must be \[T, K\]"):
+        kernel.sort_rows(idx, 8, weights=torch.ones(4, 3, device=DEVICE))
+
+
 @pytest.mark.gpu
 def test_an_expert_id_past_the_last_is_a_device_side_error():
     # in a subprocess: a device-side assert leaves its CUDA context unusable
@@ -82,10 +111,13 @@ common = {"idx_ptr": "*i64", "counts_ptr": "*i32", "M": "i32", "E": "i32"}
 counts = ASTSource(fn=k._chunk_counts_kernel, signature={**common, "CHUNK": "constexpr", "BLOCK_E": "constexpr"},
                    constexprs={"CHUNK": 1024, "BLOCK_E": 256})
 place = ASTSource(fn=k._place_rows_kernel, signature={
-    **common, "offs_ptr": "*i32", "row_map_ptr": "*i64", "inverse_ptr": "*i64", "token_ptr": "*i32", "K": "i32",
-    "n_chunks": "i32", "CHUNK": "constexpr", "SUB": "constexpr", "BLOCK_E": "constexpr", "BLOCK_C": "constexpr"},
-    constexprs={"CHUNK": 1024, "SUB": k.SUB, "BLOCK_E": 256, "BLOCK_C": 16})
-for src, warps in ((counts, 4), (place, 8)):
+    **common, "offs_ptr": "*i32", "row_map_ptr": "*i64", "inverse_ptr": "*i64", "token_ptr": "*i32",
+    "weight_ptr": "*fp32", "probs_ptr": "*fp32", "K": "i32", "n_chunks": "i32", "CHUNK": "constexpr",
+    "SUB": "constexpr", "BLOCK_E": "constexpr", "BLOCK_C": "constexpr", "HAS_WEIGHTS": "constexpr"},
+    constexprs={"CHUNK": 1024, "SUB": k.SUB, "BLOCK_E": 256, "BLOCK_C": 16, "HAS_WEIGHTS": True})
+grad = ASTSource(fn=k._weight_grad_kernel, signature={"dprobs_ptr": "*fp32", "inverse_ptr": "*i64", "idx_ptr": "*i64",
+    "out_ptr": "*bf16", "M": "i32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024})
+for src, warps in ((counts, 4), (place, 8), (grad, 4)):
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     assert ck.metadata.shared <= 232448, ck.metadata.shared
 print("ok")

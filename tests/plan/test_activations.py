@@ -150,9 +150,10 @@ def test_moe_routed_rows_scale_with_topk():
     per_row = 8 + 2 * 32 + 2 * 2 * 24 + 2 * 24 + 1 + 4 + 2 * 32
     assert [A.total(A.routed_experts(c, cpu)) for c in (cfg2, cfg4)] == [M2 * per_row, M4 * per_row]
     # fused path (CUDA, backend auto): int32 row index instead of the x rows, plus offs [E] int32; the
-    # routing weights scale SwiGLU's rows (fp32 probs kept), so the combine keeps no FC2 output rows
+    # routing weights scale SwiGLU's rows (fp32 probs kept; the sort zeroes dropped ones: no mask), so the
+    # combine keeps no FC2 output rows
     gpu = A.Dims(B=2, S=16, b=2, device="cuda")
-    per_row = 8 + 4 + 2 * 2 * 24 + 2 * 24 + 1 + 4
+    per_row = 8 + 4 + 2 * 2 * 24 + 2 * 24 + 4
     offs = 4 * cfg2.moe.num_experts
     assert [A.total(A.routed_experts(c, gpu)) for c in (cfg2, cfg4)] == [M2 * per_row + offs, M4 * per_row + offs]
 
