@@ -12,6 +12,17 @@ counts take one atomic add per expert per program. (One program per token with o
 assignment, all on E addresses, took 0.114 ms at Qwen3-30B-A3B's 16384 tokens x 128 experts; this 0.064 ms
 on the H200, bench/NOTES.md session 7: the rest is the K rounds of block reductions.)
 The top-k is K rounds of argmax (ties: lower expert id), best first, like torch.topk's order.
+
+The backward, route_backward, is one kernel too (its reference: moetrain.ops.route.topk_weights_backward;
+PyTorch needed ~17 small ops, each 50-80 us of host time on the H200 host, scripts/host_breakdown.py):
+
+    logits [T, E] (fp32 / bf16 / fp16), topk_idx [T, K] int64, dweight [T, K] (any float)
+        ->  dlogits [T, E] in logits' dtype (fp32 math)
+
+One program per BLOCK_T tokens recomputes their scores from the logits (the same tiling as the forward,
+over BLOCK_E = next_pow2(E) experts) and spreads the K weight gradients over a dense [BLOCK_T, BLOCK_E]
+tile by compares with each topk_idx column, so that the normalization's sums and the softmax's are plain
+row reductions: no gathers, no scatters, no atomics.
 """
 
 from __future__ import annotations
@@ -100,8 +111,56 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, T, E, s
     tl.atomic_add(counts_ptr + flat_expert, picks, mask=slot_ok)
 
 
+@triton.jit(do_not_specialize=["T"])
+def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dlogits_ptr, T, E, scaling,
+                      stride_lt, stride_le, stride_it, stride_ik, stride_dt, stride_dk,
+                      TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                      SIGMOID: tl.constexpr, NORMALIZE: tl.constexpr):
+    rt = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = rt < T
+    t = tl.minimum(rt, T - 1)  # rows past T redo the last token (an all -inf row would give NaNs); not stored
+    expert = tl.arange(0, BLOCK_E)
+    valid = expert < E
+    x = tl.load(logits_ptr + t[:, None] * stride_lt + expert[None, :] * stride_le, mask=valid[None, :],
+                other=-float("inf")).to(tl.float32)  # [BLOCK_T, BLOCK_E]
+    if SIGMOID:
+        s = tl.where(valid[None, :], tl.sigmoid(x), 0.0)
+    else:
+        e = tl.where(valid[None, :], tl.exp(x - tl.max(x, axis=1)[:, None]), 0.0)
+        s = e / tl.sum(e, axis=1)[:, None]
+    # Dense per-expert sums over the picks (a repeated id adds up, as the reference's scatter_add does):
+    # ds = dL/d(chosen score) before the normalization, picks = how often each expert was chosen
+    ds = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    picks = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    for k in tl.static_range(TOPK):
+        # int32: half the registers of the K id columns a thread holds for its rows, 32-bit compares
+        idx_k = tl.load(idx_ptr + t * stride_it + k * stride_ik).to(tl.int32)
+        g_k = tl.load(dweight_ptr + t * stride_dt + k * stride_dk).to(tl.float32) * scaling
+        hit = expert[None, :] == idx_k[:, None]
+        ds += tl.where(hit, g_k[:, None], 0.0)
+        picks += tl.where(hit, 1.0, 0.0)
+    if NORMALIZE:
+        # w_k = c s_k / S with S the chosen scores' sum: dL/ds_k = (g_k - sum_j g_j s_j / S) / S (g includes c)
+        denom = tl.sum(picks * s, axis=1)
+        if SIGMOID:
+            denom = denom + 1e-20
+        mean = tl.sum(ds * s, axis=1) / denom
+        ds = (ds - picks * mean[:, None]) / denom[:, None]
+    if SIGMOID:
+        d = ds * s * (1.0 - s)  # unchosen experts: ds = 0
+    else:
+        d = s * (ds - tl.sum(ds * s, axis=1)[:, None])
+    tl.store(dlogits_ptr + rt[:, None] * E + expert[None, :], d.to(dlogits_ptr.dtype.element_ty),
+             mask=tok_ok[:, None] & valid[None, :])
+
+
 # Tokens per program: a [BLOCK_T, E] tile of ~4K scores (a few registers' worth per thread at 4 warps)
 ROUTE_TILE = 4096
+
+
+def _tokens_per_program(block_e: int, T: int) -> int:
+    # One rule for the forward and the backward; no wider than the (power-of-two rounded) token count
+    return max(1, min(ROUTE_TILE // block_e, next_pow2(T)))
 
 
 def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, topk_groups: int | None,
@@ -122,7 +181,7 @@ def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, t
         return idx, weight, counts
     bias = expert_bias.to(torch.float32).contiguous() if expert_bias is not None else logits
     block_g, block_gs = next_pow2(groups), next_pow2(group_size)
-    block_t = max(1, min(ROUTE_TILE // (block_g * block_gs), next_pow2(T)))
+    block_t = _tokens_per_program(block_g * block_gs, T)
     with _on_device(logits.device):
         _route_kernel[(cdiv(T, block_t),)](
             logits, bias, idx, weight, counts, T, E, float(scaling_factor),
@@ -132,3 +191,32 @@ def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, t
             HAS_BIAS=expert_bias is not None, TOP2_SUM=group_score == "top2_sum", NORMALIZE=normalize,
             num_warps=4)
     return idx, weight, counts
+
+
+def route_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.Tensor, score: str, normalize: bool,
+                   scaling_factor: float) -> torch.Tensor:
+    """d loss / d logits of the forward's topk_weight, in one kernel (see the module docstring).
+    logits [T, E] fp32 / bf16 / fp16, topk_idx [T, K] int64 (the forward's), dweight [T, K] any float dtype
+    -> dlogits [T, E] in logits' dtype (contiguous). Any strides: an expanded dweight is read in place."""
+    _check_device(logits, topk_idx, dweight)
+    if logits.dtype == torch.float64:
+        raise ValueError("the Triton router computes in fp32; use impl='torch' for fp64 logits")
+    if score not in ("softmax", "sigmoid"):
+        raise ValueError(f"unknown score function {score!r}; valid: softmax, sigmoid")
+    T, E = logits.shape
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != T or dweight.shape != topk_idx.shape:
+        raise ValueError(f"route_backward: topk_idx {tuple(topk_idx.shape)} and dweight {tuple(dweight.shape)} "
+                         f"must both be [T, K] with T = {T}")
+    dlogits = torch.empty(T, E, dtype=logits.dtype, device=logits.device)
+    if T == 0:
+        return dlogits
+    block_e = next_pow2(E)
+    block_t = _tokens_per_program(block_e, T)
+    with _on_device(logits.device):
+        _route_bwd_kernel[(cdiv(T, block_t),)](
+            logits, topk_idx, dweight, dlogits, T, E, float(scaling_factor),
+            logits.stride(0), logits.stride(1), topk_idx.stride(0), topk_idx.stride(1),
+            dweight.stride(0), dweight.stride(1),
+            TOPK=topk_idx.shape[1], BLOCK_T=block_t, BLOCK_E=block_e, SIGMOID=score == "sigmoid",
+            NORMALIZE=normalize, num_warps=4)
+    return dlogits

@@ -15,8 +15,9 @@ Legend: T tokens, E experts, K top-k, G expert groups.
 4. counts[e] = number of assignments to e.
 
 impl "torch": plain PyTorch ops (the reference). impl "triton": one kernel for steps 1-4 (one
-program per token; the counts by integer-valued fp32 atomics, exact below 2^24); its backward
-is the weights' chain rule in PyTorch (topk_weights_backward). Both are sync-free. Ties in the selection go to
+program per block of tokens; the counts by integer-valued fp32 atomics, exact below 2^24), and one
+kernel for its backward (moetrain.kernels.route.route_backward: the weights' chain rule, whose PyTorch
+form topk_weights_backward is its reference). Both are sync-free. Ties in the selection go to
 the lower expert id in the kernel; torch.topk does not specify, so tests use distinct scores.
 """
 
@@ -89,8 +90,8 @@ def topk_weights(scores: torch.Tensor, topk_idx: torch.Tensor, score: str, norma
 def topk_weights_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.Tensor, score: str,
                           normalize: bool, scaling_factor: float) -> torch.Tensor:
     """d loss / d logits [T, E] (logits' dtype) of topk_weights(scores_of(logits)) given dweight [T, K]:
-    the chain rule written out, so that the routing kernel's backward is a few plain kernels with no
-    nested autograd call (less host work; nothing for a CUDA-graph capture to trip on). s = the scores; with
+    the chain rule written out (no nested autograd call), the reference of the Triton routing's backward
+    kernel (moetrain.kernels.route.route_backward), which computes the same in one launch. s = the scores; with
     normalize, w_k = c s_k / S (S = sum of the chosen s, + 1e-20 for sigmoid), so
     dL/ds_k = c (g_k - sum_j g_j w_j / c) / S; then through sigmoid (s (1 - s)) or softmax."""
     scores = scores_of(logits, score)
@@ -149,8 +150,10 @@ class _TritonRoute(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, _didx, dweight, _dcounts):
+        from moetrain.kernels import route as kernels
+
         logits, idx = ctx.saved_tensors
-        dlogits = topk_weights_backward(logits, idx, dweight, *ctx.args)
+        dlogits = kernels.route_backward(logits, idx, dweight, *ctx.args)
         return dlogits, None, None, None, None, None, None, None, None
 
 

@@ -1,5 +1,6 @@
 """The fused routing kernel (impl "triton") against the PyTorch reference (impl "torch") of
-moetrain.ops.route: indices, weights, counts and the gradient of the weights w.r.t. the logits.
+moetrain.ops.route: indices, weights, counts and the gradient of the weights w.r.t. the logits;
+and its backward kernel (kernels.route.route_backward) against topk_weights_backward directly.
 
 Without a GPU the kernel runs in Triton's CPU interpreter (fp32). Scores are distinct (random
 fp32 logits), so the top-k order is unambiguous.
@@ -14,7 +15,7 @@ from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton 
 ON_GPU = use_gpu_or_interpreter()
 
 from moetrain.kernels import route as kernels  # noqa: E402
-from moetrain.ops.route import route  # noqa: E402
+from moetrain.ops.route import route, topk_weights_backward  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 
@@ -35,7 +36,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_triton_route_matches_torch(name):
+def test_triton_route_matches_torch(name, monkeypatch):
+    backward_kernel, launches = kernels.route_backward, []
+    monkeypatch.setattr(kernels, "route_backward", lambda *a: launches.append(1) or backward_kernel(*a))
     T, E, K, kw = CASES[name]
     kw = dict(kw)
     g = torch.Generator().manual_seed(T * E + K)
@@ -53,6 +56,71 @@ def test_triton_route_matches_torch(name):
     torch.testing.assert_close(got["weight"], want["weight"], rtol=1e-5, atol=1e-6)
     assert torch.equal(got["counts"], want["counts"]) and got["counts"].sum() == T * K
     torch.testing.assert_close(got["grad"], want["grad"], rtol=1e-5, atol=1e-6)
+    assert launches == [1]  # the triton route's gradient came from the backward kernel
+
+
+BWD_CASES = {
+    # name: (T, E, K, score, normalize, scaling_factor); tokens per program 4096 / next_pow2(E), at most next_pow2(T)
+    "softmax_blocks_partial_last": (77, 128, 8, "softmax", True, 1.0),
+    "sigmoid_e_not_pow2_k8": (45, 60, 8, "sigmoid", True, 2.5),
+    "softmax_k1_unnormalized": (13, 20, 1, "softmax", False, 1.0),
+    "sigmoid_k1_unnormalized": (9, 24, 1, "sigmoid", False, 0.5),
+    "softmax_k1_normalized": (7, 12, 1, "softmax", True, 1.0),  # w = c: a gradient of ~0
+    "sigmoid_unnormalized_k8": (30, 257, 8, "sigmoid", False, 1.0),
+    "one_token_per_program": (3, 4100, 2, "softmax", True, 1.0),  # BLOCK_E 8192 > the tile
+}
+
+
+def bwd_inputs(T, E, K, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(T, E, generator=g) * 2).to(dtype)
+    idx = torch.randn(T, E, generator=g).argsort(-1)[:, :K]  # K distinct experts per token, any order
+    dweight = torch.randn(T, K, generator=g)
+    return logits, idx, dweight
+
+
+def check_route_backward(logits, idx, dweight, score, normalize, scaling, **tol):
+    want = topk_weights_backward(logits, idx, dweight, score, normalize, scaling)
+    got = kernels.route_backward(logits.to(DEVICE), idx.to(DEVICE), dweight.to(DEVICE), score, normalize, scaling)
+    assert got.dtype == logits.dtype and got.shape == logits.shape
+    torch.testing.assert_close(got.cpu(), want, **(tol or dict(rtol=1e-5, atol=1e-6)))
+
+
+@pytest.mark.parametrize("name", list(BWD_CASES))
+def test_route_backward_matches_reference(name):
+    T, E, K, score, normalize, scaling = BWD_CASES[name]
+    logits, idx, dweight = bwd_inputs(T, E, K, seed=T + E + K)
+    check_route_backward(logits, idx, dweight, score, normalize, scaling)
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_route_backward_bf16_logits_give_bf16(score):
+    # both sides compute in fp32 from the same bf16 logits and round once: at most an ulp of bf16 apart
+    logits, idx, dweight = bwd_inputs(50, 60, 8, seed=11, dtype=torch.bfloat16)
+    check_route_backward(logits, idx, dweight, score, True, 2.5, rtol=1.6e-2, atol=1e-4)
+
+
+def test_route_backward_reads_strides_and_other_dweight_dtypes():
+    # logits as a transposed view; dweight expanded from one value (what .sum()'s backward hands over; not
+    # normalized, where the same g for every pick would cancel out), or bf16
+    T, E, K = 33, 40, 4
+    logits, idx, dweight = bwd_inputs(T, E, K, seed=5)
+    check_route_backward(logits.t().contiguous().t(), idx, dweight, "softmax", True, 1.0)
+    check_route_backward(logits, idx, torch.tensor(0.7).expand(T, K), "softmax", False, 1.0)
+    check_route_backward(logits, idx, dweight.bfloat16(), "sigmoid", True, 1.0)
+
+
+def test_route_backward_repeated_ids_add_up_like_the_reference():
+    T, E, K = 10, 16, 4
+    logits, _, dweight = bwd_inputs(T, E, K, seed=7)
+    idx = torch.randint(0, 3, (T, K), generator=torch.Generator().manual_seed(8))  # repeats within rows
+    for score in ("softmax", "sigmoid"):
+        check_route_backward(logits, idx, dweight, score, True, 1.3)
+
+
+def test_route_backward_of_no_tokens_is_empty():
+    logits, idx, dweight = bwd_inputs(0, 16, 4, seed=1, dtype=torch.bfloat16)
+    check_route_backward(logits, idx, dweight, "softmax", True, 1.0)
 
 
 def test_group_limited_selection_stays_in_the_best_groups():

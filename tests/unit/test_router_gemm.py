@@ -50,6 +50,9 @@ def test_gradient_split_keeps_sixteen_bits(exact_mm):
     hi, lo = router_gemm.split_bf16(g)
     assert hi.dtype == lo.dtype == torch.bfloat16
     assert ((hi.float() + lo.float() - g).abs() <= g.abs() * 2.0**-15).all()
+    # written in place into one [hi | lo] buffer: the same bits as the definition's casts
+    assert torch.equal(hi, g.to(torch.bfloat16)) and torch.equal(lo, (g - hi.float()).to(torch.bfloat16))
+    assert torch.equal(router_gemm.split_bf16_cat(g), torch.cat([hi, lo], dim=1))
     # the backward's GEMMs with the split: dx = [hi lo] @ [w; w] and dw = hi^T x + lo^T x against fp32
     x = torch.randn(1000, 32, generator=torch.Generator().manual_seed(4)).bfloat16()
     w = torch.randn(64, 32, generator=torch.Generator().manual_seed(5)).bfloat16()
