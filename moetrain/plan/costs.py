@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from moetrain.config.schema import Config
-from moetrain.plan.activations import Dims, attention_kernel, fused_experts, routed_rows, tensor_core_router
+from moetrain.plan.activations import (Dims, attention_kernel, fused_experts, routed_rows, tensor_core_router,
+                                      triton_routing)
 
 GROUPED_FACTOR = 0.90  # bench gemm on the H200 (session 3): auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
 ATTN_FWD = 0.60  # fused attention forward vs the large-GEMM rate
@@ -176,15 +177,19 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         M = routed_rows(cfg, d)
         E_l = E / ep
         rpe = M / E_l
+        # the routing's backward: one kernel (ops.route's Triton backward: logits read, their gradient written), or
+        # PyTorch's chain rule
+        route_bytes, route_kernels = (8 * Th * E, 1) if triton_routing(cfg, d) else (30 * Th * E, 15)
         if tensor_core_router(cfg, d):  # bf16 GEMMs, fp32 out; the backward's split gradient doubles their work
             t, fl = rf.gemm(Th, E, H, b)
             fw.add("router", t + rf.mem(40 * Th * E, 25), 26, fl)
-            bi.add("router", 2 * t + rf.mem(30 * Th * E, 17), 17, 2 * fl)
+            # + the gradient split into hi | lo (two kernels) and [w; w] (one), then the dx GEMM
+            bi.add("router", 2 * t + rf.mem(route_bytes + 14 * Th * E, route_kernels + 3), route_kernels + 4, 2 * fl)
             bw.add("router", 2 * t, 2, 2 * fl)
         else:  # fp32 copies of x and the weight, an fp32 (SIMT) GEMM
             t, fl = rf.gemm(Th, E, H, 4, dtype="fp32")
             fw.add("router", t + rf.mem((b + 4) * Th * H + 40 * Th * E, 25), 30, fl)
-            bi.add("router", t + rf.mem(30 * Th * E, 15), 15, fl)
+            bi.add("router", t + rf.mem(route_bytes, route_kernels), route_kernels, fl)
             bw.add("router", t, 1, fl)
         fused = fused_experts(cfg, d)
         if fused:  # sort only: FC1 gathers the token rows itself
