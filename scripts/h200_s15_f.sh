@@ -8,6 +8,6 @@ gpu_test_subset router_tests 120 tests/unit/test_gpu.py -k "router or sync_free"
 timeout -k 10 110 python3 -m moetrain bench moe --backends auto --graphs --host-ahead --shapes qwen3-30b-a3b \
   --routing balanced --reps 7 --warmup 2 --json "$out/qwen3.json" > "$out/qwen3.log" 2>&1
 filter < "$out/qwen3.log" | grep -E "^qwen|Error" | grep -v per-expert | tail -12
-timeout -k 5 300 python3 -m moetrain bench gemm --shapes gptoss,mixtral,dsv3-ep8 --routing balanced --budget 200 \
+timeout -k 5 300 python3 -m moetrain bench gemm --shapes gptoss,dsv3-ep8,mixtral --routing balanced --budget 200 \
   > "$out/gemm.log" 2>&1
 filter < "$out/gemm.log" | grep -E "^(gptoss|mixtral|dsv3)|six" | tail -24
