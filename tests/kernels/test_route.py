@@ -87,20 +87,20 @@ def check_route_backward(logits, idx, dweight, score, normalize, scaling, **tol)
 
 
 @pytest.mark.parametrize("name", list(BWD_CASES))
-def test_route_backward_matches_reference(name):
+def test_route_backward_matches_reference(name, poisoned_empty):
     T, E, K, score, normalize, scaling = BWD_CASES[name]
     logits, idx, dweight = bwd_inputs(T, E, K, seed=T + E + K)
     check_route_backward(logits, idx, dweight, score, normalize, scaling)
 
 
 @pytest.mark.parametrize("score", ["softmax", "sigmoid"])
-def test_route_backward_bf16_logits_give_bf16(score):
+def test_route_backward_bf16_logits_give_bf16(score, poisoned_empty):
     # both sides compute in fp32 from the same bf16 logits and round once: at most an ulp of bf16 apart
     logits, idx, dweight = bwd_inputs(50, 60, 8, seed=11, dtype=torch.bfloat16)
     check_route_backward(logits, idx, dweight, score, True, 2.5, rtol=1.6e-2, atol=1e-4)
 
 
-def test_route_backward_reads_strides_and_other_dweight_dtypes():
+def test_route_backward_reads_strides_and_other_dweight_dtypes(poisoned_empty):
     # logits as a transposed view; dweight expanded from one value (what .sum()'s backward hands over; not
     # normalized, where the same g for every pick would cancel out), or bf16
     T, E, K = 33, 40, 4
@@ -110,7 +110,7 @@ def test_route_backward_reads_strides_and_other_dweight_dtypes():
     check_route_backward(logits, idx, dweight.bfloat16(), "sigmoid", True, 1.0)
 
 
-def test_route_backward_repeated_ids_add_up_like_the_reference():
+def test_route_backward_repeated_ids_add_up_like_the_reference(poisoned_empty):
     T, E, K = 10, 16, 4
     logits, _, dweight = bwd_inputs(T, E, K, seed=7)
     idx = torch.randint(0, 3, (T, K), generator=torch.Generator().manual_seed(8))  # repeats within rows

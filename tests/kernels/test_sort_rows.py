@@ -49,7 +49,7 @@ CASES = {  # name: (T, K, E, options)
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_matches_the_pytorch_sort(name):
+def test_matches_the_pytorch_sort(name, poisoned_empty):
     T, K, E, opts = CASES[name]
     idx = routing(T, K, E, seed=T + E, **opts).to(DEVICE)
     offs, row_map, inverse, tokens = kernel.sort_rows(idx, E)
@@ -64,7 +64,7 @@ def test_matches_the_pytorch_sort(name):
 
 @pytest.mark.parametrize("name", ["dropped", "dsv3_like_256_experts", "single_expert", "empty"])
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
-def test_weights_in_row_order_and_their_gradient(name, wdtype):
+def test_weights_in_row_order_and_their_gradient(name, wdtype, poisoned_empty):
     T, K, E, opts = CASES[name]
     g = torch.Generator().manual_seed(T * 7 + K)
     idx = routing(T, K, E, seed=T + E, **opts).to(DEVICE)
