@@ -22,7 +22,7 @@ import torch
 
 from moetrain.bench import moe_layer as bench
 
-# "module:function" or "module:Class.method"; nested entries report inclusive time (their callers include them)
+# "module:function"; nested entries report inclusive time (their callers include them)
 WRAPPED = (
     "moetrain.ops.router_gemm:router_logits",
     "moetrain.ops.route:route",
@@ -36,6 +36,7 @@ WRAPPED = (
     "moetrain.ops.grouped_gemm:grouped_gemm_op",
     "moetrain.ops.moe_rows:combine",
     "moetrain.ops.moe_rows:swiglu_backward",
+    "moetrain.kernels.route:route_backward",
     "moetrain.ops.moe_fused:_fc1_backward",
     "moetrain.ops.autoselect:choose",
     "moetrain.kernels.grouped_gemm_tuning:pick_config",
@@ -76,16 +77,7 @@ class Timers:
 def install(timers: Timers) -> None:
     for spec in WRAPPED:
         modname, attr = spec.split(":")
-        mod = importlib.import_module(modname)
-        if "." in attr:
-            cls_name, meth = attr.split(".")
-            cls = getattr(mod, cls_name)
-            raw = cls.__dict__[meth]
-            inner = raw.__func__ if isinstance(raw, staticmethod) else raw
-            wrapped = timers.wrap(attr, inner)
-            setattr(cls, meth, staticmethod(wrapped) if isinstance(raw, staticmethod) else wrapped)
-            continue
-        orig = getattr(mod, attr)
+        orig = getattr(importlib.import_module(modname), attr)
         wrapped = timers.wrap(attr, orig)
         for m in list(sys.modules.values()):  # every module that imported the function by name
             if m is not None and getattr(m, attr, None) is orig:
