@@ -51,7 +51,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -469,7 +469,7 @@ def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: di
         floor = timed.get(f"{FLOOR}, host ahead", (gemm_ms,))[0] if ahead else gemm_ms
         # a replayed graph allocates nothing (its memory was taken at capture): no peak to report
         no_peak = name.startswith(FLOOR) or isinstance(contenders.get(name), Graphed)
-        rows.append({"shape": s.name, "routing": routing, "contender": name, "ms": ms, "spread_pct": spread,
+        rows.append({"shape": s.name, "tokens": s.T, "routing": routing, "contender": name, "ms": ms, "spread_pct": spread,
                      "tflops": flops / ms / 1e9, "peak_gib": float("nan") if no_peak else peak,
                      "vs_eager": ref / ms, "vs_gemms": ms / floor, "rel_err": errors[name],
                      "alloc_events": alloc_events})
@@ -547,21 +547,29 @@ def main(argv=None) -> None:
                         help="also time ours and the references eagerly behind queued GPU work (host latency hidden)")
     parser.add_argument("--profile", action="store_true",
                         help="after timing, print each contender's top CUDA kernels (torch.profiler)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="tokens per layer call for every shape instead of its own T (e.g. your micro-batch's "
+                             "tokens per GPU: with fewer, the GPU's time shrinks and the host's does not)")
     args = parser.parse_args(argv)
     for name in args.shapes.split(","):  # the arguments first: a typo is reported on a machine without a GPU too
         if name not in SHAPES:
             raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
+    if args.tokens is not None and args.tokens < 1:
+        raise UserError(f"--tokens {args.tokens}: at least 1 token per layer call")
+    shapes = [SHAPES[n] if args.tokens is None else replace(SHAPES[n], T=args.tokens)
+              for n in args.shapes.split(",")]
     if not torch.cuda.is_available():
         raise UserError("moetrain bench moe needs a CUDA GPU (none is visible)")
     backends = parse_backends(args.backends, torch.device("cuda"))
+    tokens = "" if args.tokens is None else f"; {args.tokens} tokens per call at every shape"
     print(f"MoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
-          "TFLOP/s counts the six expert GEMMs", flush=True)
+          f"TFLOP/s counts the six expert GEMMs{tokens}", flush=True)
     print(f"{'shape':16s} {'routing':8s} {'contender':30s} {'ms':>8s} {'+-%':>5s} {'TFLOP/s':>8s} {'x eager':>8s} "
           f"{'/ GEMMs':>8s} {'peak GiB':>9s} {'rel err':>8s} {'mallocs':>7s}", flush=True)
     rows = []
-    for shape_name in args.shapes.split(","):
+    for shape in shapes:
         for routing in args.routing.split(","):
-            new = run_shape(SHAPES[shape_name], routing, backends, args.warmup, args.reps,
+            new = run_shape(shape, routing, backends, args.warmup, args.reps,
                             not args.no_compile, args.profile, args.graphs, args.host_ahead)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
                 print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:30s} {r['ms']:8.2f} {r['spread_pct']:5.1f} "

@@ -50,7 +50,8 @@ def test_skewed_routing_is_the_same_on_every_call():
     assert torch.equal(forcing_logits(s, "skewed", "cpu", seed=3), first)
 
 
-@pytest.mark.parametrize("argv, match", [(["--shapes", "qwen3"], "unknown shape 'qwen3'")])
+@pytest.mark.parametrize("argv, match", [(["--shapes", "qwen3"], "unknown shape 'qwen3'"),
+                                         (["--tokens", "0"], "at least 1 token")])
 def test_bad_arguments_are_one_line_errors_before_any_gpu_check(argv, match):
     from moetrain.bench.moe_layer import main
     from moetrain.errors import UserError
@@ -133,3 +134,18 @@ def test_the_host_ahead_floor_replays_the_six_gemms(monkeypatch):
     ml._fwd_bwd(floor, "more args")
     assert replayed == ["args", "more args"]
     assert ml._floor(ml.HostAhead(reference_layer)) is None and ml._floor(reference_layer) is None
+
+
+def test_tokens_replace_every_shapes_token_count(monkeypatch, capsys):
+    from moetrain.bench import moe_layer as ml
+
+    ran = []
+    monkeypatch.setattr(ml.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ml.torch.cuda, "get_device_name", lambda *a: "a fake GPU")
+    monkeypatch.setattr(ml, "parse_backends", lambda names, device: ["triton"])
+    monkeypatch.setattr(ml, "run_shape", lambda s, routing, *a: ran.append((s, routing)) or [])
+    ml.main(["--shapes", "qwen3-30b-a3b,deepseek-v3", "--routing", "balanced", "--tokens", "4096"])
+    assert [(s.name, s.T, s.H, s.E, r) for s, r in ran] == [("qwen3-30b-a3b", 4096, 2048, 128, "balanced"),
+                                                            ("deepseek-v3", 4096, 7168, 256, "balanced")]
+    assert "4096 tokens per call at every shape" in capsys.readouterr().out
+    assert ml.SHAPES["qwen3-30b-a3b"].T == 16384  # the table itself is unchanged
