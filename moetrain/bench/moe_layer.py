@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from moetrain import ops
+from moetrain.bench.moe_report import print_auto_choices, skew_summary
 from moetrain.errors import UserError
 
 
@@ -354,20 +355,6 @@ def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, ca
         print(f"    timeline: {describe(timelines[-1])}", flush=True)
 
 
-def print_auto_choices() -> None:
-    """What backend="auto" chose for each GEMM it measured (the on-disk cache), with its timings."""
-    from moetrain.ops import autoselect
-
-    print(f"\nauto's choices ({autoselect.cache_path()}):", flush=True)
-    for key, entry in sorted(autoselect.entries().items()):
-        print(f"  {key:60s} -> {entry['backend']:7s} ({autoselect.describe_times(entry['ms'])} ms)", flush=True)
-    if autoselect.triton_available():  # the tile config each of our kernels ran with (what "triton" above means)
-        from moetrain.kernels.grouped_gemm_tuning import tuned_configs
-
-        for key, cfg in sorted(tuned_configs().items(), key=str):
-            print(f"  tuned {'|'.join(str(k) for k in key[:1] + key[3:6]):40s} {cfg}", flush=True)
-
-
 def _drop_graph(contenders: dict, name: str) -> None:
     """A graphed contender that ran out of memory at capture: its private pool keeps the layer's weight
     gradients (DeepSeek-V3: 22 GB) beside the other graphs' pools. Left out of the table, said so."""
@@ -469,7 +456,8 @@ def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: di
         floor = timed.get(f"{FLOOR}, host ahead", (gemm_ms,))[0] if ahead else gemm_ms
         # a replayed graph allocates nothing (its memory was taken at capture): no peak to report
         no_peak = name.startswith(FLOOR) or isinstance(contenders.get(name), Graphed)
-        rows.append({"shape": s.name, "tokens": s.T, "routing": routing, "contender": name, "ms": ms, "spread_pct": spread,
+        rows.append({"shape": s.name, "tokens": s.T, "routing": routing, "contender": name, "ms": ms,
+                     "spread_pct": spread,
                      "tflops": flops / ms / 1e9, "peak_gib": float("nan") if no_peak else peak,
                      "vs_eager": ref / ms, "vs_gemms": ms / floor, "rel_err": errors[name],
                      "alloc_events": alloc_events})
@@ -584,20 +572,6 @@ def main(argv=None) -> None:
         print(line, flush=True)
     if "auto" in backends:
         print_auto_choices()
-
-
-def skew_summary(rows: list[dict]) -> list[str]:
-    """One line per shape timed on both routings: each contender's skewed time over its balanced time (#6 asks
-    ours to stay within 10%), from bench rows (run_shape's dicts)."""
-    ms = {(r["shape"], r["routing"], r["contender"]): r["ms"] for r in rows}
-    lines = []
-    for shape in dict.fromkeys(r["shape"] for r in rows):
-        cells = [f"{name} {100 * (ms[(shape, 'skewed', name)] / t - 1):+.1f}%"
-                 for (s, routing, name), t in ms.items()
-                 if s == shape and routing == "balanced" and (shape, "skewed", name) in ms]
-        if cells:
-            lines.append(f"{shape}: skewed over balanced: " + ", ".join(cells))
-    return lines
 
 
 if __name__ == "__main__":

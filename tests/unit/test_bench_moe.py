@@ -61,7 +61,7 @@ def test_bad_arguments_are_one_line_errors_before_any_gpu_check(argv, match):
 
 
 def test_skew_summary_compares_each_contender_across_routings():
-    from moetrain.bench.moe_layer import skew_summary
+    from moetrain.bench.moe_report import skew_summary
 
     rows = [{"shape": "a", "routing": "balanced", "contender": "ours", "ms": 10.0},
             {"shape": "a", "routing": "balanced", "contender": "ref", "ms": 20.0},
