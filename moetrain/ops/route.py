@@ -145,11 +145,14 @@ class _TritonRoute(torch.autograd.Function):
         ctx.save_for_backward(logits, idx)
         ctx.args = (score, normalize, scaling_factor)
         ctx.mark_non_differentiable(idx, counts)
+        ctx.set_materialize_grads(False)  # no zero-filled gradients for idx and counts (a kernel each)
         return idx, weight, counts
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, _didx, dweight, _dcounts):
+        if dweight is None:  # (autograd calls this node only when the weights got a gradient)
+            return (None,) * 9
         from moetrain.kernels import route as kernels
 
         logits, idx = ctx.saved_tensors
