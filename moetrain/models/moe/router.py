@@ -75,13 +75,14 @@ def drop_over_capacity(topk_idx: torch.Tensor, topk_weight: torch.Tensor, capaci
 
 
 def load_balancing_loss(probs: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
-                        seq_len: int | None = None) -> torch.Tensor:
+                        seq_len: int | None = None, counts: torch.Tensor | None = None) -> torch.Tensor:
     """E * sum_e f_e * P_e (see module doc). probs [T, E] rows summing to 1; topk_idx [T, K] >= 0.
-    seq_len given: per-sequence loss (T = B * seq_len) averaged over sequences."""
+    seq_len given: per-sequence loss (T = B * seq_len) averaged over sequences. counts [E] fp32 (optional): the
+    assignments per expert of topk_idx, as the routing returns them (the batch loss then does not count again)."""
     T, K = topk_idx.shape
     E = num_experts
     if seq_len is None:
-        f = expert_counts(topk_idx, E) / (T * K)
+        f = (expert_counts(topk_idx, E) if counts is None else counts) / (T * K)
         return E * (f * probs.mean(0)).sum()
     B = T // seq_len
     onehot = torch.zeros(T, E, device=probs.device, dtype=probs.dtype).scatter_(1, topk_idx, 1.0)
@@ -169,7 +170,8 @@ class Router(nn.Module):
             scores = scores if scores is not None else scores_of(logits, self.score_function)
             probs = scores if self.score_function == "softmax" else scores / scores.sum(-1, keepdim=True)
             per_seq = seq_len if self.aux_loss_type == "sequence" else None
-            aux = load_balancing_loss(probs, topk_idx, E, per_seq)
+            # the routing's counts (before capacity dropping, as the loss wants): counting again was ~5 more ops
+            aux = load_balancing_loss(probs, topk_idx, E, per_seq, counts=counts.to(probs.dtype))
         z = router_z_loss(logits) if self.compute_z else zero
         if self.capacity_factor is not None:
             capacity = math.ceil(self.capacity_factor * T * K / E)
