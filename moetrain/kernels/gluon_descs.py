@@ -15,7 +15,7 @@ import functools
 import torch
 from triton.experimental.gluon import language as gl
 
-from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
+from moetrain.kernels.grouped_gemm_kernels import ragged_geometry
 
 
 def shared_layout(block: list):
@@ -34,8 +34,7 @@ def descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
 
 
 def ragged_desc(t: torch.Tensor, block: list):
-    rs = t.stride(0)
-    return descriptor(t, [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, t.shape[1]], [(1 << 34) - rs, rs, rs, 1], [1, 1, *block])
+    return descriptor(t, *ragged_geometry(t.shape[1], t.stride(0)), [1, 1, *block])
 
 
 def aot_type(block: list) -> str:

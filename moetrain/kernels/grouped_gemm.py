@@ -57,7 +57,7 @@ import functools
 import torch
 
 from moetrain.kernels import cuda_device
-from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS, _rowgroup_kernel, _wgrad_kernel
+from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS, _rowgroup_kernel, _wgrad_kernel, ragged_geometry
 from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
 from moetrain.kernels.schedule import skew_schedule
 
@@ -127,8 +127,7 @@ def _tma_ok(*tensors: torch.Tensor) -> bool:
 def _ragged_desc(t: torch.Tensor, block: list):
     """4-D "ragged" descriptor of a 2-D tensor (grouped_gemm_kernels.RAGGED); rows must be < 2^30."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    rs = t.stride(0)
-    return TensorDescriptor(t, [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, t.shape[1]], [(1 << 34) - rs, rs, rs, 1], [1, 1, *block])
+    return TensorDescriptor(t, *ragged_geometry(t.shape[1], t.stride(0)), [1, 1, *block])
 
 
 def _precision(dtype: torch.dtype) -> str:

@@ -17,6 +17,13 @@ RAGGED_ROWS = 1 << 30
 RAGGED = tl.constexpr(RAGGED_ROWS)  # the same, visible inside kernels
 
 
+def ragged_geometry(columns: int, row_stride: int) -> tuple[list, list]:
+    """(shape, strides) of the ragged 4-D view of a [R, columns] tensor with this row stride (above); the Triton and
+    the Gluon descriptors (grouped_gemm.py, gluon_descs.py) both take it."""
+    rs = row_stride
+    return [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, columns], [(1 << 34) - rs, rs, rs, 1]
+
+
 # Row-group scheduling of the forward / dgrad kernel, as jit helpers.
 @triton.jit
 def _row_tiles(offs_ptr, sched_ptr, M, OUT, G, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
