@@ -63,8 +63,7 @@ class GatherFC1(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, offs, token_of_row, inverse, topk, gemm):
         offs = offs.to(torch.int32)
-        ctx.save_for_backward(x, w1, offs, inverse, token_of_row)
-        ctx.topk, ctx.gemm = topk, gemm
+        _keep_for_fc1_backward(ctx, x, w1, offs, inverse, token_of_row, topk, gemm)
         variant = "gather"
         if gemm == "auto":
             G, N, K = w1.shape
@@ -75,20 +74,26 @@ class GatherFC1(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dh):
-        x, w1, offs, inverse, token_of_row = ctx.saved_tensors
-        dx, dw1 = _fc1_backward(dh.to(x.dtype).contiguous(), x, w1, offs, inverse, token_of_row, ctx.topk, ctx.gemm,
-                                ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return dx, dw1, None, None, None, None, None
+        return _fc1_backward(ctx, dh) + (None,) * 5
 
 
-def _fc1_backward(dh, x, w1, offs, inverse, token_of_row, topk: int, gemm: str, need_dx: bool, need_dw1: bool):
-    """(dx [T, H] or None, dw1 [E, 2I, H] or None) from dh [M, 2I] (FC1's output gradient, x's dtype)."""
+def _keep_for_fc1_backward(ctx, x, w1, offs, inverse, token_of_row, topk: int, gemm: str) -> None:
+    """What FC1's backward (``_fc1_backward``) reads, saved on an FC1 node (GatherFC1, FusedFC1)."""
+    ctx.save_for_backward(x, w1, offs, inverse, token_of_row)
+    ctx.topk, ctx.gemm = topk, gemm
+
+
+def _fc1_backward(ctx, dh) -> tuple:
+    """(dx [T, H] or None, dw1 [E, 2I, H] or None) of an FC1 node from dh [M, 2I] (FC1's output gradient)."""
+    x, w1, offs, inverse, token_of_row = ctx.saved_tensors
+    dh = dh.to(x.dtype).contiguous()
+    topk, gemm = ctx.topk, ctx.gemm
     dx = dw1 = None
-    if need_dx:
+    if ctx.needs_input_grad[0]:
         # dx_perm [M, H] is freed before the weight gradient runs (its "copy" variant gathers another
         # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md session 9)
         dx = combine(grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape), inverse, None, topk, "triton")
-    if need_dw1:
+    if ctx.needs_input_grad[1]:
         variant = "copy"
         if gemm == "auto":
             G, N, K = w1.shape
@@ -132,8 +137,7 @@ class FusedFC1(torch.autograd.Function):
     def forward(ctx, x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation):
         offs = offs.to(torch.int32)
         h, a = _fused_forward(x, w1, offs, token_of_row, probs, activation)
-        ctx.save_for_backward(x, w1, offs, inverse, token_of_row)
-        ctx.topk, ctx.gemm = topk, gemm
+        _keep_for_fc1_backward(ctx, x, w1, offs, inverse, token_of_row, topk, gemm)
         ctx.mark_non_differentiable(a)
         # a's gradient is never used: materialized, it was a zero-filled [M, I] per backward (0.06-0.28 ms from
         # Qwen3 to Mixtral, session 14's profiles)
@@ -143,10 +147,7 @@ class FusedFC1(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dh, _da):  # (called only when h got a gradient: dh is never None here)
-        x, w1, offs, inverse, token_of_row = ctx.saved_tensors
-        dx, dw1 = _fc1_backward(dh.to(x.dtype).contiguous(), x, w1, offs, inverse, token_of_row, ctx.topk, ctx.gemm,
-                                ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return dx, dw1, None, None, None, None, None, None, None
+        return _fc1_backward(ctx, dh) + (None,) * 7
 
 
 class _SwiGLUOfFusedFC1(torch.autograd.Function):
