@@ -34,17 +34,11 @@ def main(argv=None) -> int:
     from moetrain.ops import autoselect
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default="qwen3-30b-a3b")
-    ap.add_argument("--routing", default="balanced", choices=("balanced", "skewed"))
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
+    layer_ab.add_layer_args(ap, shapes="qwen3-30b-a3b", reps=7)
     args = ap.parse_args(argv)
     for name in layer_ab.gpu_shapes(args.shapes, "scripts/layer_fc1_swiglu_ab.py"):
         s = ml.SHAPES[name]
-        gen = torch.Generator(device="cuda").manual_seed(0)
-
-        def make_args():
-            return ml.layer_inputs(s, args.routing, gen)
+        make_args = layer_ab.inputs_of(s, args.routing)
 
         auto = ml.ours("auto")
         print(f"{name} {args.routing}: first call (autotuning, auto's measurements)", flush=True)

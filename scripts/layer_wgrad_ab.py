@@ -35,10 +35,7 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default="deepseek-v3")
-    ap.add_argument("--routing", default="balanced", choices=("balanced", "skewed"))
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--warmup", type=int, default=2)
+    layer_ab.add_layer_args(ap, shapes="deepseek-v3", reps=9)
     ap.add_argument("--configs", default=None, help="weight-gradient configs to force, comma-separated, as printed "
                     "(any of configs_for('wgrad'), trial ones included); default: the first two ping-pong configs and "
                     "the first Triton one")
@@ -53,10 +50,7 @@ def main(argv=None) -> int:
         forced_configs = list(tuning.PINGPONG_WGRAD_CONFIGS[:2] + tuning.WGRAD_CONFIGS[:1])
     for name in layer_ab.gpu_shapes(args.shapes, "scripts/layer_wgrad_ab.py"):
         s = ml.SHAPES[name]
-        gen = torch.Generator(device="cuda").manual_seed(0)
-
-        def make_args():
-            return ml.layer_inputs(s, args.routing, gen)
+        make_args = layer_ab.inputs_of(s, args.routing)
 
         auto = ml.ours("auto")
         print(f"{time.time():.1f} {name} {args.routing}: first call (autotuning)", flush=True)

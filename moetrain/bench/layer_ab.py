@@ -2,7 +2,9 @@
 turns against the eager reference and the six torch GEMMs: the shared part of the A/B scripts
 (scripts/layer_wgrad_ab.py, scripts/layer_fc1_swiglu_ab.py).
 
+    add_layer_args(ap, ...)     the scripts' common options: --shapes, --routing, --reps, --warmup
     gpu_shapes(text, script)    the --shapes names (moe_layer.SHAPES), with a CUDA GPU; else one line and exit
+    inputs_of(s, routing)       make_args for one shape: fresh layer inputs from one generator
     time_forced(...)            the contenders, each also behind queued GPU work (host ahead), timed in turns
     print_forced(...)           their table: ms, spread, x the eager reference, / the six torch GEMMs
 """
@@ -14,6 +16,20 @@ import time
 import torch
 
 from moetrain.bench import moe_layer as ml
+
+
+def add_layer_args(ap, shapes: str, reps: int) -> None:
+    """--shapes (comma-separated moe_layer.SHAPES names), --routing, --reps and --warmup, with a script's defaults."""
+    ap.add_argument("--shapes", default=shapes)
+    ap.add_argument("--routing", default="balanced", choices=("balanced", "skewed"))
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--warmup", type=int, default=2)
+
+
+def inputs_of(s: ml.Shape, routing: str):
+    """make_args for shape s: each call fresh layer inputs (moe_layer.layer_inputs) from one CUDA generator seeded 0."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return lambda: ml.layer_inputs(s, routing, gen)
 
 
 def gpu_shapes(text: str, script: str) -> list:

@@ -149,3 +149,17 @@ def test_tokens_replace_every_shapes_token_count(monkeypatch, capsys):
                                                             ("deepseek-v3", 4096, 7168, 256, "balanced")]
     assert "4096 tokens per call at every shape" in capsys.readouterr().out
     assert ml.SHAPES["qwen3-30b-a3b"].T == 16384  # the table itself is unchanged
+
+
+def test_layer_ab_scripts_share_their_options_with_their_own_defaults():
+    import argparse
+
+    from moetrain.bench import layer_ab
+
+    ap = argparse.ArgumentParser()
+    layer_ab.add_layer_args(ap, shapes="deepseek-v3", reps=9)
+    args = ap.parse_args([])
+    assert (args.shapes, args.routing, args.reps, args.warmup) == ("deepseek-v3", "balanced", 9, 2)
+    assert ap.parse_args(["--routing", "skewed", "--reps", "3"]).reps == 3
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--routing", "odd"])
