@@ -20,6 +20,9 @@ import time
 
 import torch
 
+from host_profile_moe import _call  # (this folder)
+
+from moetrain.bench import layer_ab
 from moetrain.bench import moe_layer as bench
 
 # "module:function"; nested entries report inclusive time (their callers include them)
@@ -105,32 +108,19 @@ def main() -> None:
     a = p.parse_args()
     timers = Timers()
     install(timers)
-    for shape in a.shapes.split(","):
-        s = bench.SHAPES[shape]
-        args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
+    for shape in layer_ab.gpu_shapes(a.shapes, "scripts/host_breakdown.py"):
+        args = bench.layer_inputs(bench.SHAPES[shape], "balanced", torch.Generator(device="cuda").manual_seed(0))
         fn = bench.ours(a.backend)
-        x, router_w, forcing, w1, w2, K, grad_out = args
         phases = {"forward": [], "backward": [], "GPU": []}
         for i in range(3 + a.calls):
             if i == 3:  # autotuning, auto's measurement and the allocator settle in the first calls
                 timers.reset()
-            for t in (x, w1, w2):
-                t.grad = None
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
-            start.record()
-            t0 = time.perf_counter()
-            timers.phase = "forward"
-            out = fn(x, router_w, forcing, w1, w2, K)
-            t1 = time.perf_counter()
-            timers.phase = "backward"
-            out.backward(grad_out)
-            t2 = time.perf_counter()
-            end.record()
+            fwd, bwd, start, end = _call(fn, args, phase=lambda name: setattr(timers, "phase", name))
             end.synchronize()
             if i >= 3:
-                phases["forward"].append((t1 - t0) * 1e3)
-                phases["backward"].append((t2 - t1) * 1e3)
+                phases["forward"].append(fwd * 1e3)
+                phases["backward"].append(bwd * 1e3)
                 phases["GPU"].append(start.elapsed_time(end))
         med = {k: statistics.median(v) for k, v in phases.items()}
         print(f"== {shape}, ours ({a.backend}): host forward {med['forward']:.3f} ms, backward {med['backward']:.3f} "
@@ -141,7 +131,7 @@ def main() -> None:
             n = timers.calls[name] / a.calls
             print(f"{name:58s} {n:10.1f} {per_call:9.1f} {per_call / n:8.1f}")
         timers.reset()
-        del args, x, w1, w2, out
+        del args
         torch.cuda.empty_cache()
 
 

@@ -19,20 +19,24 @@ import time
 
 import torch
 
+from moetrain.bench import layer_ab
 from moetrain.bench import moe_layer as bench
 
 
-def _call(fn, args) -> tuple[float, float, torch.cuda.Event, torch.cuda.Event]:
+def _call(fn, args, phase=lambda name: None) -> tuple[float, float, torch.cuda.Event, torch.cuda.Event]:
     """One forward + backward as `bench moe` runs it: (host seconds to issue the forward, then the backward; start
-    and end events)."""
+    and end events). ``phase("forward")`` / ``phase("backward")`` is called as each begins (host_breakdown.py's
+    timers name their pieces by it)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     x, router_w, forcing, w1, w2, K, grad_out = args
     for t in (x, w1, w2):
         t.grad = None
     start.record()
     t0 = time.perf_counter()
+    phase("forward")
     out = fn(x, router_w, forcing, w1, w2, K)
     t1 = time.perf_counter()
+    phase("backward")
     out.backward(grad_out)
     t2 = time.perf_counter()
     end.record()
@@ -46,7 +50,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
     a = p.parse_args()
-    for shape in a.shapes.split(","):
+    for shape in layer_ab.gpu_shapes(a.shapes, "scripts/host_profile_moe.py"):
         s = bench.SHAPES[shape]
         args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
         contenders = {f"ours ({a.backend})": bench.ours(a.backend), "reference eager": bench.reference_layer}
