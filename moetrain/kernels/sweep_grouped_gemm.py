@@ -73,13 +73,19 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return math.sqrt(num / den)
 
 
-def fp64_group_err(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: int, e: int, g: int) -> float:
+def group_fp64(op: str, a: torch.Tensor, b: torch.Tensor, g: int, s: int, e: int) -> torch.Tensor:
+    """Group g's output of a grouped GEMM in float64 (rows [s, e) of a; op "fwd" / "fwd_gather", "dgrad" or
+    "wgrad"/"wgrad_gather", a and b as the op reads them): the sweep's and the GPU tests' reference."""
     if op in ("fwd", "fwd_gather"):
-        want, have = a[s:e].double() @ b[g].double().T, got[s:e]
-    elif op == "dgrad":
-        want, have = a[s:e].double() @ b[g].double(), got[s:e]
-    else:
-        want, have = a[s:e].double().T @ b[s:e].double(), got[g]
+        return a[s:e].double() @ b[g].double().T
+    if op == "dgrad":
+        return a[s:e].double() @ b[g].double()
+    return a[s:e].double().T @ b[s:e].double()
+
+
+def fp64_group_err(op: str, got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: int, e: int, g: int) -> float:
+    have = got[s:e] if op in ("fwd", "fwd_gather", "dgrad") else got[g]
+    want = group_fp64(op, a, b, g, s, e)
     return ((have.double() - want).norm() / want.norm()).item()
 
 

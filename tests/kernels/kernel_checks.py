@@ -9,6 +9,8 @@ import sys
 
 import torch
 
+from moetrain.kernels.sweep_grouped_gemm import group_fp64  # (the sweep's float64 reference too)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FP32_BOUND = 1e-5  # fp32 accumulation over <= 100 terms, compared with fp64
@@ -54,16 +56,6 @@ def group_ranges(offs: torch.Tensor) -> list:
     """[(first row, row end)] of each group."""
     ends = offs.tolist()
     return list(zip([0] + ends[:-1], ends))
-
-
-def group_fp64(op: str, a: torch.Tensor, b: torch.Tensor, g: int, s: int, e: int) -> torch.Tensor:
-    """Group g's output of a grouped GEMM in float64 (rows [s, e) of a; op "fwd", "dgrad" or "wgrad", a and b as
-    the op reads them)."""
-    if op == "fwd":
-        return a[s:e].double() @ b[g].double().T
-    if op == "dgrad":
-        return a[s:e].double() @ b[g].double()
-    return a[s:e].double().T @ b[s:e].double()
 
 
 def rows_fp64(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
