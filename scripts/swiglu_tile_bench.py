@@ -17,10 +17,10 @@ import torch
 
 
 def previous_tile_shape(inter: int) -> tuple[int, int]:
-    """Before session 14: the next power of two of I (at least 16, at most 1024) columns, ~4096 elements."""
-    from moetrain.kernels.host import next_pow2
+    """Before session 14: the row kernels' column block of I (the next power of two, 16..1024), ~4096 elements."""
+    from moetrain.kernels.moe_rows import _block
 
-    block = min(1024, next_pow2(max(inter, 16)))
+    block = _block(inter)
     return max(1, 4096 // block), block
 
 
