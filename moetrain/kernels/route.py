@@ -13,6 +13,11 @@ assignment, all on E addresses, took 0.114 ms at Qwen3-30B-A3B's 16384 tokens x 
 on the H200, bench/NOTES.md session 7: the rest is the K rounds of block reductions.)
 The top-k is K rounds of argmax (ties: lower expert id), best first, like torch.topk's order.
 
+With prob_sums, each program also writes the column sums of the aux loss's probabilities over its tokens (the
+softmax scores, or the sigmoid scores normalized per token) into a [programs, E] buffer, summed on return: the batch
+aux loss E * sum_e f_e * P_e then needs no [T, E] scores recomputed or kept, and the same bits every run (no
+atomics).
+
 The backward, route_backward, is one kernel too (its reference: moetrain.ops.route.topk_weights_backward;
 PyTorch needed ~17 small ops, each 50-80 us of host time on the H200 host, scripts/host_breakdown.py):
 
@@ -22,7 +27,8 @@ PyTorch needed ~17 small ops, each 50-80 us of host time on the H200 host, scrip
 One program per BLOCK_T tokens recomputes their scores from the logits (the same tiling as the forward,
 over BLOCK_E = next_pow2(E) experts) and spreads the K weight gradients over a dense [BLOCK_T, BLOCK_E]
 tile by compares with each topk_idx column, so that the normalization's sums and the softmax's are plain
-row reductions: no gathers, no scatters, no atomics.
+row reductions: no gathers, no scatters, no atomics. The prob sums' gradient dpsum [E] joins the same score
+gradient (every token's probability of e gets dpsum[e]), before the softmax / sigmoid backward.
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ def route_ref(logits: torch.Tensor, topk: int, **kw):
 
 
 @triton.jit(do_not_specialize=["T"])
-def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, T, E, scaling,
+def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, psum_ptr, T, E, scaling,
                   TOPK: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GS: tl.constexpr, TOPK_GROUPS: tl.constexpr,
-                  SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, TOP2_SUM: tl.constexpr, NORMALIZE: tl.constexpr):
+                  SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, TOP2_SUM: tl.constexpr, NORMALIZE: tl.constexpr,
+                  HAS_PSUM: tl.constexpr):
     rt = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = rt < T
     t = tl.minimum(rt, T - 1)  # rows past T redo the last token; nothing of theirs is stored or counted
@@ -63,6 +70,12 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, T, E, s
         top = tl.max(tl.max(x, axis=2), axis=1)
         e = tl.where(valid[None, :, :], tl.exp(x - top[:, None, None]), 0.0)
         s = e / tl.sum(tl.sum(e, axis=2), axis=1)[:, None, None]
+    if HAS_PSUM:  # this program's column sums of the aux loss's probabilities (a row of psum_ptr [programs, E])
+        p = s
+        if SIGMOID:  # normalized over the experts per token, as the PyTorch loss does
+            p = s / tl.sum(tl.sum(s, axis=2), axis=1)[:, None, None]
+        p = tl.sum(tl.where(tok_ok[:, None, None], p, 0.0), axis=0)
+        tl.store(psum_ptr + tl.program_id(0).to(tl.int64) * E + expert, p, mask=valid)
     sel = s
     if HAS_BIAS:
         sel = sel + tl.load(bias_ptr + expert, mask=valid, other=0.0)[None, :, :]
@@ -112,10 +125,11 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, T, E, s
 
 
 @triton.jit(do_not_specialize=["T"])
-def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dlogits_ptr, T, E, scaling,
+def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dpsum_ptr, dlogits_ptr, T, E, scaling,
                       stride_lt, stride_le, stride_it, stride_ik, stride_dt, stride_dk,
                       TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-                      SIGMOID: tl.constexpr, NORMALIZE: tl.constexpr):
+                      SIGMOID: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DWEIGHT: tl.constexpr,
+                      HAS_DPSUM: tl.constexpr):
     rt = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = rt < T
     t = tl.minimum(rt, T - 1)  # rows past T redo the last token (an all -inf row would give NaNs); not stored
@@ -131,23 +145,31 @@ def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dlogits_ptr, T, E, scali
     # Dense per-expert sums over the picks (a repeated id adds up, as the reference's scatter_add does):
     # ds = dL/d(chosen score) before the normalization, picks = how often each expert was chosen
     ds = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
-    picks = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
-    for k in tl.static_range(TOPK):
-        # int32: half the registers of the K id columns a thread holds for its rows, 32-bit compares
-        idx_k = tl.load(idx_ptr + t * stride_it + k * stride_ik).to(tl.int32)
-        g_k = tl.load(dweight_ptr + t * stride_dt + k * stride_dk).to(tl.float32) * scaling
-        hit = expert[None, :] == idx_k[:, None]
-        ds += tl.where(hit, g_k[:, None], 0.0)
-        picks += tl.where(hit, 1.0, 0.0)
-    if NORMALIZE:
-        # w_k = c s_k / S with S the chosen scores' sum: dL/ds_k = (g_k - sum_j g_j s_j / S) / S (g includes c)
-        denom = tl.sum(picks * s, axis=1)
+    if HAS_DWEIGHT:
+        picks = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+        for k in tl.static_range(TOPK):
+            # int32: half the registers of the K id columns a thread holds for its rows, 32-bit compares
+            idx_k = tl.load(idx_ptr + t * stride_it + k * stride_ik).to(tl.int32)
+            g_k = tl.load(dweight_ptr + t * stride_dt + k * stride_dk).to(tl.float32) * scaling
+            hit = expert[None, :] == idx_k[:, None]
+            ds += tl.where(hit, g_k[:, None], 0.0)
+            picks += tl.where(hit, 1.0, 0.0)
+        if NORMALIZE:
+            # w_k = c s_k / S with S the chosen scores' sum: dL/ds_k = (g_k - sum_j g_j s_j / S) / S (g includes c)
+            denom = tl.sum(picks * s, axis=1)
+            if SIGMOID:
+                denom = denom + 1e-20
+            mean = tl.sum(ds * s, axis=1) / denom
+            ds = (ds - picks * mean[:, None]) / denom[:, None]
+    if HAS_DPSUM:  # psum[e] = sum_t p[t, e]: every token's p gets dpsum; p = s (softmax) or s / sum_e s (sigmoid)
+        dp = tl.load(dpsum_ptr + expert, mask=valid, other=0.0)
         if SIGMOID:
-            denom = denom + 1e-20
-        mean = tl.sum(ds * s, axis=1) / denom
-        ds = (ds - picks * mean[:, None]) / denom[:, None]
+            total = tl.sum(s, axis=1)
+            ds += (dp[None, :] - tl.sum(dp[None, :] * s, axis=1)[:, None] / total[:, None]) / total[:, None]
+        else:
+            ds += dp[None, :]
     if SIGMOID:
-        d = ds * s * (1.0 - s)  # unchosen experts: ds = 0
+        d = ds * s * (1.0 - s)
     else:
         d = s * (ds - tl.sum(ds * s, axis=1)[:, None])
     tl.store(dlogits_ptr + rt[:, None] * E + expert[None, :], d.to(dlogits_ptr.dtype.element_ty),
@@ -164,9 +186,12 @@ def _tokens_per_program(block_e: int, T: int) -> int:
 
 
 def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, topk_groups: int | None,
-          group_score: str, expert_bias: torch.Tensor | None, scaling_factor: float, normalize: bool):
-    """(topk_idx [T, K] int64, topk_weight [T, K] fp32, counts [E] fp32); arguments as ops.route
-    (checked there)."""
+          group_score: str, expert_bias: torch.Tensor | None, scaling_factor: float, normalize: bool,
+          prob_sums: bool = False):
+    """(topk_idx [T, K] int64, topk_weight [T, K] fp32, counts [E] fp32, psum [E] fp32 or None); arguments as
+    ops.route (checked there). prob_sums: psum[e] = sum over tokens of the aux loss's probability of e (the
+    softmax scores, or the sigmoid scores normalized per token), from per-program column sums (no atomics: the
+    same bits every run)."""
     _check_device(logits, *([] if expert_bias is None else [expert_bias]))
     if logits.dtype == torch.float64:
         raise ValueError("the Triton router computes in fp32; use impl='torch' for fp64 logits")
@@ -178,45 +203,53 @@ def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, t
     weight = torch.empty(T, topk, dtype=torch.float32, device=logits.device)
     counts = torch.zeros(E, dtype=torch.float32, device=logits.device)
     if T == 0:
-        return idx, weight, counts
+        return idx, weight, counts, counts.clone() if prob_sums else None
     bias = expert_bias.to(torch.float32).contiguous() if expert_bias is not None else logits
     block_g, block_gs = next_pow2(groups), next_pow2(group_size)
     block_t = _tokens_per_program(block_g * block_gs, T)
+    programs = cdiv(T, block_t)
+    parts = torch.empty(programs, E, dtype=torch.float32, device=logits.device) if prob_sums else counts
     with _on_device(logits.device):
-        _route_kernel[(cdiv(T, block_t),)](
-            logits, bias, idx, weight, counts, T, E, float(scaling_factor),
+        _route_kernel[(programs,)](
+            logits, bias, idx, weight, counts, parts, T, E, float(scaling_factor),
             TOPK=topk, BLOCK_K=next_pow2(topk), GROUPS=groups, GROUP_SIZE=group_size,
             BLOCK_T=block_t, BLOCK_G=block_g, BLOCK_GS=block_gs,
             TOPK_GROUPS=topk_groups if num_groups is not None else groups, SIGMOID=score == "sigmoid",
             HAS_BIAS=expert_bias is not None, TOP2_SUM=group_score == "top2_sum", NORMALIZE=normalize,
-            num_warps=4)
-    return idx, weight, counts
+            HAS_PSUM=prob_sums, num_warps=4)
+    return idx, weight, counts, parts.sum(0) if prob_sums else None
 
 
-def route_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.Tensor, score: str, normalize: bool,
-                   scaling_factor: float) -> torch.Tensor:
-    """d loss / d logits of the forward's topk_weight, in one kernel (see the module docstring).
-    logits [T, E] fp32 / bf16 / fp16, topk_idx [T, K] int64 (the forward's), dweight [T, K] any float dtype
-    -> dlogits [T, E] in logits' dtype (contiguous). Any strides: an expanded dweight is read in place."""
-    _check_device(logits, topk_idx, dweight)
+def route_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.Tensor | None, score: str,
+                   normalize: bool, scaling_factor: float, dpsum: torch.Tensor | None = None) -> torch.Tensor:
+    """d loss / d logits of the forward's topk_weight (and of its psum, given dpsum), in one kernel (see the module
+    docstring). logits [T, E] fp32 / bf16 / fp16, topk_idx [T, K] int64 (the forward's), dweight [T, K] any float
+    dtype or None (no gradient reached the weights), dpsum [E] or None -> dlogits [T, E] in logits' dtype
+    (contiguous). Any strides: an expanded dweight is read in place."""
+    _check_device(logits, topk_idx, *(t for t in (dweight, dpsum) if t is not None))
     if logits.dtype == torch.float64:
         raise ValueError("the Triton router computes in fp32; use impl='torch' for fp64 logits")
     if score not in ("softmax", "sigmoid"):
         raise ValueError(f"unknown score function {score!r}; valid: softmax, sigmoid")
     T, E = logits.shape
-    if topk_idx.dim() != 2 or topk_idx.shape[0] != T or dweight.shape != topk_idx.shape:
-        raise ValueError(f"route_backward: topk_idx {tuple(topk_idx.shape)} and dweight {tuple(dweight.shape)} "
-                         f"must both be [T, K] with T = {T}")
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != T or (dweight is not None and dweight.shape != topk_idx.shape):
+        raise ValueError(f"route_backward: topk_idx {tuple(topk_idx.shape)} and dweight "
+                         f"{None if dweight is None else tuple(dweight.shape)} must both be [T, K] with T = {T}")
+    if dpsum is not None and tuple(dpsum.shape) != (E,):
+        raise ValueError(f"route_backward: dpsum {tuple(dpsum.shape)} must be [E] = [{E}]")
     dlogits = torch.empty(T, E, dtype=logits.dtype, device=logits.device)
     if T == 0:
         return dlogits
+    if dweight is None and dpsum is None:
+        return dlogits.zero_()
     block_e = next_pow2(E)
     block_t = _tokens_per_program(block_e, T)
+    dw = dweight if dweight is not None else topk_idx  # (unread without HAS_DWEIGHT)
     with _on_device(logits.device):
         _route_bwd_kernel[(cdiv(T, block_t),)](
-            logits, topk_idx, dweight, dlogits, T, E, float(scaling_factor),
-            logits.stride(0), logits.stride(1), topk_idx.stride(0), topk_idx.stride(1),
-            dweight.stride(0), dweight.stride(1),
+            logits, topk_idx, dw, dpsum.float().contiguous() if dpsum is not None else logits, dlogits, T, E,
+            float(scaling_factor), logits.stride(0), logits.stride(1), topk_idx.stride(0), topk_idx.stride(1),
+            dw.stride(0), dw.stride(1),
             TOPK=topk_idx.shape[1], BLOCK_T=block_t, BLOCK_E=block_e, SIGMOID=score == "sigmoid",
-            NORMALIZE=normalize, num_warps=4)
+            NORMALIZE=normalize, HAS_DWEIGHT=dweight is not None, HAS_DPSUM=dpsum is not None, num_warps=4)
     return dlogits

@@ -13,6 +13,8 @@ Legend: T tokens, E experts, K top-k, G expert groups.
    with normalize divided by their sum (sigmoid: + 1e-20), times scaling_factor. Differentiable
    in logits.
 4. counts[e] = number of assignments to e.
+5. with prob_sums: prob_sums[e] = sum over tokens of the aux loss's probability of e (softmax scores, or
+   sigmoid scores divided by their sum per token); differentiable in the logits.
 
 impl "torch": plain PyTorch ops (the reference). impl "triton": one kernel for steps 1-4 (one
 program per block of tokens; the counts by integer-valued fp32 atomics, exact below 2^24), and one
@@ -40,6 +42,9 @@ class Routing:
     topk_weight: torch.Tensor  # [T, K], dtype of the scores (fp32, or fp64 for fp64 logits)
     counts: torch.Tensor  # [E] fp32, assignments per expert
     scores: torch.Tensor | None  # [T, E] softmax / sigmoid of the logits (torch impl; triton: None)
+    # [E] fp32 with prob_sums: sum over tokens of each expert's aux-loss probability (the softmax scores, or the
+    # sigmoid scores normalized per token); differentiable in the logits
+    prob_sums: torch.Tensor | None = None
 
 
 def scores_of(logits: torch.Tensor, score: str) -> torch.Tensor:
@@ -112,52 +117,61 @@ def topk_weights_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight:
 
 def route(logits: torch.Tensor, topk: int, *, score: str = "softmax", num_groups: int | None = None,
           topk_groups: int | None = None, group_score: str = "max", expert_bias: torch.Tensor | None = None,
-          scaling_factor: float = 1.0, normalize: bool = True, impl: str = "torch") -> Routing:
+          scaling_factor: float = 1.0, normalize: bool = True, impl: str = "torch",
+          prob_sums: bool = False) -> Routing:
     """Route every token to its top-k experts (see the module docstring). logits [T, E] (any float
     dtype; computed in fp32 at least); expert_bias [E] fp32 or None; impl "torch", "triton" or "auto"
-    (the Triton kernel on CUDA for fp32/bf16/fp16 logits when triton is installed, else PyTorch)."""
+    (the Triton kernel on CUDA for fp32/bf16/fp16 logits when triton is installed, else PyTorch).
+    prob_sums: also Routing.prob_sums, what the batch aux loss needs besides the counts (the kernel's
+    column sums: no [T, E] scores to keep or recompute)."""
     T, E = logits.shape
     _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl)
     if impl == "auto":
         impl = "triton" if _triton_routes(logits) else "torch"
     if impl == "triton":
         require_triton(logits.device)  # a one-line UserError without CUDA (or the interpreter) or triton
-        idx, weight, counts = _route_triton(logits, topk, score, num_groups, topk_groups, group_score,
-                                            expert_bias, scaling_factor, normalize)
-        return Routing(idx, weight, counts, None)
+        idx, weight, counts, psum = _route_triton(logits, topk, score, num_groups, topk_groups, group_score,
+                                                  expert_bias, scaling_factor, normalize, prob_sums)
+        return Routing(idx, weight, counts, None, psum)
     scores = scores_of(logits, score)
     sel = scores if expert_bias is None else scores + expert_bias
     if num_groups is not None:
         sel = sel.masked_fill(~group_limited_mask(sel, num_groups, topk_groups, group_score), float("-inf"))
     topk_idx = sel.topk(topk, dim=-1).indices
     weight = topk_weights(scores, topk_idx, score, normalize, scaling_factor)
-    return Routing(topk_idx, weight, expert_counts(topk_idx, E), scores)
+    psum = aux_probs(scores, score).sum(0) if prob_sums else None
+    return Routing(topk_idx, weight, expert_counts(topk_idx, E), scores, psum)
+
+
+def aux_probs(scores: torch.Tensor, score: str) -> torch.Tensor:
+    """[T, E] the aux loss's probabilities: softmax scores as they are, sigmoid scores divided by their sum."""
+    return scores if score == "softmax" else scores / scores.sum(-1, keepdim=True)
 
 
 class _TritonRoute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, topk, score, num_groups, topk_groups, group_score, expert_bias, scaling_factor,
-                normalize):
+                normalize, prob_sums):
         from moetrain.kernels import route as kernels  # imports triton: only on this implementation
 
-        idx, weight, counts = kernels.route(logits, topk, score, num_groups, topk_groups, group_score,
-                                            expert_bias, scaling_factor, normalize)
+        idx, weight, counts, psum = kernels.route(logits, topk, score, num_groups, topk_groups, group_score,
+                                                  expert_bias, scaling_factor, normalize, prob_sums)
         ctx.save_for_backward(logits, idx)
         ctx.args = (score, normalize, scaling_factor)
         ctx.mark_non_differentiable(idx, counts)
         ctx.set_materialize_grads(False)  # no zero-filled gradients for idx and counts (a kernel each)
-        return idx, weight, counts
+        return idx, weight, counts, psum
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, _didx, dweight, _dcounts):
-        if dweight is None:  # (autograd calls this node only when the weights got a gradient)
-            return (None,) * 9
+    def backward(ctx, _didx, dweight, _dcounts, dpsum):
+        if dweight is None and dpsum is None:
+            return (None,) * 10
         from moetrain.kernels import route as kernels
 
         logits, idx = ctx.saved_tensors
-        dlogits = kernels.route_backward(logits, idx, dweight, *ctx.args)
-        return dlogits, None, None, None, None, None, None, None, None
+        dlogits = kernels.route_backward(logits, idx, dweight, *ctx.args, dpsum=dpsum)
+        return dlogits, None, None, None, None, None, None, None, None, None
 
 
 def _triton_routes(logits: torch.Tensor) -> bool:

@@ -35,26 +35,34 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("prob_sums", [False, True])
 @pytest.mark.parametrize("name", list(CASES))
-def test_triton_route_matches_torch(name, monkeypatch):
+def test_triton_route_matches_torch(name, prob_sums, monkeypatch):
     backward_kernel, launches = kernels.route_backward, []
-    monkeypatch.setattr(kernels, "route_backward", lambda *a: launches.append(1) or backward_kernel(*a))
+    monkeypatch.setattr(kernels, "route_backward", lambda *a, **k: launches.append(1) or backward_kernel(*a, **k))
     T, E, K, kw = CASES[name]
     kw = dict(kw)
     g = torch.Generator().manual_seed(T * E + K)
     logits = torch.randn(T, E, generator=g) * 2
     bias = (torch.randn(E, generator=g) * 0.1).to(DEVICE) if kw.pop("bias", False) else None
     probe = torch.randn(T, K, generator=g).to(DEVICE)
+    probe_e = torch.randn(E, generator=g).to(DEVICE)
     got, want = {}, {}
     for impl, out in (("triton", got), ("torch", want)):
         leaf = logits.to(DEVICE).requires_grad_()
-        r = route(leaf, K, expert_bias=bias, impl="triton", **kw) if impl == "triton" else \
-            kernels.route_ref(leaf, K, expert_bias=bias, **kw)
-        (r.topk_weight * probe).sum().backward()
+        r = route(leaf, K, expert_bias=bias, impl="triton", prob_sums=prob_sums, **kw) if impl == "triton" else \
+            kernels.route_ref(leaf, K, expert_bias=bias, prob_sums=prob_sums, **kw)
+        loss = (r.topk_weight * probe).sum()
+        if prob_sums:  # the aux loss's statistic and its gradient, through the same backward kernel
+            loss = loss + (r.prob_sums * probe_e).sum()
+            out.update(psum=r.prob_sums.detach())
+        loss.backward()
         out.update(idx=r.topk_idx, weight=r.topk_weight.detach(), counts=r.counts, grad=leaf.grad)
     assert torch.equal(got["idx"], want["idx"])
     torch.testing.assert_close(got["weight"], want["weight"], rtol=1e-5, atol=1e-6)
     assert torch.equal(got["counts"], want["counts"]) and got["counts"].sum() == T * K
+    if prob_sums:
+        torch.testing.assert_close(got["psum"], want["psum"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got["grad"], want["grad"], rtol=1e-5, atol=1e-6)
     assert launches == [1]  # the triton route's gradient came from the backward kernel
 
@@ -143,3 +151,81 @@ def test_bad_arguments_are_errors(bad, match):
     args.update(bad)
     with pytest.raises(ValueError, match=match):
         route(torch.randn(4, 8, device=DEVICE), args.pop("topk"), **args)
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_prob_sums_alone_get_their_gradient(score):
+    # no gradient reaches the weights (the backward kernel's HAS_DWEIGHT off): only the aux loss's statistic's
+    T, E, K = 37, 20, 3
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(T, E, generator=g) * 2
+    probe_e = torch.randn(E, generator=g)
+    grads = []
+    for impl in ("triton", "torch"):
+        leaf = logits.to(DEVICE).requires_grad_()
+        r = route(leaf, K, score=score, impl=impl, prob_sums=True)
+        (r.prob_sums * probe_e.to(DEVICE)).sum().backward()
+        grads.append(leaf.grad.cpu())
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_router_batch_aux_loss_from_the_kernel_matches_pytorch(score):
+    # the model's router: the batch aux loss from the routing kernel's counts and prob sums against the PyTorch
+    # loss (load_balancing_loss over recomputed scores), value and gradient of the router weight
+    from moetrain.config.schema import Config
+    from moetrain.models.moe.router import Router, load_balancing_loss, scores_of
+
+    cfg = Config()
+    cfg.model.hidden_size, cfg.moe.num_experts, cfg.moe.topk = 24, 12, 3
+    cfg.moe.score_function, cfg.moe.aux_loss_coeff, cfg.moe.aux_loss_type = score, 1.0, "batch"
+    cfg.moe.backend = "triton"
+    router = Router(cfg)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(12, 24, generator=g))
+    router.to(DEVICE)
+    x = torch.randn(41, 24, generator=g).to(DEVICE)
+    out = router(x)
+    (dw,) = torch.autograd.grad(out.aux_loss, router.weight)
+    logits = x @ router.weight.t()
+    probs = scores_of(logits, score)
+    probs = probs if score == "softmax" else probs / probs.sum(-1, keepdim=True)
+    want = load_balancing_loss(probs, out.topk_idx, 12)
+    (want_dw,) = torch.autograd.grad(want, router.weight)
+    torch.testing.assert_close(out.aux_loss, want, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(dw, want_dw, rtol=1e-4, atol=1e-7)
+
+
+_COMPILE = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from moetrain.kernels import route as k
+from moetrain.kernels.grouped_gemm_aot import spill_bytes
+fwd = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "idx_ptr": "*i64", "weight_ptr": "*fp32", "counts_ptr": "*fp32",
+       "psum_ptr": "*fp32", "T": "i32", "E": "i32", "scaling": "fp32"}
+bwd = {"logits_ptr": "*fp32", "idx_ptr": "*i64", "dweight_ptr": "*fp32", "dpsum_ptr": "*fp32", "dlogits_ptr": "*fp32",
+       "T": "i32", "E": "i32", "scaling": "fp32",
+       **{n: "i32" for n in ("stride_lt", "stride_le", "stride_it", "stride_ik", "stride_dt", "stride_dk")}}
+for E, G, sig in ((128, 1, False), (256, 8, True)):  # Qwen3's softmax; DeepSeek-V3's sigmoid with groups
+    c = dict(TOPK=8, BLOCK_K=8, GROUPS=G, GROUP_SIZE=E // G, BLOCK_T=4096 // E, BLOCK_G=G, BLOCK_GS=E // G,
+             TOPK_GROUPS=max(1, G // 2), SIGMOID=sig, HAS_BIAS=sig, TOP2_SUM=sig, NORMALIZE=True, HAS_PSUM=True)
+    triton.compile(ASTSource(fn=k._route_kernel, signature={**fwd, **dict.fromkeys(c, "constexpr")}, constexprs=c),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    for has_dw in (True, False):
+        c = dict(TOPK=8, BLOCK_T=4096 // E, BLOCK_E=E, SIGMOID=sig, NORMALIZE=True, HAS_DWEIGHT=has_dw, HAS_DPSUM=True)
+        ck = triton.compile(ASTSource(fn=k._route_bwd_kernel, signature={**bwd, **dict.fromkeys(c, "constexpr")},
+                                      constexprs=c), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        assert spill_bytes(ck.asm["ptx"]) in (0, None), (E, has_dw)
+print("ok")
+"""
+
+
+def test_route_kernels_with_the_aux_statistics_compile_for_sm90():
+    if ON_GPU:
+        pytest.skip("the CUDA tests run the kernels themselves")
+    from kernel_checks import run_without_interpreter
+
+    proc = run_without_interpreter(_COMPILE)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

@@ -30,6 +30,8 @@ Losses (unweighted here; the MoE layer multiplies the coefficients):
   that went to e (before dropping), P_e = mean over tokens of the token's score for e,
   normalised to sum to 1 over experts (sigmoid scores are divided by their sum). Balanced
   routing gives 1. "batch": over all T tokens; "sequence": per sequence, averaged over B.
+  The batch loss takes f and P from the routing itself (ops.route's counts and prob_sums: with the
+  Triton routing, one kernel each way, no [T, E] scores recomputed in PyTorch).
 * z: mean over tokens of logsumexp(logits)^2.
 """
 
@@ -145,7 +147,7 @@ class Router(nn.Module):
         dt = torch.promote_types(x.dtype, torch.float32)
         logits = router_logits(x, self.weight, self.bias, impl=self.logits_impl)  # [T, E] fp32 (fp64)
 
-        scores = None
+        scores = prob_sums = None
         if self.force_balance == "even":
             t = torch.arange(T, device=x.device).unsqueeze(1)
             topk_idx = (t * K + torch.arange(K, device=x.device)) % E
@@ -157,16 +159,24 @@ class Router(nn.Module):
                 route_logits = torch.randn(T, E, device=x.device, dtype=dt)
             elif self.force_balance != "none":
                 raise ValueError(f"unknown moe.force_balance {self.force_balance!r}; valid: none, even, uniform")
+            # The batch aux loss from the routing's own statistics (no [T, E] scores recomputed), when the
+            # routing saw the real logits
+            batch_aux = self.compute_aux and self.aux_loss_type != "sequence" and self.force_balance == "none"
             r = route(route_logits, K, score=self.score_function, num_groups=self.num_groups,
                       topk_groups=self.topk_groups, group_score=self.group_score, expert_bias=self.expert_bias,
-                      scaling_factor=self.scaling_factor, normalize=self.normalize_topk, impl=self.route_impl)
+                      scaling_factor=self.scaling_factor, normalize=self.normalize_topk, impl=self.route_impl,
+                      prob_sums=batch_aux)
             topk_idx, topk_weight, counts = r.topk_idx, r.topk_weight, r.counts
             if self.force_balance == "none":
                 scores = r.scores
+            if batch_aux:
+                prob_sums = r.prob_sums
 
         zero = logits.new_zeros(())
         aux = zero
-        if self.compute_aux:
+        if prob_sums is not None:  # E * sum_e f_e * P_e with P_e = prob_sums_e / T (load_balancing_loss's batch form)
+            aux = torch.dot(counts.to(prob_sums.dtype), prob_sums) * (E / (T * K * T))
+        elif self.compute_aux:
             scores = scores if scores is not None else scores_of(logits, self.score_function)
             probs = scores if self.score_function == "softmax" else scores / scores.sum(-1, keepdim=True)
             per_seq = seq_len if self.aux_loss_type == "sequence" else None
