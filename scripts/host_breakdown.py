@@ -2,7 +2,7 @@
 chosen functions are wrapped with a wall-clock timer (inclusive of what they call; ~1 us per wrapped call), every
 Triton / Gluon launch is timed per kernel, and torch._grouped_mm per call.
 
-    python scripts/host_breakdown.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--backend auto] [--calls 20]
+    python scripts/host_breakdown.py [--shapes gpt-oss-20b,qwen3-30b-a3b] [--backend auto] [--calls 20] [--tokens N]
 
 Why: in an eager call the GPU waits whenever the host issues slower than the GPU runs (session 15, call A: at Qwen3
 our forward takes 2.2 ms of host time and the backward 4.0 ms, against 1.1 and 1.5 for the eager reference, for a
@@ -12,6 +12,7 @@ GPU time of 8 ms). cProfile's per-call overhead distorts small functions; this t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import collections
 import importlib
 import statistics
@@ -105,11 +106,13 @@ def main() -> None:
     p.add_argument("--shapes", default="gpt-oss-20b,qwen3-30b-a3b")
     p.add_argument("--backend", default="auto")
     p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--tokens", type=int, default=None, help="tokens per call instead of the shape's own T")
     a = p.parse_args()
     timers = Timers()
     install(timers)
     for shape in layer_ab.gpu_shapes(a.shapes, "scripts/host_breakdown.py"):
-        args = bench.layer_inputs(bench.SHAPES[shape], "balanced", torch.Generator(device="cuda").manual_seed(0))
+        s = bench.SHAPES[shape] if a.tokens is None else dataclasses.replace(bench.SHAPES[shape], T=a.tokens)
+        args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
         fn = bench.ours(a.backend)
         phases = {"forward": [], "backward": [], "GPU": []}
         for i in range(3 + a.calls):
@@ -123,7 +126,7 @@ def main() -> None:
                 phases["backward"].append(bwd * 1e3)
                 phases["GPU"].append(start.elapsed_time(end))
         med = {k: statistics.median(v) for k, v in phases.items()}
-        print(f"== {shape}, ours ({a.backend}): host forward {med['forward']:.3f} ms, backward {med['backward']:.3f} "
+        print(f"== {shape} at {s.T} tokens, ours ({a.backend}): host forward {med['forward']:.3f} ms, backward {med['backward']:.3f} "
               f"ms; GPU start->end {med['GPU']:.3f} ms (medians of {a.calls} calls)", flush=True)
         print(f"{'piece (inclusive)':58s} {'calls/call':>10s} {'us/call':>9s} {'us each':>8s}")
         for name in sorted(timers.total, key=lambda n: (not n.startswith("forward"), -timers.total[n])):

@@ -151,11 +151,15 @@ class _PerOpGroupedGemm(torch.autograd.Function):
 def eager_under_compile(fn):
     """``fn`` behind torch.compiler.disable: inside a torch.compile'd caller it runs eagerly after a graph
     break (our Triton paths do run-time autotuning and timing that must not be traced). The wrapper is
-    made on the first call: torch.compiler.disable imports dynamo (and triton), the ops import neither."""
+    made on the first call: torch.compiler.disable imports dynamo (and triton), the ops import neither.
+    Outside compilation ``fn`` is called directly: the disable wrapper's own frame handling costs host time on
+    every call of an eager layer."""
     disabled = None
 
     def call(*args):
         nonlocal disabled
+        if not torch.compiler.is_compiling():
+            return fn(*args)
         if disabled is None:
             disabled = torch.compiler.disable(fn)
         return disabled(*args)

@@ -294,3 +294,24 @@ def test_triton_available_asks_the_import_system_until_triton_is_imported(monkey
     assert autoselect.triton_available() is False
     monkeypatch.setitem(sys.modules, "triton", object())  # imported: no search
     assert autoselect.triton_available() is True
+
+
+def test_choose_remembers_its_answer_without_rebuilding_the_key(monkeypatch, cache_dir):
+    """The second call with the same arguments answers from choose's memo (no key string, no pick: ~20 us of host
+    time per lookup on the H200's host); a placeholder answered during a CUDA-graph capture is not remembered."""
+    monkeypatch.setattr(autoselect, "measures", lambda device: True)
+    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
+    install(monkeypatch, {"torch": 2.0, "triton": 1.0})
+    x = torch.randn(8, 4)
+    capturing = [True]
+    monkeypatch.setattr(autoselect, "capturing", lambda: capturing[0])
+    assert autoselect.choose("grouped_gemm_fwd", x, 3, 4, 8, 2, lambda name: None) == "torch"  # the placeholder
+    capturing[0] = False
+    assert autoselect.choose("grouped_gemm_fwd", x, 3, 4, 8, 2, lambda name: None) == "triton"  # measured now
+    picks = []
+    monkeypatch.setattr(autoselect, "pick", lambda *a, **kw: picks.append(a) or "torch")
+    monkeypatch.setattr(autoselect, "cache_key", lambda *a: pytest.fail("the memo must answer"))
+    assert autoselect.choose("grouped_gemm_fwd", x, 3, 4, 8, 2, lambda name: None) == "triton"
+    assert picks == []
+    autoselect.reset()  # forgets the memo too
+    assert not autoselect._chosen
