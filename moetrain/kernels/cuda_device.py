@@ -4,6 +4,8 @@ gate the kernels). Plain torch (no triton)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 _PROPS: dict = {}  # device index -> torch.cuda device properties
@@ -27,3 +29,12 @@ def sm_count(device: torch.device) -> int:
 
 def capability_major(device: torch.device) -> int:
     return _props(device).major
+
+
+def on_device(device: torch.device):
+    """The context a Triton launch on ``device``'s tensors runs in: Triton launches on the current CUDA device, so
+    that must be the tensors' one. Already current (the usual case), no device switch in and out: ~20 launches per
+    MoE layer call pass here. CPU tensors (the interpreter): nothing."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)

@@ -51,7 +51,6 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -149,9 +148,7 @@ def _check_device(*tensors: torch.Tensor) -> None:
     interpreter_numpy_shim()
 
 
-def _on_device(device: torch.device):
-    # Triton launches on the current CUDA device: make it the tensors' one.
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+_on_device = cuda_device.on_device  # (the launchers' name for it)
 
 
 def _block_g(groups: int) -> int:

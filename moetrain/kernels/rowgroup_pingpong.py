@@ -318,7 +318,7 @@ def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad
     descriptors and pointers get out_desc and offs."""
     nprog = max(1, num_programs or cuda_device.sm_count(a.device))
     h_descs = h_descs or (out_desc, out_desc)
-    with torch.cuda.device(a.device):
+    with cuda_device.on_device(a.device):
         _rowgroup_pingpong_kernel[(nprog,)](
             a_desc, w_desc, out_desc, *h_descs, *(t if t is not None else offs for t in (h, dh, probs, parts)), offs,
             a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages, GROUP_M=group_m, DGRAD=dgrad,

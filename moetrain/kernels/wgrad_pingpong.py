@@ -324,7 +324,7 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         x_desc, gather_arg = dy_desc, gather_rows  # x_desc unused
     else:
         x_desc, gather_arg = ragged_desc(x, [BLOCK_R, tk]), offs  # gather_ptr unused
-    with torch.cuda.device(dy.device):
+    with cuda_device.on_device(dy.device):
         sched = skew_schedule(offs) if mix else offs  # (unused without MIX)
         _wgrad_pingpong_kernel[(nprog,)](
             dy_desc, x_desc, x, gather_arg, dw_desc, offs, sched, M, N, K, G, x.stride(0), nprog, STAGES=stages,
