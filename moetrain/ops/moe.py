@@ -190,7 +190,9 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
         else:  # FC1's bias is added to h between FC1 and SwiGLU
             h = fc1_gathered(x, w1, offs, token_of_row, inverse, K, gemm) + b1.index_select(0, expert_of_row)
             a = moe_rows.swiglu(h, activation, rows, probs=probs)
-        return moe_rows.combine(grouped_gemm(a, w2, offs, gemm), inverse, None, K, rows)
+        from moetrain.ops.moe_fused import fc2_combine
+
+        return fc2_combine(a, w2, offs, inverse, K, gemm)
     if fused:
         from moetrain.ops.moe_fused import fc1_gathered
 

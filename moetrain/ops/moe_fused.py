@@ -27,6 +27,12 @@ is the same either way (SwiGLU's backward kernel, then FC1's as above), and so a
 fused forward holds x_perm, h and a at once, a [M, I] more than the separate path's "copy" forward, which stays
 under the backward's peak: the layer peaks as the separate path does (GPT-OSS 1.15 GiB, Mixtral 2.63, session 14;
 the +0.35 GiB measured in session 13 was a zero-filled gradient for a, bench/NOTES.md).
+
+``fc2_combine``: FC2 and the top-k sum as one autograd node (y = FC2's rows lives only inside the forward; the
+backward gathers dout to rows, then FC2's data and weight gradients). One node instead of two: each autograd node
+costs the H200's host ~25 us in the forward and ~50 in the backward (host_breakdown.py, session 16), and an eager
+layer at a small micro-batch is host-bound. The node boundaries that stay (the sort, FC1, SwiGLU, this) are where
+the backward frees memory: a node's saved tensors live until its backward returns (h after SwiGLU's, not FC1's).
 """
 
 from __future__ import annotations
@@ -35,7 +41,6 @@ import torch
 
 from moetrain.ops import autoselect, moe_rows
 from moetrain.ops.grouped_gemm import grouped_gemm_op
-from moetrain.ops.moe_rows import combine
 
 
 def _fc1_forward(variant: str, gemm: str, x, w1, offs, token_of_row):
@@ -92,7 +97,7 @@ def _fc1_backward(ctx, dh) -> tuple:
     if ctx.needs_input_grad[0]:
         # dx_perm [M, H] is freed before the weight gradient runs (its "copy" variant gathers another
         # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md session 9)
-        dx = combine(grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape), inverse, None, topk, "triton")
+        dx = _row_kernels().combine(grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape), inverse, None, topk)
     if ctx.needs_input_grad[1]:
         variant = "copy"
         if gemm == "auto":
@@ -191,3 +196,37 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_r
         return _SwiGLUOfFusedFC1.apply(h, probs, a, activation)
     return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation, "triton",
                            probs=probs)
+
+
+def _row_kernels():
+    from moetrain.kernels import moe_rows as kernels  # imports triton: only on the fused path
+
+    return kernels
+
+
+class _FC2Combine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, w2, offs, inverse, topk, gemm):
+        ctx.save_for_backward(a, w2, offs, inverse)
+        ctx.topk, ctx.gemm = topk, gemm
+        return _row_kernels().combine(grouped_gemm_op("fwd", gemm, a, w2, offs, w2.shape), inverse, None, topk)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        a, w2, offs, inverse = ctx.saved_tensors
+        dy = _row_kernels().combine_bwd(dout.to(a.dtype), None, inverse, None, a.shape[0])[0]  # dout[token] per row
+        da = grouped_gemm_op("dgrad", ctx.gemm, dy, w2, offs, w2.shape) if ctx.needs_input_grad[0] else None
+        dw2 = grouped_gemm_op("wgrad", ctx.gemm, dy, a, offs, w2.shape) if ctx.needs_input_grad[1] else None
+        return da, dw2, None, None, None, None
+
+
+def fc2_combine(a: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor, inverse: torch.Tensor, topk: int,
+                gemm: str = "triton") -> torch.Tensor:
+    """out [T, H] = sum_k y[inverse[t*K + k]] with y = grouped_gemm(a, w2, offs): a [M, I] rows sorted by expert,
+    w2 [E, H, I], offs [E] int32, inverse [M] int64, gemm "triton" or "auto" -> [T, H] in a's dtype. The same
+    kernels and numbers as moe_rows.combine(grouped_gemm(a, w2, offs, gemm), inverse, None, topk, "triton")."""
+    if a.dim() != 2 or w2.dim() != 3 or a.shape[1] != w2.shape[2] or offs.shape != (w2.shape[0],):
+        raise ValueError(f"fc2_combine: a {tuple(a.shape)}, w2 {tuple(w2.shape)}, offs {tuple(offs.shape)} must be "
+                         "[M, I], [E, H, I], [E]")
+    return _FC2Combine.apply(a, w2, offs.to(torch.int32), inverse, topk, gemm)
