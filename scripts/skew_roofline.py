@@ -1,6 +1,6 @@
 """What skewed routing costs the six expert GEMMs under two schedules, by roofline alone (CPU only, no timing).
 
-    python scripts/skew_roofline.py [--tflops 660] [--tbps 4.25]
+    python scripts/skew_roofline.py [--tflops 660] [--tbps 4.25] [--tail 64]
 
 Per group g with r rows and per GEMM: MMA time (rows padded to our tiles: 128-row tiles with a 64-row tail in the
 forward and data gradient, 64-row reduction steps, at least one, in the weight gradient) at --tflops, and HBM time
@@ -21,12 +21,21 @@ import math
 import torch
 
 
-def padded(r: int, op: str) -> int:
-    """Rows our tiles compute for a group of r rows (the forward / data gradient's tail split; wgrad's steps)."""
+TAIL = 64  # --tail: the finest rows a group's last tile or reduction step computes
+
+
+def padded(r: int, op: str, tail: int | None = None) -> int:
+    """Rows our tiles compute for a group of r rows (the forward / data gradient's tail split; wgrad's steps). With
+    ``tail`` < 64 (what tiles with the rows as the MMA's N, "swap-AB", would allow): a group's last partial tile or
+    reduction step rounds up to ``tail`` rows instead of 64."""
+    tail = TAIL if tail is None else tail
     if op == "wgrad":
-        return max(1, math.ceil(r / 64)) * 64
+        body, rem = divmod(r, 64)
+        return max(tail, body * 64 + (math.ceil(rem / tail) * tail if rem else 0))
     body, rem = divmod(r, 128)
-    return body * 128 + (0 if rem == 0 else 64 if rem <= 64 else 128)
+    if rem == 0:
+        return max(body * 128, 0)
+    return body * 128 + (128 if rem > 64 else math.ceil(rem / tail) * tail)
 
 
 def group_times(r: int, n: int, k: int, tflops: float, tbps: float) -> list[tuple[float, float]]:
@@ -60,7 +69,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tflops", type=float, default=660.0, help="dense bf16 MMA rate (the H200's GEMMs: 660-790)")
     ap.add_argument("--tbps", type=float, default=4.25, help="HBM bandwidth (the H200's copy: 4.25 TB/s)")
+    ap.add_argument("--tail", type=int, default=64, help="rows of a group's last tile / step (64 now; 16 or 32: what "
+                    "swap-AB tiles for light groups would allow)")
     args = ap.parse_args(argv)
+    global TAIL
+    TAIL = args.tail
     print(f"{'shape':16s} {'in step: balanced, skewed ms':>30s} {'skew':>6s}   {'mixed: balanced, skewed ms':>28s} "
           f"{'skew':>6s}")
     for name in ("deepseek-v3", "qwen3-30b-a3b", "deepseek-v3-ep8", "gpt-oss-20b", "mixtral-8x7b"):
