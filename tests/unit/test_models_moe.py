@@ -88,6 +88,34 @@ def test_aux_terms_weighted_by_coefficients():
     assert r.aux_loss.item() > 0 and r.z_loss.item() > 0
 
 
+def test_losses_that_are_off_share_one_zero_and_the_model_sums_the_layers_once():
+    """A loss that is off is one shared zero (no allocation and fill per layer call); the model's aux is the sum of
+    its MoE layers' terms, taken in one stack and sum (not an add per layer)."""
+    from moetrain.models.moe.router import zero_loss
+
+    cfg = moe_cfg(aux_loss_coeff=0.01, z_loss_coeff=0.0)
+    layer = MoELayer(cfg)
+    random_init(layer, seed=3)
+    x = torch.randn(10, 16)
+    r1, r2 = layer.router(x), layer.router(x)
+    assert r1.z_loss is r2.z_loss is zero_loss(x.device) and r1.z_loss.item() == 0.0
+    assert r1.aux_loss.item() > 0
+
+    cfg = moe_cfg(aux_loss_coeff=0.01)
+    cfg.model.num_layers, cfg.moe.first_k_dense, cfg.model.vocab_size = 4, 1, 64
+    model = MoETransformer(cfg)
+    random_init(model, seed=4)
+    layer_aux = []
+    for blk in model.layers:
+        blk.register_forward_hook(lambda mod, args, out: layer_aux.append((mod.is_moe, out[1])))
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(5))
+    out = model(ids, ids)
+    moe_terms = [a for is_moe, a in layer_aux if is_moe]
+    assert len(moe_terms) == 3 and all(a is zero_loss(a.device) for is_moe, a in layer_aux if not is_moe)
+    torch.testing.assert_close(out.aux_loss, torch.stack(moe_terms).sum().detach())
+    torch.testing.assert_close(out.loss, out.lm_loss + out.aux_loss)
+
+
 def test_update_expert_bias_moves_against_load():
     cfg = moe_cfg(num_experts=4, expert_bias=True)
     layer = MoELayer(cfg)

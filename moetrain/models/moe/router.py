@@ -47,13 +47,30 @@ from moetrain.ops.route import expert_counts, group_limited_mask, route, scores_
 from moetrain.ops.router_gemm import router_logits
 
 
+_ZEROS: dict = {}  # (device, dtype) -> a 0-dim zero, never written
+
+
+def zero_loss(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A shared 0-dim zero for a loss that is off (read-only: nothing may write into it). Made once per device and
+    dtype: a new one per layer call was an allocation and a fill kernel, ~50-80 us of host time each on the H200
+    host, for every MoE layer without a z loss and every dense layer. Inside torch.compile, a fresh one (a global
+    cache of tensors would be traced)."""
+    if torch.compiler.is_compiling():
+        return torch.zeros((), device=device, dtype=dtype)
+    key = (torch.device(device), dtype)
+    zero = _ZEROS.get(key)
+    if zero is None:
+        zero = _ZEROS[key] = torch.zeros((), device=device, dtype=dtype)
+    return zero
+
+
 @dataclass
 class RouterOutput:
     topk_idx: torch.Tensor  # [T, K] int64; -1 = dropped by capacity
     topk_weight: torch.Tensor  # [T, K] fp32 (fp64 for fp64 inputs); 0 where dropped
     counts: torch.Tensor  # [E] fp32, assignments per expert before dropping
-    aux_loss: torch.Tensor  # fp32 scalar, unweighted; 0 when moe.aux_loss_coeff == 0
-    z_loss: torch.Tensor  # fp32 scalar, unweighted; 0 when moe.z_loss_coeff == 0
+    aux_loss: torch.Tensor  # fp32 scalar, unweighted; a shared zero (zero_loss) when moe.aux_loss_coeff == 0
+    z_loss: torch.Tensor  # fp32 scalar, unweighted; a shared zero (zero_loss) when moe.z_loss_coeff == 0
     logits: torch.Tensor  # [T, E] router logits, fp32 (fp64 for fp64 inputs)
 
 
@@ -172,7 +189,7 @@ class Router(nn.Module):
             if batch_aux:
                 prob_sums = r.prob_sums
 
-        zero = logits.new_zeros(())
+        zero = zero_loss(logits.device, logits.dtype)
         aux = zero
         if prob_sums is not None:  # E * sum_e f_e * P_e with P_e = prob_sums_e / T (load_balancing_loss's batch form)
             aux = torch.dot(counts.to(prob_sums.dtype), prob_sums) * (E / (T * K * T))
