@@ -25,7 +25,7 @@ Pipeline (scores in fp32 throughout):
 6. counts[e] = assignments to e before dropping (the demand; this is what the expert-bias
    update and load-imbalance metric use).
 
-Losses (unweighted here; the MoE layer multiplies the coefficients):
+Losses (unweighted unless the caller passes aux_scale / z_scale: the MoE layer passes its coefficients):
 * aux (Switch/GShard/DeepSeek): E * sum_e f_e * P_e, f_e = fraction of the T*K assignments
   that went to e (before dropping), P_e = mean over tokens of the token's score for e,
   normalised to sum to 1 over experts (sigmoid scores are divided by their sum). Balanced
@@ -69,8 +69,8 @@ class RouterOutput:
     topk_idx: torch.Tensor  # [T, K] int64; -1 = dropped by capacity
     topk_weight: torch.Tensor  # [T, K] fp32 (fp64 for fp64 inputs); 0 where dropped
     counts: torch.Tensor  # [E] fp32, assignments per expert before dropping
-    aux_loss: torch.Tensor  # fp32 scalar, unweighted; a shared zero (zero_loss) when moe.aux_loss_coeff == 0
-    z_loss: torch.Tensor  # fp32 scalar, unweighted; a shared zero (zero_loss) when moe.z_loss_coeff == 0
+    aux_loss: torch.Tensor  # fp32 scalar, times aux_scale; a shared zero (zero_loss) when moe.aux_loss_coeff == 0
+    z_loss: torch.Tensor  # fp32 scalar, times z_scale; a shared zero (zero_loss) when moe.z_loss_coeff == 0
     logits: torch.Tensor  # [T, E] router logits, fp32 (fp64 for fp64 inputs)
 
 
@@ -157,8 +157,11 @@ class Router(nn.Module):
             self.expert_bias = saved.to(device=self.expert_bias.device, dtype=torch.float32)
         return self
 
-    def forward(self, x: torch.Tensor, seq_len: int | None = None) -> RouterOutput:
-        """x [T, H] -> RouterOutput. seq_len: tokens per sequence (for aux_loss_type=sequence)."""
+    def forward(self, x: torch.Tensor, seq_len: int | None = None, aux_scale: float = 1.0,
+                z_scale: float = 1.0) -> RouterOutput:
+        """x [T, H] -> RouterOutput. seq_len: tokens per sequence (for aux_loss_type=sequence). aux_scale, z_scale:
+        factors on the aux and z losses (the MoE layer passes its coefficients: the batch aux loss then takes its
+        coefficient inside the one scalar multiply it has anyway, a kernel fewer forward and backward per layer)."""
         T, E, K = x.shape[0], self.num_experts, self.topk
         # fp32 routing (fp64 when the model runs in fp64, e.g. reference tests)
         dt = torch.promote_types(x.dtype, torch.float32)
@@ -192,14 +195,18 @@ class Router(nn.Module):
         zero = zero_loss(logits.device, logits.dtype)
         aux = zero
         if prob_sums is not None:  # E * sum_e f_e * P_e with P_e = prob_sums_e / T (load_balancing_loss's batch form)
-            aux = torch.dot(counts.to(prob_sums.dtype), prob_sums) * (E / (T * K * T))
+            aux = torch.dot(counts.to(prob_sums.dtype), prob_sums) * (aux_scale * E / (T * K * T))
         elif self.compute_aux:
             scores = scores if scores is not None else scores_of(logits, self.score_function)
             probs = scores if self.score_function == "softmax" else scores / scores.sum(-1, keepdim=True)
             per_seq = seq_len if self.aux_loss_type == "sequence" else None
             # the routing's counts (before capacity dropping, as the loss wants): counting again was ~5 more ops
             aux = load_balancing_loss(probs, topk_idx, E, per_seq, counts=counts.to(probs.dtype))
-        z = router_z_loss(logits) if self.compute_z else zero
+            aux = aux if aux_scale == 1.0 else aux * aux_scale
+        z = zero
+        if self.compute_z:
+            z = router_z_loss(logits)
+            z = z if z_scale == 1.0 else z * z_scale
         if self.capacity_factor is not None:
             capacity = math.ceil(self.capacity_factor * T * K / E)
             topk_idx, topk_weight = drop_over_capacity(topk_idx, topk_weight, capacity, E)
