@@ -66,7 +66,7 @@ class MoELayer(nn.Module):
             y = y + self.shared(xt)
         # only the losses that are on (an add is a kernel, ~50 us of host time on the H200 host): a loss that is off is
         # the router's shared zero
-        aux_on, z_on = self.aux_loss_coeff > 0, self.z_loss_coeff > 0
+        aux_on, z_on = self.router.compute_aux, self.router.compute_z
         aux = r.aux_loss + r.z_loss if aux_on and z_on else r.z_loss if z_on else r.aux_loss
         return y.view(B, S, H), aux
 

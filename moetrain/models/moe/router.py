@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from moetrain.ops.route import expert_counts, group_limited_mask, route, scores_of  # noqa: F401 (re-exported)
+from moetrain.ops.route import aux_probs, expert_counts, group_limited_mask, route, scores_of  # noqa: F401 (re-exported)
 from moetrain.ops.router_gemm import router_logits
 
 
@@ -57,7 +57,7 @@ def zero_loss(device: torch.device, dtype: torch.dtype = torch.float32) -> torch
     cache of tensors would be traced)."""
     if torch.compiler.is_compiling():
         return torch.zeros((), device=device, dtype=dtype)
-    key = (torch.device(device), dtype)
+    key = (device, dtype)
     zero = _ZEROS.get(key)
     if zero is None:
         zero = _ZEROS[key] = torch.zeros((), device=device, dtype=dtype)
@@ -198,7 +198,7 @@ class Router(nn.Module):
             aux = torch.dot(counts.to(prob_sums.dtype), prob_sums) * (aux_scale * E / (T * K * T))
         elif self.compute_aux:
             scores = scores if scores is not None else scores_of(logits, self.score_function)
-            probs = scores if self.score_function == "softmax" else scores / scores.sum(-1, keepdim=True)
+            probs = aux_probs(scores, self.score_function)
             per_seq = seq_len if self.aux_loss_type == "sequence" else None
             # the routing's counts (before capacity dropping, as the loss wants): counting again was ~5 more ops
             aux = load_balancing_loss(probs, topk_idx, E, per_seq, counts=counts.to(probs.dtype))
