@@ -183,15 +183,13 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
     if fused and b2 is None:
-        from moetrain.ops.moe_fused import fc1_gathered, fc1_swiglu
+        from moetrain.ops.moe_fused import fc1_gathered, fc1_swiglu, fc2_combine
 
         if b1 is None:
             a = fc1_swiglu(x, w1, offs, token_of_row, inverse, K, probs, activation, gemm)
         else:  # FC1's bias is added to h between FC1 and SwiGLU
             h = fc1_gathered(x, w1, offs, token_of_row, inverse, K, gemm) + b1.index_select(0, expert_of_row)
             a = moe_rows.swiglu(h, activation, rows, probs=probs)
-        from moetrain.ops.moe_fused import fc2_combine
-
         return fc2_combine(a, w2, offs, inverse, K, gemm)
     if fused:
         from moetrain.ops.moe_fused import fc1_gathered

@@ -97,7 +97,7 @@ def _fc1_backward(ctx, dh) -> tuple:
     if ctx.needs_input_grad[0]:
         # dx_perm [M, H] is freed before the weight gradient runs (its "copy" variant gathers another
         # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md session 9)
-        dx = _row_kernels().combine(grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape), inverse, None, topk)
+        dx = moe_rows.row_kernels().combine(grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape), inverse, None, topk)
     if ctx.needs_input_grad[1]:
         variant = "copy"
         if gemm == "auto":
@@ -198,24 +198,18 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_r
                            probs=probs)
 
 
-def _row_kernels():
-    from moetrain.kernels import moe_rows as kernels  # imports triton: only on the fused path
-
-    return kernels
-
-
 class _FC2Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, w2, offs, inverse, topk, gemm):
         ctx.save_for_backward(a, w2, offs, inverse)
         ctx.topk, ctx.gemm = topk, gemm
-        return _row_kernels().combine(grouped_gemm_op("fwd", gemm, a, w2, offs, w2.shape), inverse, None, topk)
+        return moe_rows.row_kernels().combine(grouped_gemm_op("fwd", gemm, a, w2, offs, w2.shape), inverse, None, topk)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         a, w2, offs, inverse = ctx.saved_tensors
-        dy = _row_kernels().combine_bwd(dout.to(a.dtype), None, inverse, None, a.shape[0])[0]  # dout[token] per row
+        dy = moe_rows.row_kernels().combine_bwd(dout.to(a.dtype), None, inverse, None, a.shape[0])[0]  # dout[token] per row
         da = grouped_gemm_op("dgrad", ctx.gemm, dy, w2, offs, w2.shape) if ctx.needs_input_grad[0] else None
         dw2 = grouped_gemm_op("wgrad", ctx.gemm, dy, a, offs, w2.shape) if ctx.needs_input_grad[1] else None
         return da, dw2, None, None, None, None

@@ -87,8 +87,10 @@ def combine_bwd_torch(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch
     return dy, dweight
 
 
-def _kernels():
-    from moetrain.kernels import moe_rows  # imports triton: only on the triton implementation
+def row_kernels():
+    """moetrain.kernels.moe_rows, imported on first use: it imports triton, needed only by the triton implementation
+    (here and on the fused path, ops/moe_fused.py)."""
+    from moetrain.kernels import moe_rows
 
     return moe_rows
 
@@ -99,7 +101,7 @@ class _Combine(torch.autograd.Function):
         ctx.save_for_backward(y if weight is not None else None, inverse, weight)
         ctx.impl, ctx.rows = impl, y.shape[0]
         if impl == "triton":
-            return _kernels().combine(y, inverse, weight, topk)
+            return row_kernels().combine(y, inverse, weight, topk)
         return combine_torch(y, inverse, weight, topk)
 
     @staticmethod
@@ -107,7 +109,7 @@ class _Combine(torch.autograd.Function):
     def backward(ctx, dout):
         y, inverse, weight = ctx.saved_tensors  # y is None without a weight: the gradient is a gather
         if ctx.impl == "triton":
-            dy, dweight = _kernels().combine_bwd(dout, y, inverse, weight, ctx.rows)
+            dy, dweight = row_kernels().combine_bwd(dout, y, inverse, weight, ctx.rows)
         else:
             dy, dweight = combine_bwd_torch(dout, y, inverse, weight, ctx.rows)
         return dy, None, dweight if ctx.needs_input_grad[2] else None, None, None
@@ -149,7 +151,7 @@ class _SwiGLU(torch.autograd.Function):
         ctx.save_for_backward(h, probs)
         ctx.activation, ctx.impl = activation, impl
         if impl == "triton":
-            return _kernels().swiglu_fwd(h, activation, probs)
+            return row_kernels().swiglu_fwd(h, activation, probs)
         a = swiglu_torch(h, activation)
         return a if probs is None else (a * probs.unsqueeze(1)).to(a.dtype)
 
@@ -165,7 +167,7 @@ def swiglu_backward(ctx, da):
     h, probs = ctx.saved_tensors
     da = da.to(h.dtype)
     if ctx.impl == "triton":
-        dh, dprobs = _kernels().swiglu_bwd(h, da, ctx.activation, probs)
+        dh, dprobs = row_kernels().swiglu_bwd(h, da, ctx.activation, probs)
     else:
         dprobs = None if probs is None else (da * swiglu_torch(h, ctx.activation)).sum(dim=1, dtype=probs.dtype)
         dh = swiglu_bwd_torch(h, da if probs is None else (da * probs.unsqueeze(1)).to(h.dtype), ctx.activation)
