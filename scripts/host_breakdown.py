@@ -12,7 +12,6 @@ GPU time of 8 ms). cProfile's per-call overhead distorts small functions; this t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import collections
 import importlib
 import statistics
@@ -111,7 +110,7 @@ def main() -> None:
     timers = Timers()
     install(timers)
     for shape in layer_ab.gpu_shapes(a.shapes, "scripts/host_breakdown.py"):
-        s = bench.SHAPES[shape] if a.tokens is None else dataclasses.replace(bench.SHAPES[shape], T=a.tokens)
+        s = bench.shape_at(shape, a.tokens)
         args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
         fn = bench.ours(a.backend)
         phases = {"forward": [], "backward": [], "GPU": []}

@@ -16,7 +16,6 @@ Triton 3.6's JITFunction.run; another version may need the piece names adjusted.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import time
 
@@ -102,7 +101,7 @@ def main() -> None:
     p.add_argument("--loops", type=int, default=20)
     o = p.parse_args()
     for shape in layer_ab.gpu_shapes(o.shapes, "scripts/launch_cost.py"):
-        s = dataclasses.replace(bench.SHAPES[shape], T=o.tokens)
+        s = bench.shape_at(shape, o.tokens)
         args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
         fn = bench.ours(o.backend)
         for _ in range(3):  # autotuning, auto's measurement, the allocator

@@ -156,6 +156,11 @@ def reference_layer(x, router_w, forcing, w1, w2, K, per_expert_loop: bool = Fal
     return out.index_add_(0, token_of_row, ys)
 
 
+def shape_at(name: str, tokens: int | None = None) -> Shape:
+    """SHAPES[name], at ``tokens`` tokens per layer call instead of its own T when given (--tokens)."""
+    return SHAPES[name] if tokens is None else replace(SHAPES[name], T=tokens)
+
+
 def layer_inputs(s: Shape, routing: str, gen: torch.Generator) -> tuple:
     """One contender call's inputs on gen's device: (x [T, H] bf16 with grad, router_w [E, H] bf16, forcing [T, E]
     fp32, w1 [E, 2I, H], w2 [E, H, I] bf16 with grad, K, grad_out [T, H] bf16); each call draws new values."""
@@ -544,8 +549,7 @@ def main(argv=None) -> None:
             raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
     if args.tokens is not None and args.tokens < 1:
         raise UserError(f"--tokens {args.tokens}: at least 1 token per layer call")
-    shapes = [SHAPES[n] if args.tokens is None else replace(SHAPES[n], T=args.tokens)
-              for n in args.shapes.split(",")]
+    shapes = [shape_at(n, args.tokens) for n in args.shapes.split(",")]
     if not torch.cuda.is_available():
         raise UserError("moetrain bench moe needs a CUDA GPU (none is visible)")
     backends = parse_backends(args.backends, torch.device("cuda"))
