@@ -37,3 +37,11 @@ ncu_profile() {
   grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Hit Rate |Warp Cycles Per Issued|Issued Warp|No Eligible|Registers Per" \
     "$out/${name}_details.txt" | head -40
 }
+# The layer benchmark with every peer: `run_bench SHAPE ROUTING REPS WARMUP SECONDS [MORE BENCH ARGS...]`; JSON and log
+# go to $out/SHAPE.json / .log, the table rows to stdout. (Session 15 and 16 scripts define their own copy.)
+run_bench() {
+  local shape=$1 routing=$2 reps=$3 warmup=$4 limit=$5; shift 5
+  timeout -k 10 "$limit" python3 -m moetrain bench moe --backends auto --graphs --host-ahead --shapes "$shape" \
+    --routing "$routing" --reps "$reps" --warmup "$warmup" --json "$out/$shape.json" "$@" > "$out/$shape.log" 2>&1
+  filter < "$out/$shape.log" | grep -E "^(deep|gpt|qwen|mix)|Error" | grep -v per-expert | tail -24
+}

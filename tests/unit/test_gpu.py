@@ -136,6 +136,20 @@ def test_router_parts_capture_in_a_cuda_graph(part):
     torch.testing.assert_close(x.grad, want)
 
 
+def test_zero_loss_made_during_capture_is_not_shared(monkeypatch):
+    # a shared zero first made inside a capture would be filled only at replay, in the graph's pool
+    from moetrain.models.moe import router
+
+    monkeypatch.setattr(router, "_ZEROS", {})
+    dev = torch.device("cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inside = router.zero_loss(dev)
+    assert router._ZEROS == {}
+    outside = router.zero_loss(dev)
+    assert outside is router.zero_loss(dev) and outside is not inside and outside.item() == 0.0
+
+
 def test_bench_graphed_contender_replays_the_eager_result():
     from moetrain.bench.moe_layer import Graphed, Shape, forcing_logits, ours
 

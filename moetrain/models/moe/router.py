@@ -54,13 +54,17 @@ def zero_loss(device: torch.device, dtype: torch.dtype = torch.float32) -> torch
     """A shared 0-dim zero for a loss that is off (read-only: nothing may write into it). Made once per device and
     dtype: a new one per layer call was an allocation and a fill kernel, ~50-80 us of host time each on the H200
     host, for every MoE layer without a z loss and every dense layer. Inside torch.compile, a fresh one (a global
-    cache of tensors would be traced)."""
+    cache of tensors would be traced); so too while a CUDA graph is captured before one was made (its fill would
+    only run at the graph's replay, and its memory would come from the graph's pool)."""
     if torch.compiler.is_compiling():
         return torch.zeros((), device=device, dtype=dtype)
     key = (device, dtype)
     zero = _ZEROS.get(key)
-    if zero is None:
-        zero = _ZEROS[key] = torch.zeros((), device=device, dtype=dtype)
+    if zero is not None:
+        return zero
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros((), device=device, dtype=dtype)
+    zero = _ZEROS[key] = torch.zeros((), device=device, dtype=dtype)
     return zero
 
 
