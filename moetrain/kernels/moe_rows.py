@@ -65,9 +65,9 @@ def _combine_bwd_kernel(dout_ptr, y_ptr, inverse_ptr, weight_ptr, dy_ptr, dweigh
     # Without a weight, program (t, j) copies columns j*BLOCK_H.. of dout[t] to its K rows (a 2-D grid like
     # the combine's); with one, program t walks all of H, since dweight[t, k] reduces over it.
     t = tl.program_id(0).to(tl.int64)
-    for k in tl.static_range(TOPK):
-        row = tl.load(inverse_ptr + t * TOPK + k).to(tl.int64)
-        if HAS_WEIGHT:
+    if HAS_WEIGHT:
+        for k in tl.static_range(TOPK):
+            row = tl.load(inverse_ptr + t * TOPK + k).to(tl.int64)
             scale = tl.load(weight_ptr + t * TOPK + k)
             dot = tl.zeros([BLOCK_H], dtype=tl.float32)
             for h0 in range(0, H, BLOCK_H):  # dout[t] is re-read per k from L1/L2, not HBM
@@ -77,11 +77,13 @@ def _combine_bwd_kernel(dout_ptr, y_ptr, inverse_ptr, weight_ptr, dy_ptr, dweigh
                 tl.store(dy_ptr + row * H + cols, (g * scale).to(dy_ptr.dtype.element_ty), mask=mask)
                 dot += g * tl.load(y_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(dweight_ptr + t * TOPK + k, tl.sum(dot, axis=0))
-        else:
-            cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-            mask = cols < H
-            g = tl.load(dout_ptr + t * H + cols, mask=mask, other=0.0)
-            tl.store(dy_ptr + row * H + cols, g.to(dy_ptr.dtype.element_ty), mask=mask)
+    else:  # one load of dout[t]'s columns, K stores (the stores may alias dout for all the compiler knows)
+        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask = cols < H
+        g = tl.load(dout_ptr + t * H + cols, mask=mask, other=0.0).to(dy_ptr.dtype.element_ty)
+        for k in tl.static_range(TOPK):
+            row = tl.load(inverse_ptr + t * TOPK + k).to(tl.int64)
+            tl.store(dy_ptr + row * H + cols, g, mask=mask)
 
 
 # The clamped activation's constants (1.702, 7.0) are moetrain.ops.moe_rows' CLAMPED_ALPHA / CLAMPED_LIMIT.
@@ -229,6 +231,15 @@ def combine_bwd(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tenso
             dout, y, inverse, weight if weight is not None else dout, dy, dweight if weight is not None else dout, H,
             TOPK=topk, HAS_WEIGHT=weight is not None, BLOCK_H=block, num_warps=4)
     return dy, dweight
+
+
+def token_rows(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """x_perm [M, H] = x[token_of_row] (the token rows in expert order), written token by token: x [T, H], inverse
+    [M] int64 (kernels.sort_rows') with M = T*K -> x_perm[inverse[t*K + k]] = x[t]. Each token's row is read from HBM
+    once; a gather by row (x.index_select(0, token_of_row)) reads it K times whenever a token's K rows run far apart
+    in time, as with random or skewed routing (Qwen3, skewed: 0.27 against 0.18 ms per gather, bench/NOTES.md
+    session 17). combine's backward without weights is this very copy."""
+    return combine_bwd(x, None, inverse, None)[0]
 
 
 def _swiglu_tile_shape(inter: int) -> tuple[int, int]:

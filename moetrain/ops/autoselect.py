@@ -48,7 +48,7 @@ GPU_VALIDATED = {
     # permuted copy of x fed to the auto-chosen forward GEMM and dropped right after ("copy"). The first
     # candidate is also what runs while a CUDA graph is captured before anything was measured.
     "moe_fc1_fwd": ("gather", "copy"),
-    # FC1's weight gradient: x_perm gathered again for the auto-chosen wgrad ("copy"), or our wgrad kernel
+    # FC1's weight gradient: x_perm written again for the auto-chosen wgrad ("copy"), or our wgrad kernel
     # reading x through the index ("gather"; its GPU tests passed on an H200).
     "moe_fc1_wgrad": ("copy", "gather"),
     # FC1 and SwiGLU (moe_fused.fc1_swiglu): the two kernels, or the ping-pong FC1 with SwiGLU in its epilogue

@@ -7,14 +7,14 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K r
 Forward: our Triton grouped GEMM reads the A rows of x [T, H] through token_of_row = row_map // K,
 so the permuted copy x_perm [M, H] is never materialized, and autograd saves x (the layer input,
 alive anyway) and the routing instead of x_perm. With gemm "auto", this "gather" forward is measured
-once per shape against "copy": x_perm built by a gather, fed to the auto-chosen forward GEMM and
+once per shape against "copy": x_perm written token by token, fed to the auto-chosen forward GEMM and
 freed at once (TMA loads of A and torch's GEMM may beat pointer-gathered loads by more than the
 copy costs). Either way autograd keeps the same tensors.
 Backward (``gemm`` picks the GEMM backend: "triton", or "auto" = each op's measured winner):
     dx_perm [M, H] = dgrad(dh, w1)                          (grouped GEMM)
     dx[t]          = sum_k dx_perm[inverse[t*K + k]]        (Triton combine without weights: each
                                                             token owns its K rows; no atomics)
-    dw1            = wgrad(dh, x_perm)                      "copy": x_perm gathered again, transiently;
+    dw1            = wgrad(dh, x_perm)                      "copy": x_perm written again, transiently;
                                                             "gather": our wgrad kernel reads x through
                                                             the index (auto measures both per shape)
 Dropped assignments (-1) sit with the last expert (see ``permute``); the combine gives their rows
@@ -22,7 +22,7 @@ zero gradient, so they add nothing to dx or dw1.
 
 ``fc1_swiglu``: FC1 followed by SwiGLU (with the routing weights as row factors). With gemm "auto" on Hopper it is
 measured once per shape as "separate" (the FC1 above, then the SwiGLU kernel, which reads h back) against "fused"
-(x_perm gathered transiently and one ping-pong kernel writing h and a: kernels/rowgroup_pingpong.py); the backward
+(x_perm written transiently and one ping-pong kernel writing h and a: kernels/rowgroup_pingpong.py); the backward
 is the same either way (SwiGLU's backward kernel, then FC1's as above), and so are the saved tensors. Memory: the
 fused forward holds x_perm, h and a at once, a [M, I] more than the separate path's "copy" forward, which stays
 under the backward's peak: the layer peaks as the separate path does (GPT-OSS 1.15 GiB, Mixtral 2.63, session 14;
@@ -43,23 +43,23 @@ from moetrain.ops import autoselect, moe_rows
 from moetrain.ops.grouped_gemm import grouped_gemm_op
 
 
-def _fc1_forward(variant: str, gemm: str, x, w1, offs, token_of_row):
-    """h = x[token_of_row] @ w1_g^T: "gather" reads x through the index in our kernel; "copy" gathers
-    x_perm and runs the forward GEMM on ``gemm``; x_perm is freed on return."""
+def _fc1_forward(variant: str, gemm: str, x, w1, offs, token_of_row, inverse):
+    """h = x[token_of_row] @ w1_g^T: "gather" reads x through the index in our kernel; "copy" writes
+    x_perm token by token (moe_rows.token_rows) and runs the forward GEMM on ``gemm``; x_perm is freed on return."""
     if variant == "gather":
         from moetrain.kernels import grouped_gemm as kernels  # imports triton: only on this path
 
         return kernels.grouped_gemm_fwd(x, w1, offs, gather_rows=token_of_row)
-    return grouped_gemm_op("fwd", gemm, x.index_select(0, token_of_row), w1, offs, w1.shape)
+    return grouped_gemm_op("fwd", gemm, moe_rows.row_kernels().token_rows(x, inverse), w1, offs, w1.shape)
 
 
-def _fc1_wgrad(variant: str, gemm: str, dh, x, offs, token_of_row, w_shape):
+def _fc1_wgrad(variant: str, gemm: str, dh, x, offs, token_of_row, inverse, w_shape):
     """dw1 = dh_g^T @ x[token_of_row]_g, the same two variants as ``_fc1_forward``."""
     if variant == "gather":
         from moetrain.kernels import grouped_gemm as kernels
 
         return kernels.grouped_gemm_wgrad(dh, x, offs, gather_rows=token_of_row)
-    return grouped_gemm_op("wgrad", gemm, dh, x.index_select(0, token_of_row), offs, w_shape)
+    return grouped_gemm_op("wgrad", gemm, dh, moe_rows.row_kernels().token_rows(x, inverse), offs, w_shape)
 
 
 class GatherFC1(torch.autograd.Function):
@@ -73,8 +73,8 @@ class GatherFC1(torch.autograd.Function):
         if gemm == "auto":
             G, N, K = w1.shape
             variant = autoselect.choose("moe_fc1_fwd", x, N, K, token_of_row.shape[0], G,
-                                        lambda name: _fc1_forward(name, "auto", x, w1, offs, token_of_row))
-        return _fc1_forward(variant, gemm, x, w1, offs, token_of_row)
+                                        lambda name: _fc1_forward(name, "auto", x, w1, offs, token_of_row, inverse))
+        return _fc1_forward(variant, gemm, x, w1, offs, token_of_row, inverse)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -103,8 +103,8 @@ def _fc1_backward(ctx, dh) -> tuple:
         if gemm == "auto":
             G, N, K = w1.shape
             variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G,
-                                        lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, w1.shape))
-        dw1 = _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, w1.shape)
+                                        lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, inverse, w1.shape))
+        dw1 = _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, inverse, w1.shape)
     return dx, dw1
 
 
@@ -125,11 +125,13 @@ def fused_fc1_swiglu_applies(x: torch.Tensor, w1: torch.Tensor) -> bool:
             and E < 1023)
 
 
-def _fused_forward(x, w1, offs, token_of_row, probs, activation: str):
-    """(h [M, 2I], a [M, I]) by one kernel from x_perm = x[token_of_row], gathered here and freed on return."""
+def _fused_forward(x, w1, offs, inverse, probs, activation: str):
+    """(h [M, 2I], a [M, I]) by one kernel from x_perm = x[token_of_row], written here (moe_rows.token_rows) and
+    freed on return."""
     from moetrain.kernels.rowgroup_pingpong import grouped_gemm_fc1_swiglu_pingpong
 
-    return grouped_gemm_fc1_swiglu_pingpong(x.index_select(0, token_of_row), w1, offs, probs, activation)
+    return grouped_gemm_fc1_swiglu_pingpong(moe_rows.row_kernels().token_rows(x, inverse), w1, offs, probs,
+                                            activation)
 
 
 class FusedFC1(torch.autograd.Function):
@@ -141,7 +143,7 @@ class FusedFC1(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation):
         offs = offs.to(torch.int32)
-        h, a = _fused_forward(x, w1, offs, token_of_row, probs, activation)
+        h, a = _fused_forward(x, w1, offs, inverse, probs, activation)
         _keep_for_fc1_backward(ctx, x, w1, offs, inverse, token_of_row, topk, gemm)
         ctx.mark_non_differentiable(a)
         # a's gradient is never used: materialized, it was a zero-filled [M, I] per backward (0.06-0.28 ms from
@@ -186,7 +188,7 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_r
         def run(name):
             with torch.no_grad():
                 if name == "fused":
-                    return _fused_forward(x, w1, offs.to(torch.int32), token_of_row, probs, activation)
+                    return _fused_forward(x, w1, offs.to(torch.int32), inverse, probs, activation)
                 return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation,
                                        "triton", probs=probs)
 

@@ -86,10 +86,11 @@ def test_a_routed_layer_call_issues_few_host_operations():
     assert sorted(custom_nodes(out.grad_fn)) == ["GatherFC1Backward", "_FC2CombineBackward",
                                                  "_SortWithWeightsBackward", "_SwiGLUBackward", "_TritonRouteBackward"]
     # one launch per op and direction: routing, sort (2), weights' gradient, SwiGLU, combines, GEMMs (the
-    # interpreter's config splits each forward / data gradient into a body and a tail launch: 8 for 4 GEMMs)
+    # interpreter's config splits each forward / data gradient into a body and a tail launch: 8 for 4 GEMMs); the
+    # combine's backward twice: dout to rows, and x_perm for FC1's weight gradient (moe_rows.token_rows)
     assert dict(launches) == {"_route_kernel": 1, "_chunk_counts_kernel": 1, "_place_rows_kernel": 1,
                               "_rowgroup_kernel": 8, "_swiglu_fwd_kernel": 1, "_combine_kernel": 2,
-                              "_combine_bwd_kernel": 1, "_wgrad_kernel": 2, "_swiglu_bwd_kernel": 1,
+                              "_combine_bwd_kernel": 2, "_wgrad_kernel": 2, "_swiglu_bwd_kernel": 1,
                               "_weight_grad_kernel": 1, "_route_bwd_kernel": 1}
     # the routing's counts are the only zero fill: none for the index outputs of route or the sort
     assert torch_ops["aten.zeros"] == 1, torch_ops

@@ -229,9 +229,12 @@ def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch
     assert len(dgrad_rows) == 1 and alive_at_wgrad == [False]
 
 
-def _fc1_swiglu_in_torch(x, w1, offs, token_of_row, probs, activation):
+def _fc1_swiglu_in_torch(x, w1, offs, inverse, probs, activation):
     """The fused kernel's contract (h, a) in plain torch, for the CPU tests of FusedFC1 and its SwiGLU node."""
     from moetrain.ops.moe_rows import swiglu_torch
+
+    token_of_row = torch.empty_like(inverse)
+    token_of_row[inverse] = torch.arange(inverse.numel(), device=inverse.device) // (inverse.numel() // x.shape[0])
 
     h = ops.grouped_gemm(x.index_select(0, token_of_row), w1, offs, "loop")
     a = swiglu_torch(h, activation)

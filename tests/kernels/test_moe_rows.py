@@ -91,6 +91,17 @@ def test_combine_triton_writes_every_row_and_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,K,H", [(5, 1, 7), (13, 2, 24), (9, 8, 1030), (1, 3, 16)])
+def test_token_rows_is_the_gather_by_row(dtype, T, K, H):
+    # token_rows writes x_perm token by token; every row must equal x[token_of_row] bit for bit (poisoned outputs)
+    row_map, inverse, _, _, _ = routed(T, K, H, seed=T * 5 + K + H)
+    x = torch.randn(T, H, generator=torch.Generator().manual_seed(T + H)).to(DEVICE, dtype)
+    got = kernels.token_rows(x, inverse.to(DEVICE))
+    assert got.dtype == dtype and got.shape == (T * K, H)
+    assert torch.equal(got, x[(row_map // K).to(DEVICE)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
 @pytest.mark.parametrize("M,I", [(7, 5), (33, 768), (3, 1100)])
 def test_swiglu_forward_and_backward(dtype, activation, M, I):
