@@ -5,13 +5,13 @@
 # timed calls (host driver calls that the mallocs column does not count), exposed eagerly and hidden host-ahead. The
 # same eager / host-ahead table with and without expandable segments, Mixtral and GPT-OSS.
 source scripts/device_common.sh "$@"
-eager_table() {  # shape alloc-conf
+eager_table() {  # shape alloc-conf label
   echo "== $1, PYTORCH_CUDA_ALLOC_CONF='$2'"
   PYTORCH_CUDA_ALLOC_CONF="$2" timeout -k 10 110 python3 -m moetrain bench moe --backends auto --no-compile --host-ahead \
-    --shapes "$1" --routing balanced --reps 5 --warmup 2 > "$out/$1_${2:-default}.log" 2>&1
-  filter < "$out/$1_${2:-default}.log" | grep -E "^(gpt|mix)|Error" | grep -v per-expert | tail -8
+    --shapes "$1" --routing balanced --reps 5 --warmup 2 > "$out/$1_$3.log" 2>&1
+  filter < "$out/$1_$3.log" | grep -E "^(gpt|mix)|Error" | grep -v per-expert | tail -8
 }
-eager_table mixtral-8x7b expandable_segments:True
-eager_table mixtral-8x7b ""
-eager_table gpt-oss-20b expandable_segments:True
-eager_table gpt-oss-20b ""
+eager_table mixtral-8x7b expandable_segments:True expandable
+eager_table mixtral-8x7b "" default
+eager_table gpt-oss-20b expandable_segments:True expandable
+eager_table gpt-oss-20b "" default
