@@ -44,7 +44,7 @@ def gpu_shapes(text: str, script: str) -> list:
 
 def time_forced(s: ml.Shape, routing: str, ours: dict, make_args, warmup: int, reps: int,
                 stamp: bool = False) -> dict:
-    """label -> (ms, peak, spread, events) (moe_layer.time_contenders) of the eager reference, each of ``ours``
+    """label -> (ms, peak, spread, events, reps ms) (moe_layer.time_contenders) of the eager reference, each of ``ours``
     (label -> layer, labels starting "ours"), the same host ahead, and the six torch GEMMs; every contender runs once
     before anything is timed (each forced variant compiled and tuned). ``stamp``: a wall-clock line before timing, to
     lay beside a GPU clock log."""
@@ -62,5 +62,5 @@ def time_forced(s: ml.Shape, routing: str, ours: dict, make_args, warmup: int, r
 def print_forced(timed: dict, head: str, reps: int, width: int) -> None:
     ref, floor = timed["reference eager"][0], timed[ml.FLOOR][0]
     print(f"{head} (ms, median of {reps}; x eager; / six torch GEMMs)")
-    for label, (ms, _peak, spread, _events) in timed.items():
+    for label, (ms, _peak, spread, *_) in timed.items():
         print(f"  {label:{width}s} {ms:8.2f} ±{spread:4.1f}%  {ref / ms:5.2f}x  {ms / floor:5.2f}", flush=True)

@@ -184,7 +184,8 @@ def layer_flops(s: Shape) -> float:
 
 
 def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict:
-    """Interleaved timing of forward + backward; returns name -> (median ms, peak GiB, spread %, allocator events).
+    """Interleaved timing of forward + backward; returns name -> (median ms, peak GiB, spread %, allocator events,
+    every repetition's ms in order).
     Allocator events: cudaMalloc calls and allocation retries (each retry frees cached blocks: a device sync) of
     the caching allocator inside the timed repetitions: a nonzero count means the time includes them."""
     peaks = {}
@@ -225,7 +226,7 @@ def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict
     for name, t in results.items():
         med = statistics.median(t)
         # spread: half the range of the repetitions over their median, in % (how far one number can be trusted)
-        out[name] = (med, peaks[name], 50 * (max(t) - min(t)) / med, events[name])
+        out[name] = (med, peaks[name], 50 * (max(t) - min(t)) / med, events[name], t)
     return out
 
 
@@ -452,7 +453,7 @@ def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: di
     flops = layer_flops(s)
     ref_ms, gemm_ms = timed["reference eager"][0], timed[FLOOR][0]
     rows = []
-    for name, (ms, peak, spread, alloc_events) in timed.items():
+    for name, (ms, peak, spread, alloc_events, reps_ms) in timed.items():
         # host-ahead rows against the host-ahead reference and floor (all without the host's latency, behind the same
         # queued GEMMs: a GPU that idled before a call runs it at higher clocks), the rest against the reference
         # and floor timed from an idle GPU
@@ -465,7 +466,7 @@ def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: di
                      "spread_pct": spread,
                      "tflops": flops / ms / 1e9, "peak_gib": float("nan") if no_peak else peak,
                      "vs_eager": ref / ms, "vs_gemms": ms / floor, "rel_err": errors[name],
-                     "alloc_events": alloc_events})
+                     "alloc_events": alloc_events, "reps_ms": reps_ms})
     return rows
 
 

@@ -109,7 +109,7 @@ def test_host_ahead_rows_are_divided_by_the_host_ahead_floor_and_reference():
     from moetrain.bench import moe_layer as ml
 
     s = Shape("t", T=8, H=4, I=2, E=2, K=1)
-    timed = {name: (ms, 1.0, 0.5, 0) for name, ms in {
+    timed = {name: (ms, 1.0, 0.5, 0, [ms, ms + 0.1]) for name, ms in {
         "reference eager": 20.0, "ours (auto)": 10.0, ml.FLOOR: 5.0, "reference eager, host ahead": 16.0,
         "ours (auto), host ahead": 9.0, f"{ml.FLOOR}, host ahead": 6.0}.items()}
     rows = {r["contender"]: r for r in ml.table_rows(s, "balanced", timed, dict.fromkeys(timed, 0.0), {})}
@@ -117,7 +117,7 @@ def test_host_ahead_rows_are_divided_by_the_host_ahead_floor_and_reference():
     assert rows["ours (auto), host ahead"]["vs_gemms"] == 1.5 and rows["ours (auto), host ahead"]["vs_eager"] == 16 / 9
     assert rows[f"{ml.FLOOR}, host ahead"]["vs_gemms"] == 1.0
     assert all(rows[name]["peak_gib"] != rows[name]["peak_gib"] for name in (ml.FLOOR, f"{ml.FLOOR}, host ahead"))
-    assert rows["ours (auto)"]["peak_gib"] == 1.0
+    assert rows["ours (auto)"]["peak_gib"] == 1.0 and rows["ours (auto)"]["reps_ms"] == [10.0, 10.1]
     # without host-ahead twins every row is divided by the plain floor and reference
     del timed["reference eager, host ahead"], timed[f"{ml.FLOOR}, host ahead"]
     rows = {r["contender"]: r for r in ml.table_rows(s, "balanced", timed, dict.fromkeys(timed, 0.0), {})}
