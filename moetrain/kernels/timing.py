@@ -81,3 +81,19 @@ def in_turns(candidates, time_one, rounds: int) -> tuple[dict, dict]:
             except Exception as err:  # a candidate that cannot run here (resources, dtype) is dropped
                 failed[c] = err
     return {c: sorted(t)[len(t) // 2] for c, t in times.items() if c not in failed}, failed
+
+
+
+def relabeled_tokens(token_of_row: torch.Tensor, inverse: torch.Tensor, topk: int, seed: int = 0) -> tuple:
+    """(token_of_row', inverse') of the same routing with the T tokens relabeled by a fixed random permutation s: row r
+    reads token s[token_of_row[r]], and token s[t] owns the rows token t owned. The groups and their sizes stay; what
+    changes is the order in which the rows visit the tokens. The benchmarks' balanced routing sends token t to experts
+    t*K .. t*K+K-1 (mod E), so a token's K rows are read close together in time and hit L2; a trained router's
+    routing does not (bench/NOTES.md, session 17). token_of_row [M] int32, inverse [M] int64, M = T*K -> the same
+    shapes and dtypes, on their device."""
+    tokens = inverse.shape[0] // topk
+    gen = torch.Generator().manual_seed(seed)
+    relabel = torch.randperm(tokens, generator=gen).to(inverse.device)
+    # token relabel[t] takes over token t's K rows: inverse'[relabel[t]] = inverse[t] (viewed [T, K])
+    new_inverse = torch.empty_like(inverse).view(tokens, topk).index_copy_(0, relabel, inverse.view(tokens, topk))
+    return relabel.to(token_of_row.dtype)[token_of_row.long()], new_inverse.view(-1)

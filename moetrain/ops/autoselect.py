@@ -7,7 +7,10 @@ calls and later processes. Elsewhere auto is the "loop" reference. The grouped G
 candidate on the caller's routing and on a skewed one of the same rows (kernels.timing.skewed_offs) together: the
 key cannot see skew (reading the counts would sync), routing at the first call is near-uniform and
 skews later in training, and torch's GEMMs lose more to skew than ours (bench moe, DeepSeek-V3:
-the choice made on uniform routing ran 11% slower than triton on skewed).
+the choice made on uniform routing ran 11% slower than triton on skewed). The fused path's kinds time each
+candidate on the caller's rows and on the same routing with its tokens relabeled (kernels.timing.relabeled_tokens):
+a gather through the token index is fast where a token's K rows are read close together (the benchmarks'
+round-robin balanced routing) and slower on a trained router's.
 
     op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each; the MoE
               expert path's "auto" picks each of its GEMMs this way), "moe_fc1_fwd" (the fused path's
@@ -59,7 +62,7 @@ GPU_VALIDATED = {
 FALLBACK = {"moe_fc1_fwd": "gather", "moe_fc1_wgrad": "copy", "moe_fc1_swiglu": "separate"}
 
 CACHE_FILE = "grouped_gemm_backends.json"
-VERSION = 2  # 2: grouped GEMMs timed on the caller's and a skewed routing
+VERSION = 3  # 2: grouped GEMMs timed on the caller's and a skewed routing; 3: the fused path's on relabeled tokens too
 
 _memory: dict | None = None  # key -> {"backend": str, "ms": {backend: ms}}; loaded lazily
 # The answers ``choose`` gave, by its arguments (no key string built): about 20 us of host time per lookup on the

@@ -62,6 +62,24 @@ def _fc1_wgrad(variant: str, gemm: str, dh, x, offs, token_of_row, inverse, w_sh
     return grouped_gemm_op("wgrad", gemm, dh, moe_rows.row_kernels().token_rows(x, inverse), offs, w_shape)
 
 
+def _on_both_token_orders(token_of_row, inverse, topk: int, run_one):
+    """autoselect's measurement closure for the fused path's variants: run_one(name, token_of_row, inverse) on the
+    caller's rows and again on the same routing with its tokens relabeled (kernels.timing.relabeled_tokens, made on the
+    first timed call only). A gather through token_of_row is fast where a token's K rows are read close together in
+    time (L2 hits), as on the benchmarks' round-robin balanced routing, and slower on a trained router's; timed on
+    the caller's first routing alone, auto picked the gathers for that reason (Qwen3, bench/NOTES.md session 17)."""
+    relabeled = []
+
+    def run(name: str):
+        if not relabeled:
+            from moetrain.kernels.timing import relabeled_tokens
+
+            relabeled.append(relabeled_tokens(token_of_row, inverse, topk))
+        run_one(name, token_of_row, inverse)
+        return run_one(name, *relabeled[0])
+    return run
+
+
 class GatherFC1(torch.autograd.Function):
     """h = grouped_gemm(x[token_of_row], w1, offs) without materializing x[token_of_row]."""
 
@@ -72,8 +90,9 @@ class GatherFC1(torch.autograd.Function):
         variant = "gather"
         if gemm == "auto":
             G, N, K = w1.shape
-            variant = autoselect.choose("moe_fc1_fwd", x, N, K, token_of_row.shape[0], G,
-                                        lambda name: _fc1_forward(name, "auto", x, w1, offs, token_of_row, inverse))
+            variant = autoselect.choose("moe_fc1_fwd", x, N, K, token_of_row.shape[0], G, _on_both_token_orders(
+                token_of_row, inverse, topk,
+                lambda name, rows, inv: _fc1_forward(name, "auto", x, w1, offs, rows, inv)))
         return _fc1_forward(variant, gemm, x, w1, offs, token_of_row, inverse)
 
     @staticmethod
@@ -102,8 +121,9 @@ def _fc1_backward(ctx, dh) -> tuple:
         variant = "copy"
         if gemm == "auto":
             G, N, K = w1.shape
-            variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G,
-                                        lambda name: _fc1_wgrad(name, "auto", dh, x, offs, token_of_row, inverse, w1.shape))
+            variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G, _on_both_token_orders(
+                token_of_row, inverse, topk,
+                lambda name, rows, inv: _fc1_wgrad(name, "auto", dh, x, offs, rows, inv, w1.shape)))
         dw1 = _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, inverse, w1.shape)
     return dx, dw1
 
@@ -185,14 +205,15 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_r
     if gemm == "auto" and fused_fc1_swiglu_applies(x, w1):
         G, N, K = w1.shape
 
-        def run(name):
+        def run(name, rows, inv):
             with torch.no_grad():
                 if name == "fused":
-                    return _fused_forward(x, w1, offs.to(torch.int32), inverse, probs, activation)
-                return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation,
-                                       "triton", probs=probs)
+                    return _fused_forward(x, w1, offs.to(torch.int32), inv, probs, activation)
+                return moe_rows.swiglu(fc1_gathered(x, w1, offs, rows, inv, topk, gemm), activation, "triton",
+                                       probs=probs)
 
-        variant = autoselect.choose("moe_fc1_swiglu", x, N, K, token_of_row.shape[0], G, run)
+        variant = autoselect.choose("moe_fc1_swiglu", x, N, K, token_of_row.shape[0], G,
+                                    _on_both_token_orders(token_of_row, inverse, topk, run))
     if variant == "fused":
         h, a = FusedFC1.apply(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation)
         return _SwiGLUOfFusedFC1.apply(h, probs, a, activation)
@@ -211,7 +232,7 @@ class _FC2Combine(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         a, w2, offs, inverse = ctx.saved_tensors
-        dy = moe_rows.row_kernels().combine_bwd(dout.to(a.dtype), None, inverse, None, a.shape[0])[0]  # dout[token] per row
+        dy = moe_rows.row_kernels().token_rows(dout.to(a.dtype), inverse)  # dout[token] per row
         da = grouped_gemm_op("dgrad", ctx.gemm, dy, w2, offs, w2.shape) if ctx.needs_input_grad[0] else None
         dw2 = grouped_gemm_op("wgrad", ctx.gemm, dy, a, offs, w2.shape) if ctx.needs_input_grad[1] else None
         return da, dw2, None, None, None, None

@@ -202,6 +202,47 @@ def test_auto_fc1_variants_match_the_reference(monkeypatch, tmp_path, fwd, wgrad
     autoselect.reset()
 
 
+def test_auto_times_fc1_variants_on_relabeled_tokens_too(monkeypatch, tmp_path):
+    # each FC1 variant is timed on the caller's token order and on the same routing with its tokens relabeled (a
+    # trained router's order: the benchmarks' balanced routing favours gathers through L2); the call itself uses the
+    # caller's rows
+    monkeypatch.setattr(autoselect, "ROUNDS", 1)
+    fake_gpu_auto(monkeypatch, tmp_path, {"moe_fc1_fwd": ("gather", "copy"), "moe_fc1_wgrad": ("copy", "gather")})
+    orders, measuring = [], []
+    real_fwd, real_wgrad = moe_fused._fc1_forward, moe_fused._fc1_wgrad
+
+    def fwd(variant, gemm, x, w1, offs, token_of_row, inverse):
+        orders.append(("fwd", variant, bool(measuring), token_of_row.tolist()))
+        return real_fwd(variant, gemm, x, w1, offs, token_of_row, inverse)
+
+    def wgrad(variant, gemm, dh, x, offs, token_of_row, inverse, w_shape):
+        orders.append(("wgrad", variant, bool(measuring), token_of_row.tolist()))
+        return real_wgrad(variant, gemm, dh, x, offs, token_of_row, inverse, w_shape)
+
+    def timer(backend, run_once):
+        measuring.append(backend)
+        run_once()
+        measuring.pop()
+        return 1.0
+
+    monkeypatch.setattr(moe_fused, "_fc1_forward", fwd)
+    monkeypatch.setattr(moe_fused, "_fc1_wgrad", wgrad)
+    monkeypatch.setattr(autoselect, "time_backend", timer)
+    inputs = make(9, 16, 8, 4, 2, seed=13)
+    probe = torch.randn(9, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = run("auto", torch.float32, *inputs, probe)
+    want = run("reference", torch.float64, *inputs, probe)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < BOUND
+    for op, variants in (("fwd", ("gather", "copy")), ("wgrad", ("copy", "gather"))):
+        timed = [(v, rows) for o, v, m, rows in orders if o == op and m]
+        assert [v for v, _ in timed] == [v for v in variants for _ in range(2)]  # each variant on two orders
+        assert timed[0][1] != timed[1][1] and timed[0][1] == timed[2][1] and timed[1][1] == timed[3][1]
+        (final,) = [rows for o, _, m, rows in orders if o == op and not m]
+        assert final == timed[0][1]  # the caller's own order
+    autoselect.reset()
+
+
 def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch):
     # dx_perm [M, H] (FC1's data gradient, before the sum over each token's K rows) held while the weight gradient
     # ran (whose "copy" variant gathers another [M, H]) was the layer's memory peak at DeepSeek-V3

@@ -256,6 +256,26 @@ def test_a_candidate_failing_in_a_later_round_is_dropped(monkeypatch, cache_dir)
         assert autoselect.pick(KEY, lambda name: None) == "torch"
 
 
+def test_relabeled_tokens_keep_the_routing_and_move_its_tokens():
+    # the fused path's gathers are also timed with the tokens relabeled: every row still reads the token that owns it
+    from moetrain.kernels.timing import relabeled_tokens
+
+    T, K = 64, 4
+    row_map = torch.randperm(T * K, generator=torch.Generator().manual_seed(3))
+    inverse = torch.empty_like(row_map)
+    inverse[row_map] = torch.arange(T * K)
+    token_of_row = (row_map // K).to(torch.int32)
+    rows, inv = relabeled_tokens(token_of_row, inverse, K)
+    assert rows.dtype == torch.int32 and inv.dtype == torch.int64 and inv.shape == inverse.shape
+    assert torch.equal(rows[inv].long(), torch.arange(T * K) // K)  # token_of_row'[inverse'[t*K + k]] = t
+    assert not torch.equal(rows, token_of_row)
+    assert torch.equal(torch.bincount(rows.long(), minlength=T), torch.full((T,), K))  # K rows per token
+    # the same relabel of each row's token: rows that shared a token still share one
+    same = token_of_row.unsqueeze(0) == token_of_row.unsqueeze(1)
+    assert torch.equal(same, rows.unsqueeze(0) == rows.unsqueeze(1))
+    assert torch.equal(rows, relabeled_tokens(token_of_row, inverse, K)[0])  # fixed per seed
+
+
 def test_skewed_offs_cover_every_row_unevenly():
     # the skewed routing auto times the grouped GEMMs on besides the caller's
     from moetrain.kernels.timing import skewed_offs
