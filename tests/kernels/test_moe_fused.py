@@ -68,6 +68,15 @@ def rel_err(got, want):
     return ((got.double().cpu() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
+def auto_matches_reference(inputs, probe_seed: int) -> None:
+    """backend "auto" in fp32 against the float64 reference: the output and every gradient."""
+    probe = torch.randn(*inputs[0].shape, generator=torch.Generator().manual_seed(probe_seed), dtype=torch.float64)
+    got = run("auto", torch.float32, *inputs, probe)
+    want = run("reference", torch.float64, *inputs, probe)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < BOUND
+
+
 CASES = {
     # name: (T, H, I, E, K, extra)
     "uneven_dropped": (13, 24, 10, 6, 2, dict(dropped=[(0, 1), (5, 0), (12, 1)])),
@@ -167,12 +176,7 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
     used = []
     real = moe_fused.GatherFC1.apply
     monkeypatch.setattr(moe_fused.GatherFC1, "apply", lambda *a: used.append(a[-1]) or real(*a))
-    inputs = make(9, 16, 8, 4, 2, seed=11)
-    probe = torch.randn(9, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    got = run("auto", torch.float32, *inputs, probe)
-    want = run("reference", torch.float64, *inputs, probe)
-    for a, b in zip(got, want):
-        assert rel_err(a, b) < BOUND
+    auto_matches_reference(make(9, 16, 8, 4, 2, seed=11), probe_seed=5)
     assert used == ["auto"]
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
     # FC1 forward variant and its copy's GEMM; FC2 forward, dgrad, wgrad; FC1 dgrad and wgrad
@@ -192,12 +196,7 @@ def test_auto_fc1_variants_match_the_reference(monkeypatch, tmp_path, fwd, wgrad
     calls = []
     real = gg.grouped_gemm_wgrad
     monkeypatch.setattr(gg, "grouped_gemm_wgrad", lambda *a, **kw: calls.append("gather_rows" in kw) or real(*a, **kw))
-    inputs = make(13, 24, 10, 6, 2, seed=4, dropped=[(0, 1), (5, 0)])
-    probe = torch.randn(13, 24, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    got = run("auto", torch.float32, *inputs, probe)
-    want = run("reference", torch.float64, *inputs, probe)
-    for a, b in zip(got, want):
-        assert rel_err(a, b) < BOUND
+    auto_matches_reference(make(13, 24, 10, 6, 2, seed=4, dropped=[(0, 1), (5, 0)]), probe_seed=6)
     assert calls == [False, wgrad == "gather"]  # FC2's weight gradient, then FC1's (gathered or not)
     autoselect.reset()
 
@@ -228,12 +227,7 @@ def test_auto_times_fc1_variants_on_relabeled_tokens_too(monkeypatch, tmp_path):
     monkeypatch.setattr(moe_fused, "_fc1_forward", fwd)
     monkeypatch.setattr(moe_fused, "_fc1_wgrad", wgrad)
     monkeypatch.setattr(autoselect, "time_backend", timer)
-    inputs = make(9, 16, 8, 4, 2, seed=13)
-    probe = torch.randn(9, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    got = run("auto", torch.float32, *inputs, probe)
-    want = run("reference", torch.float64, *inputs, probe)
-    for a, b in zip(got, want):
-        assert rel_err(a, b) < BOUND
+    auto_matches_reference(make(9, 16, 8, 4, 2, seed=13), probe_seed=5)
     for op, variants in (("fwd", ("gather", "copy")), ("wgrad", ("copy", "gather"))):
         timed = [(v, rows) for o, v, m, rows in orders if o == op and m]
         assert [v for v, _ in timed] == [v for v in variants for _ in range(2)]  # each variant on two orders
