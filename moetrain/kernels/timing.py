@@ -83,7 +83,6 @@ def in_turns(candidates, time_one, rounds: int) -> tuple[dict, dict]:
     return {c: sorted(t)[len(t) // 2] for c, t in times.items() if c not in failed}, failed
 
 
-
 def relabeled_tokens(token_of_row: torch.Tensor, inverse: torch.Tensor, topk: int, seed: int = 0) -> tuple:
     """(token_of_row', inverse') of the same routing with the T tokens relabeled by a fixed random permutation s: row r
     reads token s[token_of_row[r]], and token s[t] owns the rows token t owned. The groups and their sizes stay; what
