@@ -33,6 +33,15 @@ def run_without_interpreter(code: str, timeout: int = 300) -> subprocess.Complet
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
 
 
+def script_result(code: str) -> str:
+    """The last line ``code`` printed, run by run_without_interpreter; the test fails (with the script's stderr) unless
+    it exited 0. The compile checks print their findings, or "ok", last."""
+    proc = run_without_interpreter(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 def check_pingpong_compiled(row: dict) -> None:
     """A ping-pong kernel's sm_90a compile (grouped_gemm_aot.compiled_facts in ``row``): it fits a block's shared
     memory, spills nothing, issues wgmma and TMA, and its consumers take registers that the producer gives up."""

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from kernel_checks import SMEM_BLOCK, run_without_interpreter
+from kernel_checks import SMEM_BLOCK, script_result
 
 pytest.importorskip("triton", reason="the triton package is not installed")
 
@@ -44,9 +44,7 @@ print(json.dumps(rows))
 
 @pytest.fixture(scope="module")
 def compiled():
-    proc = run_without_interpreter(_SCRIPT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(script_result(_SCRIPT))
 
 
 def test_every_config_compiles_for_sm90_and_fits(compiled):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kernel_checks import check_pingpong_compiled, run_without_interpreter
+from kernel_checks import check_pingpong_compiled, script_result
 
 pytest.importorskip("triton", reason="the triton package is not installed")
 
@@ -25,9 +25,7 @@ print(json.dumps(rows))
 
 
 def test_compiles_for_sm90_and_fits():
-    proc = run_without_interpreter(_SCRIPT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = json.loads(script_result(_SCRIPT))
     assert len(rows) == 7
     for row in rows:
         check_pingpong_compiled(row)

@@ -6,7 +6,7 @@ Outputs are compared exactly (integers)."""
 import pytest
 import torch
 
-from kernel_checks import run_without_interpreter
+from kernel_checks import run_without_interpreter, script_result
 from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
 
 ON_GPU = use_gpu_or_interpreter()
@@ -128,5 +128,4 @@ def test_both_kernels_compile_for_sm90():
     # the GPU lowering of histogram, cumsum and gather at the largest sizes the launcher picks for <= 256 experts
     if ON_GPU:
         pytest.skip("the CUDA tests run the kernels themselves")
-    proc = run_without_interpreter(_COMPILE)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    assert script_result(_COMPILE) == "ok"
