@@ -162,6 +162,20 @@ def pick(key: str, run_backend, *, capturing: bool = False) -> str:
     return winner
 
 
+def on_both(run_one, own: tuple, make_other):
+    """A measurement closure for ``choose``: run(name) runs run_one(name, *own) and then run_one(name, *other), where
+    other = make_other() (a tuple) is made on the first timed call only (nothing is made when the answer is cached).
+    The grouped GEMMs' second input is a skewed routing, the fused path's a relabeled token order (module docstring)."""
+    other = []
+
+    def run(name: str):
+        if not other:
+            other.append(make_other())
+        run_one(name, *own)
+        return run_one(name, *other[0])
+    return run
+
+
 def measures(device: torch.device) -> bool:
     """Whether "auto" measures on this device (CUDA); elsewhere it is the loop reference."""
     return device.type == "cuda"

@@ -107,16 +107,13 @@ def _wgrad_loop(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> torch.
 def _auto_op(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_shape) -> torch.Tensor:
     """Run one GEMM with the backend measured fastest for it at this layer shape (N, K, rows/group)."""
     groups, n, k = w_shape
-    skewed = []  # made on the first timed call (a warm-up), only on a cache miss
 
-    def both_routings(backend: str) -> None:  # see autoselect: the caller's routing and a skewed one
-        if not skewed:
-            from moetrain.kernels.timing import skewed_offs
+    def skewed():  # see autoselect: the caller's routing and a skewed one of the same rows
+        from moetrain.kernels.timing import skewed_offs
 
-            skewed.append(skewed_offs(a.shape[0], groups, 0, a.device))
-        _run_op(op, backend, a, b, offs)
-        _run_op(op, backend, a, b, skewed[0])
+        return (skewed_offs(a.shape[0], groups, 0, a.device),)
 
+    both_routings = autoselect.on_both(lambda backend, o: _run_op(op, backend, a, b, o), (offs,), skewed)
     name = autoselect.choose(f"grouped_gemm_{op}", a, n, k, a.shape[0], groups, both_routings)
     return _run_op(op, name, a, b, offs)
 

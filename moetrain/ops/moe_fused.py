@@ -68,16 +68,13 @@ def _on_both_token_orders(token_of_row, inverse, topk: int, run_one):
     first timed call only). A gather through token_of_row is fast where a token's K rows are read close together in
     time (L2 hits), as on the benchmarks' round-robin balanced routing, and slower on a trained router's; timed on
     the caller's first routing alone, auto picked the gathers for that reason (Qwen3, bench/NOTES.md session 17)."""
-    relabeled = []
 
-    def run(name: str):
-        if not relabeled:
-            from moetrain.kernels.timing import relabeled_tokens
+    def relabeled():
+        from moetrain.kernels.timing import relabeled_tokens
 
-            relabeled.append(relabeled_tokens(token_of_row, inverse, topk))
-        run_one(name, token_of_row, inverse)
-        return run_one(name, *relabeled[0])
-    return run
+        return relabeled_tokens(token_of_row, inverse, topk)
+
+    return autoselect.on_both(run_one, (token_of_row, inverse), relabeled)
 
 
 class GatherFC1(torch.autograd.Function):

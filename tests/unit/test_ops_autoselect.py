@@ -276,6 +276,16 @@ def test_relabeled_tokens_keep_the_routing_and_move_its_tokens():
     assert torch.equal(rows, relabeled_tokens(token_of_row, inverse, K)[0])  # fixed per seed
 
 
+def test_on_both_times_the_callers_input_then_the_other_made_once():
+    # the measurement closure of the grouped GEMMs (a skewed routing) and the fused path (relabeled tokens)
+    made, calls = [], []
+    run = autoselect.on_both(lambda name, v: calls.append((name, v)) or v, ("own",),
+                             lambda: made.append(1) or ("other",))
+    assert made == []  # nothing made until a candidate is timed (a cached answer needs none)
+    assert run("a") == "other" and run("b") == "other"
+    assert calls == [("a", "own"), ("a", "other"), ("b", "own"), ("b", "other")] and made == [1]
+
+
 def test_skewed_offs_cover_every_row_unevenly():
     # the skewed routing auto times the grouped GEMMs on besides the caller's
     from moetrain.kernels.timing import skewed_offs
