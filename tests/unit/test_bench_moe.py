@@ -118,6 +118,7 @@ def test_host_ahead_rows_are_divided_by_the_host_ahead_floor_and_reference():
     assert rows[f"{ml.FLOOR}, host ahead"]["vs_gemms"] == 1.0
     assert all(rows[name]["peak_gib"] != rows[name]["peak_gib"] for name in (ml.FLOOR, f"{ml.FLOOR}, host ahead"))
     assert rows["ours (auto)"]["peak_gib"] == 1.0 and rows["ours (auto)"]["reps_ms"] == [10.0, 10.1]
+    assert rows["ours (auto), host ahead"]["vs_gemms_paired"] == pytest.approx((9 / 6 + 9.1 / 6.1) / 2)
     # without host-ahead twins every row is divided by the plain floor and reference
     del timed["reference eager, host ahead"], timed[f"{ml.FLOOR}, host ahead"]
     rows = {r["contender"]: r for r in ml.table_rows(s, "balanced", timed, dict.fromkeys(timed, 0.0), {})}
@@ -163,3 +164,14 @@ def test_layer_ab_scripts_share_their_options_with_their_own_defaults():
     assert ap.parse_args(["--routing", "skewed", "--reps", "3"]).reps == 3
     with pytest.raises(SystemExit):
         ap.parse_args(["--routing", "odd"])
+
+
+def test_the_paired_ratio_takes_each_round_against_the_same_rounds_floor():
+    from moetrain.bench.moe_layer import paired_ratio
+
+    # the machine slows down over the rounds: every round ours is 1.02x the floor, while the ratio of the medians says 0.68
+    ours, floor = [10.2, 10.2, 15.3], [10.0, 15.0, 15.0]
+    assert paired_ratio(ours, floor) == pytest.approx(1.02)
+    assert sorted(ours)[1] / sorted(floor)[1] == pytest.approx(0.68)
+    with pytest.raises(ValueError):
+        paired_ratio([1.0], [1.0, 2.0])
