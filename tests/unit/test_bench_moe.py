@@ -169,7 +169,7 @@ def test_layer_ab_scripts_share_their_options_with_their_own_defaults():
 def test_the_paired_ratio_takes_each_round_against_the_same_rounds_floor():
     from moetrain.bench.moe_layer import paired_ratio
 
-    # the machine slows down over the rounds: every round ours is 1.02x the floor, while the ratio of the medians says 0.68
+    # the machine slows down over the rounds: every round ours is 1.02x the floor, the ratio of the medians 0.68
     ours, floor = [10.2, 10.2, 15.3], [10.0, 15.0, 15.0]
     assert paired_ratio(ours, floor) == pytest.approx(1.02)
     assert sorted(ours)[1] / sorted(floor)[1] == pytest.approx(0.68)
