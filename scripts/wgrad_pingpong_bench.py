@@ -4,6 +4,7 @@ torch._grouped_mm, on the same routed rows, in turns; outputs checked against to
 
     python scripts/wgrad_pingpong_bench.py [--shapes dsv3,qwen3,dsv3-ep8] [--routing balanced,skewed] [--rounds 5]
     python scripts/wgrad_pingpong_bench.py --shapes dsv3 --layers fc1 --routing balanced --groups 64 --profile
+    python scripts/wgrad_pingpong_bench.py --shapes dsv3 --routing uniform:16,balanced,skewed --fill
 
 Prints one row per (shape, layer, routing): ms and TFLOP/s of each, and the tuned pick's time over the best variant's.
 --groups keeps the shape's rows per expert with fewer experts (a smaller dw for a profiler's replays). --profile:
@@ -33,7 +34,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="dsv3,qwen3,dsv3-ep8")
     ap.add_argument("--routing", default="balanced,skewed",
                     help="balanced, skewed (Dirichlet 0.3 shares: kernels.timing.skewed_offs), layer-skewed (bench "
-                         "moe's skewed routing of the same shape: K distinct experts per token)")
+                         "moe's skewed routing of the same shape: K distinct experts per token), uniform:R (every "
+                         "group R rows: R = 16 makes every tile one store-bound step)")
+    ap.add_argument("--fill", action="store_true",
+                    help="also time dw.zero_() on a buffer of dw's size: the store floor of a weight gradient")
     ap.add_argument("--layers", default="fc1,fc2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--groups", type=int, default=None, help="experts (rows per expert kept)")
@@ -63,12 +67,15 @@ def main(argv=None) -> int:
                              f" 128x128/s4/g8/c2, 128x128/s4/g8/mix; cohorts one of {wp.COHORT_CHOICES})") from None
         if args.gather and (tn, tk) != (128, 128):
             raise SystemExit(f"--variants: {v!r}: gathered rows need 128x128 tiles")
-    bad = [r for r in args.routing.split(",") if r not in ("balanced", "skewed", "layer-skewed")]
+    bad = [r for r in args.routing.split(",") if r not in ("balanced", "skewed", "layer-skewed")
+           and not (r.startswith("uniform:") and r.removeprefix("uniform:").isdigit())]
     if bad or ("layer-skewed" in args.routing and args.groups):
-        raise SystemExit(f"--routing: {args.routing!r}: balanced, skewed or layer-skewed (not with --groups)")
+        raise SystemExit(f"--routing: {args.routing!r}: balanced, skewed, layer-skewed (not with --groups) or "
+                         "uniform:R")
     shapes = sweep.script_shapes(args.shapes)
     sweep.require_cuda("scripts/wgrad_pingpong_bench.py")
     extra = ("triton gather", "pingpong copy") if args.gather else ()
+    extra += ("dw fill",) if args.fill else ()
     print(f"{'shape':10s} {'layer':5s} {'routing':8s} "
           + " ".join(f"{c:>17s}" for c in ("torch", "tuned", *extra, *variants)) + "  tuned/best variant",
           flush=True)
@@ -87,6 +94,9 @@ def main(argv=None) -> int:
             for routing in args.routing.split(","):
                 if routing == "layer-skewed":
                     offs = moe_layer.routed_offs(moe_layer.SHAPES[LAYER_SHAPES[shape]], "skewed", torch.device("cuda"))
+                elif routing.startswith("uniform:"):  # the rows past g * R belong to no group
+                    per_group = min(int(routing.removeprefix("uniform:")), m // g)
+                    offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * per_group
                 else:
                     offs = sweep.group_ends(m, g, routing)
                 if args.gather:
@@ -102,11 +112,14 @@ def main(argv=None) -> int:
                     for v, kw in variants.items():
                         runs[v] = lambda kw=kw: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, **kw)
                 want = runs["torch"]()
-                for name in list(runs)[1:]:
+                for name in list(runs)[1:]:  # (before "dw fill" joins: it computes nothing)
                     err = sweep.rel_err(runs[name](), want)
                     if not err < sweep.BOUND:
                         raise SystemExit(f"{shape} {layer} {routing}: {name} disagrees with torch (rel err {err:.2e})")
-                want = None
+                if args.fill:
+                    runs["dw fill"] = want.zero_  # torch's output as the buffer: dw's size
+                else:
+                    want = None
                 if args.profile:
                     profiled_once(*runs.values())
                     print(f"{shape:10s} {layer:5s} {routing:8s} profiled (M={m} G={g} N={n} K={k})", flush=True)
@@ -114,10 +127,14 @@ def main(argv=None) -> int:
                 med, failed = in_turns(list(runs), lambda name: median_ms(runs[name], warmup=2, reps=10), args.rounds)
                 if failed:
                     raise next(iter(failed.values()))
-                flops = 2.0 * m * n * k
-                cells = " ".join(f"{med[c]:7.3f} {flops / med[c] / 1e9:5.0f} TF/s" for c in runs)
+                flops = 2.0 * int(offs[-1]) * n * k  # the grouped rows' MMAs (uniform:R leaves rows out)
+                dw_bytes = 2.0 * g * n * k
+                cells = " ".join(f"{med[c]:7.3f} {flops / med[c] / 1e9:5.0f} TF/s" if c != "dw fill" else
+                                 f"{med[c]:7.3f} {dw_bytes / med[c] / 1e9:5.0f} GB/s" for c in runs)
                 best = min(med[v] for v in variants)
-                print(f"{shape:10s} {layer:5s} {routing:8s} {cells}  {med['tuned'] / best:6.3f}x", flush=True)
+                print(f"{shape:10s} {layer:5s} {routing:8s} {cells}  {med['tuned'] / best:6.3f}x  (dw "
+                      f"{dw_bytes / 1e9:.2f} GB: {dw_bytes / best / 1e9:.0f} GB/s by the best variant)", flush=True)
+                want = None
     return 0
 
 
