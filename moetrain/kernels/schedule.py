@@ -30,3 +30,16 @@ def skew_schedule(offs: torch.Tensor, step_rows: int = STEP_ROWS) -> torch.Tenso
     order = torch.argsort(rows, descending=True, stable=True).to(torch.int32)
     skewed = ((rows < step_rows).sum() * SKEWED_SHARE >= offs.numel()).to(torch.int32).reshape(1)
     return torch.cat([order, skewed])
+
+
+def interleave_schedule(offs: torch.Tensor, light_rows: int = STEP_ROWS) -> torch.Tensor:
+    """The INTERLEAVE schedule of the ping-pong weight gradient (wgrad_pingpong._tile) for offs [G] int32: [G + 1]
+    int32 on offs' device, made without a host sync: the groups with more than ``light_rows`` rows in their own order,
+    then the others ("light": their dw tiles take one or two reduction steps and are bound by their stores), then the
+    number of heavy groups. Each program then deals its own heavy and light tiles in proportion, so that light
+    tiles' stores run under heavy tiles' MMAs, while every program stays on the same heavy group as the others
+    (the L2 sharing the plain schedule has and "mix" lost)."""
+    rows = torch.diff(offs, prepend=offs.new_zeros(1))
+    light = rows <= light_rows
+    order = torch.argsort(light.to(torch.int8), stable=True).to(torch.int32)
+    return torch.cat([order, (~light).sum().to(torch.int32).reshape(1)])
