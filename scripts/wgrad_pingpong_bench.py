@@ -139,6 +139,10 @@ def main(argv=None) -> int:
                 print(f"{shape:10s} {layer:5s} {routing:8s} {cells}  {med['tuned'] / best:6.3f}x  (dw "
                       f"{dw_bytes / 1e9:.2f} GB: {dw_bytes / best / 1e6:.0f} GB/s by the best variant)", flush=True)
                 want = None
+    from moetrain.kernels.grouped_gemm_tuning import tuned_configs
+
+    for key, cfg in sorted(tuned_configs().items(), key=str):  # what "tuned" ran with
+        print(f"tuned {'|'.join(str(k) for k in key)}: {cfg}", flush=True)
     return 0
 
 

@@ -50,6 +50,7 @@ BLOCK_K = 128  # dw tile columns (over K), by default
 TILES = ((128, 128), (64, 256))  # a consumer's dw tile: its fp32 accumulator is 128 registers per thread either way
 BLOCK_R = 64  # reduction step: grouped rows per stage
 COHORT_CHOICES = (1, 2, 4)  # _tile's cohorts of programs
+INTERLEAVE_MAX_TILES = 46340  # tiles per program under INTERLEAVE: _tile's products of two tile counts stay in int32
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (setmaxnreg)
 CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup (a 128x128 fp32 accumulator: 128)
 # With x's rows gathered, a fourth warpgroup copies them (cp.async): the register file (512 per thread summed over
@@ -83,15 +84,16 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
     heavy and light in proportion (Bresenham), so that every program's light tiles (one store-bound step) are spread
     over the kernel under the heavy tiles' MMAs, while all programs stay in step on the heavy groups."""
     per_group = tiles_n * tiles_k
-    if INTERLEAVE:
+    if INTERLEAVE:  # (int32: the wrapper keeps a program's tile count under 46341, so count * count fits)
         pid = gl.program_id(0)
         count = (total - pid + NUM_PROGS - 1) // NUM_PROGS  # this program's tiles
-        heavy_tiles = gl.load(sched_ptr + total // per_group) * per_group
-        mine_heavy = ((heavy_tiles - pid + NUM_PROGS - 1) // NUM_PROGS).to(gl.int64)  # its first ones in the order
-        j = ((tile - pid) // NUM_PROGS).to(gl.int64)
+        groups = total // per_group
+        heavy_tiles = gl.load(sched_ptr + 3 * groups) * per_group
+        mine_heavy = (heavy_tiles - pid + NUM_PROGS - 1) // NUM_PROGS  # its first tiles in the order
+        j = (tile - pid) // NUM_PROGS
         before = j * mine_heavy // count  # heavy tiles dealt before its j-th
         heavy = (j + 1) * mine_heavy // count > before
-        tile = (pid + gl.where(heavy, before, mine_heavy + j - before) * NUM_PROGS).to(gl.int32)
+        tile = pid + gl.where(heavy, before, mine_heavy + j - before) * NUM_PROGS
     if COHORTS > 1:
         pid = gl.program_id(0)
         count = (total - pid + NUM_PROGS - 1) // NUM_PROGS  # this program's tiles
@@ -111,7 +113,7 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
     slot = tile // per_group
     local = tile - slot * per_group
     g = slot
-    if MIX or INTERLEAVE:
+    if MIX:
         g = gl.load(sched_ptr + slot)
     band = GROUP_N * tiles_k
     first_n = (local // band) * GROUP_N
@@ -119,9 +121,14 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
     in_band = local - (local // band) * band
     n0 = (first_n + in_band % band_rows) * TN
     k0 = (in_band // band_rows) * TK
-    row_end = gl.load(offs_ptr + g)
-    row0 = gl.load(offs_ptr + gl.maximum(g - 1, 0))
-    row0 = gl.where(g > 0, row0, 0)
+    if INTERLEAVE:  # the slot's group and its rows, three loads side by side
+        g = gl.load(sched_ptr + slot)
+        row0 = gl.load(sched_ptr + groups + slot)
+        row_end = gl.load(sched_ptr + 2 * groups + slot)
+    else:
+        row_end = gl.load(offs_ptr + g)
+        row0 = gl.load(offs_ptr + gl.maximum(g - 1, 0))
+        row0 = gl.where(g > 0, row0, 0)
     row0 = gl.minimum(gl.maximum(row0, 0), M)
     row_end = gl.maximum(gl.minimum(row_end, M), row0)
     steps = gl.maximum((row_end - row0 + BR - 1) // BR, 1)
@@ -235,7 +242,8 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
                            MIX: gl.constexpr, INTERLEAVE: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr,
                            num_warps: gl.constexpr):
     """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused).
-    MIX: sched_ptr [G + 1] int32 (schedule.skew_schedule); INTERLEAVE: (schedule.interleave_schedule); else unused."""
+    MIX: sched_ptr [G + 1] int32 (schedule.skew_schedule); INTERLEAVE: [3G + 1] (schedule.interleave_schedule); else
+    unused."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
     TK: gl.constexpr = dw_desc.block_type.shape[2]
     BR: gl.constexpr = dy_desc.block_type.shape[2]
@@ -340,6 +348,9 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     dw_desc = descriptor(out, [G, N, K], [N * K, K, 1], dw_block)
     total = G * cdiv(N, tn) * cdiv(K, tk)
     nprog = max(1, min(num_programs or cuda_device.sm_count(dy.device), total))
+    if interleave and cdiv(total, nprog) > INTERLEAVE_MAX_TILES:
+        raise ValueError(f"grouped_gemm_wgrad_pingpong: interleave deals at most {INTERLEAVE_MAX_TILES} tiles per "
+                         f"program (int32 products); this GEMM has {cdiv(total, nprog)}")
     dy_desc = ragged_desc(dy, [BLOCK_R, tn])
     if gather:
         gather_rows = gather_rows.to(torch.int32).contiguous()
