@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import sweep_grouped_gemm as sweep
     from moetrain.kernels import wgrad_pingpong as wp
-    from moetrain.kernels.timing import in_turns, median_ms, profiled_once
+    from moetrain.kernels.timing import in_turns, median_ms, profiled_once, queued_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,dsv3-ep8")
@@ -36,6 +36,10 @@ def main(argv=None) -> int:
                     help="balanced, skewed (Dirichlet 0.3 shares: kernels.timing.skewed_offs), layer-skewed (bench "
                          "moe's skewed routing of the same shape: K distinct experts per token), uniform:R (every "
                          "group R rows: R = 16 makes every tile one store-bound step)")
+    ap.add_argument("--queued", action="store_true",
+                    help="time 10 calls back to back (kernels.timing.queued_ms), as a layer's kernels run, instead of "
+                         "each call from an idle GPU: the host's launch work (a schedule's torch ops: ~0.3-0.5 ms, "
+                         "session 18) is hidden, as in a layer")
     ap.add_argument("--fill", action="store_true",
                     help="also time dw.zero_() on a buffer of dw's size: the store floor of a weight gradient")
     ap.add_argument("--layers", default="fc1,fc2")
@@ -128,7 +132,13 @@ def main(argv=None) -> int:
                     profiled_once(*runs.values())
                     print(f"{shape:10s} {layer:5s} {routing:8s} profiled (M={m} G={g} N={n} K={k})", flush=True)
                     continue
-                med, failed = in_turns(list(runs), lambda name: median_ms(runs[name], warmup=2, reps=10), args.rounds)
+                if args.queued:
+                    def time_one(name):
+                        return queued_ms(runs[name], reps=10, warmup=2)
+                else:
+                    def time_one(name):
+                        return median_ms(runs[name], warmup=2, reps=10)
+                med, failed = in_turns(list(runs), time_one, args.rounds)
                 if failed:
                     raise next(iter(failed.values()))
                 flops = 2.0 * int(offs[-1]) * n * k  # the grouped rows' MMAs (uniform:R leaves rows out)
