@@ -30,18 +30,3 @@ def skew_schedule(offs: torch.Tensor, step_rows: int = STEP_ROWS) -> torch.Tenso
     order = torch.argsort(rows, descending=True, stable=True).to(torch.int32)
     skewed = ((rows < step_rows).sum() * SKEWED_SHARE >= offs.numel()).to(torch.int32).reshape(1)
     return torch.cat([order, skewed])
-
-
-def interleave_schedule(offs: torch.Tensor, light_rows: int = STEP_ROWS) -> torch.Tensor:
-    """The INTERLEAVE schedule of the ping-pong weight gradient (wgrad_pingpong._tile) for offs [G] int32: [3G + 1]
-    int32 on offs' device, made without a host sync: the groups with more than ``light_rows`` rows in their own order,
-    then the others ("light": their dw tiles take one or two reduction steps and are bound by their stores); each
-    slot's first row and row end in that order (the kernel reads a tile's group and rows with independent loads,
-    not a group index and then offs); then the number of heavy groups. Each program then deals its own heavy and light
-    tiles in proportion, so that light tiles' stores run under heavy tiles' MMAs, while every program stays on the
-    same heavy group as the others (the L2 sharing the plain schedule has and "mix" lost)."""
-    ends = offs.to(torch.int32)
-    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-    light = ends - starts <= light_rows
-    order = torch.argsort(light.to(torch.int8), stable=True)
-    return torch.cat([order.to(torch.int32), starts[order], ends[order], (~light).sum().to(torch.int32).reshape(1)])

@@ -43,14 +43,13 @@ from moetrain.kernels import cuda_device
 from moetrain.kernels.gluon_descs import aot_type, descriptor, ragged_desc
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
 from moetrain.kernels.host import cdiv
-from moetrain.kernels.schedule import interleave_schedule, skew_schedule
+from moetrain.kernels.schedule import skew_schedule
 
 BLOCK_N = 128  # dw tile rows (over N), by default
 BLOCK_K = 128  # dw tile columns (over K), by default
 TILES = ((128, 128), (64, 256))  # a consumer's dw tile: its fp32 accumulator is 128 registers per thread either way
 BLOCK_R = 64  # reduction step: grouped rows per stage
 COHORT_CHOICES = (1, 2, 4)  # _tile's cohorts of programs
-INTERLEAVE_MAX_TILES = 46340  # tiles per program under INTERLEAVE: _tile's products of two tile counts stay in int32
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (setmaxnreg)
 CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup (a 128x128 fp32 accumulator: 128)
 # With x's rows gathered, a fourth warpgroup copies them (cp.async): the register file (512 per thread summed over
@@ -63,8 +62,7 @@ GATHERER_WARPS = gl.constexpr(4)
 
 @gluon.jit
 def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr,
-          BR: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr,
-          INTERLEAVE: gl.constexpr):
+          BR: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr):
     """(group, first dw row n0, first dw column k0, the group's first row, its row end, reduction steps) of the
     program's tile ``tile`` (tile = program_id + j * NUM_PROGS: its j-th).
     Tiles are group-major; inside a group, bands of GROUP_N dw row tiles, column-major inside a band, so that the
@@ -78,28 +76,14 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
     set (the routing is skewed), the second half of the programs walks its tiles backwards (light groups'
     store-bound tiles under heavy groups' MMA-bound ones, from the start) and odd rounds of tiles are dealt in
     reverse program order (each program gets as much work). Unset (near-balanced routing): every
-    program in step, as without MIX, so the programs at work at once share one group's operands in L2.
-    INTERLEAVE: the groups in the order sched_ptr[0:G] (heavy ones first, then the light: schedule.interleave_schedule,
-    sched_ptr[G] heavy groups). A program's tiles are those of the plain schedule over that order; it deals them
-    heavy and light in proportion (Bresenham), so that every program's light tiles (one store-bound step) are spread
-    over the kernel under the heavy tiles' MMAs, while all programs stay in step on the heavy groups."""
-    per_group = tiles_n * tiles_k
-    if INTERLEAVE:  # (int32: the wrapper keeps a program's tile count under 46341, so count * count fits)
-        pid = gl.program_id(0)
-        count = (total - pid + NUM_PROGS - 1) // NUM_PROGS  # this program's tiles
-        groups = total // per_group
-        heavy_tiles = gl.load(sched_ptr + 3 * groups) * per_group
-        mine_heavy = (heavy_tiles - pid + NUM_PROGS - 1) // NUM_PROGS  # its first tiles in the order
-        j = (tile - pid) // NUM_PROGS
-        before = j * mine_heavy // count  # heavy tiles dealt before its j-th
-        heavy = (j + 1) * mine_heavy // count > before
-        tile = pid + gl.where(heavy, before, mine_heavy + j - before) * NUM_PROGS
+    program in step, as without MIX, so the programs at work at once share one group's operands in L2."""
     if COHORTS > 1:
         pid = gl.program_id(0)
         count = (total - pid + NUM_PROGS - 1) // NUM_PROGS  # this program's tiles
         cohort = pid * COHORTS // NUM_PROGS
         j = ((tile - pid) // NUM_PROGS + cohort * (count // COHORTS)) % count
         tile = pid + j * NUM_PROGS
+    per_group = tiles_n * tiles_k
     if MIX:
         pid = gl.program_id(0)
         count = (total - pid + NUM_PROGS - 1) // NUM_PROGS
@@ -121,14 +105,9 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
     in_band = local - (local // band) * band
     n0 = (first_n + in_band % band_rows) * TN
     k0 = (in_band // band_rows) * TK
-    if INTERLEAVE:  # the slot's group and its rows, three loads side by side
-        g = gl.load(sched_ptr + slot)
-        row0 = gl.load(sched_ptr + groups + slot)
-        row_end = gl.load(sched_ptr + 2 * groups + slot)
-    else:
-        row_end = gl.load(offs_ptr + g)
-        row0 = gl.load(offs_ptr + gl.maximum(g - 1, 0))
-        row0 = gl.where(g > 0, row0, 0)
+    row_end = gl.load(offs_ptr + g)
+    row0 = gl.load(offs_ptr + gl.maximum(g - 1, 0))
+    row0 = gl.where(g > 0, row0, 0)
     row0 = gl.minimum(gl.maximum(row0, 0), M)
     row_end = gl.maximum(gl.minimum(row_end, M), row0)
     steps = gl.maximum((row_end - row0 + BR - 1) // BR, 1)
@@ -138,14 +117,13 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
 @gluon.jit
 def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total,
               NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr,
-              COHORTS: gl.constexpr, MIX: gl.constexpr, INTERLEAVE: gl.constexpr, RAGGED: gl.constexpr,
-              GATHER: gl.constexpr):
+              COHORTS: gl.constexpr, MIX: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr):
     """TMA loads of each step's dy block, and of its x block unless GATHER (then _gatherer copies x's rows)."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     it = 0
     for tile in range(gl.program_id(0), total, NUM_PROGS):
-        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS,
-                                                TN, TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE)
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
+                                                TK, BR, GROUP_N, COHORTS, MIX)
         for step in range(steps):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: the ring starts empty
@@ -164,7 +142,7 @@ def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_pt
 @gluon.jit
 def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n, tiles_k, total,
               NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr,
-              COHORTS: gl.constexpr, MIX: gl.constexpr, INTERLEAVE: gl.constexpr):
+              COHORTS: gl.constexpr, MIX: gl.constexpr):
     """GATHER: copies each step's x block, rows x[gather[r]] for the step's grouped rows r, with cp.async (Hopper's
     TMA cannot gather rows). Every thread arrives on ready_x once its own copies have landed (count: all threads);
     rows past the group's end are zero-filled (they meet dy's zero rows). K must be a multiple of TK."""
@@ -177,7 +155,7 @@ def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M,
     it = 0
     for tile in range(gl.program_id(0), total, NUM_PROGS):
         g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
-                                                TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE)
+                                                TK, BR, GROUP_N, COHORTS, MIX)
         # 16-byte runs, one cp.async each; no column mask (it would split the copies into 2-byte ones): the
         # wrapper asks K to be a multiple of TK
         k_cols = gl.max_contiguous(gl.multiple_of(k0 + cols, 8), 8)
@@ -197,8 +175,7 @@ def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M,
 @gluon.jit
 def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M, tiles_n,
               tiles_k, total, NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
-              GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, INTERLEAVE: gl.constexpr,
-              GATHER: gl.constexpr):
+              GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, GATHER: gl.constexpr):
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
     out = out_bufs.index(ROLE).reshape([TN, TK])
@@ -207,7 +184,7 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
     turn_phase = 1 - ROLE  # warpgroup 0 goes first (a fresh barrier passes phase 1); 1 waits for 0's first turn
     for tile in range(gl.program_id(0), total, NUM_PROGS):
         g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
-                                                TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE)
+                                                TK, BR, GROUP_N, COHORTS, MIX)
         if j % 2 == ROLE:
             mbarrier.wait(turn.index(ROLE), turn_phase)
             turn_phase ^= 1
@@ -239,11 +216,9 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
 @gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
 def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr, sched_ptr, M, N, K, G, stride_xm,
                            NUM_PROGS, STAGES: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr,
-                           MIX: gl.constexpr, INTERLEAVE: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           MIX: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr, num_warps: gl.constexpr):
     """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused).
-    MIX: sched_ptr [G + 1] int32 (schedule.skew_schedule); INTERLEAVE: [3G + 1] (schedule.interleave_schedule); else
-    unused."""
+    MIX: sched_ptr [G + 1] int32 (schedule.skew_schedule); else unused."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
     TK: gl.constexpr = dw_desc.block_type.shape[2]
     BR: gl.constexpr = dy_desc.block_type.shape[2]
@@ -272,22 +247,22 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     if GATHER:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE, GATHER)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE, GATHER)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
-                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE, RAGGED, GATHER)),
+                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, RAGGED, GATHER)),
             (_gatherer, (x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n,
-                         tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE)),
+                         tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX)),
         ], [4, 1, GATHERER_WARPS], [GATHER_CONSUMER_REGS, GATHER_PRODUCER_REGS, GATHERER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE, GATHER)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE, GATHER)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
-                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, INTERLEAVE, RAGGED, GATHER)),
+                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, RAGGED, GATHER)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -300,8 +275,7 @@ def _maxnreg(gather: bool) -> int:
 def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, stages: int = 4,
                                 group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
                                 gather_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                                num_programs: int | None = None, cohorts: int = 1, mix: bool = False,
-                                interleave: int = 0) -> torch.Tensor:
+                                num_programs: int | None = None, cohorts: int = 1, mix: bool = False) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
@@ -309,8 +283,6 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     operand is x[gather_rows[r]], with x [T, K] the token rows, copied by a fourth warpgroup (cp.async).
     ``cohorts``: groups of programs that start at different points of the tile order (_tile; 1: all together).
     ``mix``: groups heaviest first, half the programs walking backwards when the routing is skewed (_tile, MIX).
-    ``interleave``: > 0 deals each program's tiles of groups with at most this many rows among its others (_tile,
-    INTERLEAVE; 0: off).
     Called by grouped_gemm_wgrad for the "pingpong" configs."""
     gather = gather_rows is not None
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
@@ -323,10 +295,8 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         raise ValueError(f"grouped_gemm_wgrad_pingpong: tile {tile} is not one of {TILES} (gathered rows: (128, 128))")
     if cohorts not in COHORT_CHOICES:
         raise ValueError(f"grouped_gemm_wgrad_pingpong: cohorts={cohorts} is not one of {COHORT_CHOICES}")
-    if (cohorts != 1) + mix + (interleave > 0) > 1:
-        raise ValueError("grouped_gemm_wgrad_pingpong: cohorts, mix and interleave are schedules; choose one")
-    if interleave < 0:
-        raise ValueError(f"grouped_gemm_wgrad_pingpong: interleave={interleave} rows must be >= 0 (0: off)")
+    if mix and cohorts != 1:
+        raise ValueError("grouped_gemm_wgrad_pingpong: mix and cohorts are two schedules; choose one")
     if cuda_device.capability_major(dy.device) != 9:
         raise ValueError("grouped_gemm_wgrad_pingpong: Hopper (sm_90) only")
     dy, x = dy.contiguous(), x.contiguous()
@@ -348,9 +318,6 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     dw_desc = descriptor(out, [G, N, K], [N * K, K, 1], dw_block)
     total = G * cdiv(N, tn) * cdiv(K, tk)
     nprog = max(1, min(num_programs or cuda_device.sm_count(dy.device), total))
-    if interleave and cdiv(total, nprog) > INTERLEAVE_MAX_TILES:
-        raise ValueError(f"grouped_gemm_wgrad_pingpong: interleave deals at most {INTERLEAVE_MAX_TILES} tiles per "
-                         f"program (int32 products); this GEMM has {cdiv(total, nprog)}")
     dy_desc = ragged_desc(dy, [BLOCK_R, tn])
     if gather:
         gather_rows = gather_rows.to(torch.int32).contiguous()
@@ -358,17 +325,16 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     else:
         x_desc, gather_arg = ragged_desc(x, [BLOCK_R, tk]), offs  # gather_ptr unused
     with cuda_device.on_device(dy.device):
-        sched = skew_schedule(offs) if mix else interleave_schedule(offs, interleave) if interleave else offs
+        sched = skew_schedule(offs) if mix else offs  # (unused without MIX)
         _wgrad_pingpong_kernel[(nprog,)](
             dy_desc, x_desc, x, gather_arg, dw_desc, offs, sched, M, N, K, G, x.stride(0), nprog, STAGES=stages,
-            GROUP_N=group_n, COHORTS=cohorts, MIX=mix, INTERLEAVE=interleave > 0, RAGGED=RAGGED_ROWS, GATHER=gather,
-            num_warps=4,
+            GROUP_N=group_n, COHORTS=cohorts, MIX=mix, RAGGED=RAGGED_ROWS, GATHER=gather, num_warps=4,
             maxnreg=_maxnreg(gather))
     return out
 
 
 def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90,
-                gather: bool = False, cohorts: int = 1, mix: bool = False, interleave: bool = False):
+                gather: bool = False, cohorts: int = 1, mix: bool = False):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel."""
     from triton.backends.compiler import GPUTarget
@@ -379,15 +345,13 @@ def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOC
     sig = {"dy_desc": dy_desc, "x_desc": dy_desc if gather else aot_type([1, 1, BLOCK_R, tk]), "x_ptr": "*bf16",
            "gather_ptr": "*i32", "dw_desc": aot_type([1, tn, tk]), "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
            "N": "i32", "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
-           "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "INTERLEAVE": "constexpr",
-           "RAGGED": "constexpr",
+           "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "RAGGED": "constexpr",
            "GATHER": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     aligned = ["x_ptr", "gather_ptr", "offs_ptr", "sched_ptr", "stride_xm"]
     src = GluonASTSource(_wgrad_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_N": group_n, "COHORTS": cohorts, "MIX": mix,
-                                     "INTERLEAVE": interleave, "RAGGED": RAGGED_ROWS, "GATHER": gather,
-                                     "num_warps": 4},
+                                     "RAGGED": RAGGED_ROWS, "GATHER": gather, "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": 4, "maxnreg": _maxnreg(gather)})

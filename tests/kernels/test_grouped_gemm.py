@@ -201,23 +201,6 @@ def test_skew_schedule_orders_groups_and_flags_skew_without_a_sync():
     assert SKEWED_SHARE == 8 and (flag(1), flag(2), flag(3)) == (0, 1, 1)  # 1/8 of 16 groups is 2
 
 
-def test_interleave_schedule_puts_heavy_groups_first_and_counts_them_without_a_sync():
-    # the ping-pong weight gradient's "interleave" schedule: groups over light_rows rows in their order, then the
-    # light ones (empty groups too) in theirs; each slot's first row and row end; then how many are heavy
-    from moetrain.kernels.schedule import interleave_schedule
-
-    rows = [300, 0, 5, 900, 64, 65, 300, 2000]
-    ends = torch.cumsum(torch.tensor(rows), 0).to(torch.int32)
-    sched = interleave_schedule(ends, 64)
-    order = [0, 3, 5, 6, 7, 1, 2, 4]
-    starts = [0] + ends[:-1].tolist()
-    assert sched.dtype == torch.int32 and sched.tolist() == (order + [starts[g] for g in order]
-                                                            + [ends[g].item() for g in order] + [5])
-    balanced = torch.arange(1, 5, dtype=torch.int32) * 256
-    assert interleave_schedule(balanced, 64).tolist() == [0, 1, 2, 3] + [0, 256, 512, 768] + [256, 512, 768, 1024] + [4]
-    assert interleave_schedule(balanced, 256).tolist()[-1] == 0
-
-
 MIX_CASES = [
     # skewed (3 of 6 groups under 64 rows: the flag set, half the programs walk backwards), trailing rows
     ("skewed", [150, 150, 160, 230, 231, 240], 250),
