@@ -173,93 +173,50 @@ def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M,
 
 
 @gluon.jit
-def _own_tile(dw_desc, dy_bufs, x_bufs, out, out_buf, ready, ready_x, empty, turn, turn_phase, it, g, n0, k0, steps,
-              ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GATHER: gl.constexpr):
-    """One of this warpgroup's dw tiles: wait for its turn at the tensor cores, the MMAs of ``steps`` reduction steps
-    from ring position ``it``, hand the turn over, then the epilogue (shared store, TMA store). Returns the next
-    turn phase."""
-    STAGES: gl.constexpr = dy_bufs.type.shape[0]
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
-    mbarrier.wait(turn.index(ROLE), turn_phase)
-    acc = gl.zeros((TN, TK), dtype=gl.float32, layout=acc_layout)
-    for step in range(steps):
-        s = (it + step) % STAGES
-        mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
-        if GATHER:
-            mbarrier.wait(ready_x.index(s), ((it + step) // STAGES) & 1)
-            fence_async_shared()  # cp.async wrote x's rows through the generic proxy; wgmma reads the async one
-        a = dy_bufs.index(s).reshape([BR, TN]).permute((1, 0))  # dy_g^T block [TN, BR]
-        b = x_bufs.index(s).reshape([BR, TK])  # x_g block [BR, TK]
-        acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-        if step > 0:  # the previous step's MMA is done: its stage can be refilled
-            mbarrier.arrive(empty.index((it + step - 1) % STAGES), count=1)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    mbarrier.arrive(empty.index((it + steps - 1) % STAGES), count=1)
-    mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
-    tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffer
-    out.store(acc.to(dw_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dw_desc, [g, n0, k0], out_buf)
-    return turn_phase ^ 1
-
-
-@gluon.jit
 def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M, tiles_n,
               tiles_k, total, NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
-              GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, GATHER: gl.constexpr,
-              PREFETCH: gl.constexpr):
-    """Warpgroup ROLE's dw tiles: the program's tiles j with j % 2 == ROLE; the others' reduction steps advance the
-    ring position. PREFETCH: the next own tile's group, rows and steps (and the steps of the other warpgroup's tile
-    after it) are read before this tile's turn, while the other warpgroup's MMAs run; without it they are read after
-    this tile's epilogue, between the other warpgroup's turn and ours."""
+              GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, GATHER: gl.constexpr):
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
     out = out_bufs.index(ROLE).reshape([TN, TK])
-    out_buf = out_bufs.index(ROLE)
+    it = 0
+    j = 0
     turn_phase = 1 - ROLE  # warpgroup 0 goes first (a fresh barrier passes phase 1); 1 waits for 0's first turn
-    if PREFETCH:
-        pid = gl.program_id(0)
-        last = total - 1
-        it = 0
-        if ROLE == 1:  # the program's first tile is warpgroup 0's
-            it = _tile(pid, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS,
-                       MIX)[5]
-        first = pid + ROLE * NUM_PROGS
-        g, n0, k0, row0, row_end, steps = _tile(gl.minimum(first, last), offs_ptr, sched_ptr, M, tiles_n, tiles_k,
-                                                total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX)
-        other = _tile(gl.minimum(first + NUM_PROGS, last), offs_ptr, sched_ptr, M, tiles_n, tiles_k, total,
-                      NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX)[5]
-        other = gl.where(first + NUM_PROGS < total, other, 0)
-        for tile in range(first, total, 2 * NUM_PROGS):
-            nxt = tile + 2 * NUM_PROGS
-            ng, nn0, nk0, nrow0, nrow_end, nsteps = _tile(gl.minimum(nxt, last), offs_ptr, sched_ptr, M, tiles_n,
-                                                          tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS,
-                                                          MIX)
-            nother = _tile(gl.minimum(nxt + NUM_PROGS, last), offs_ptr, sched_ptr, M, tiles_n, tiles_k, total,
-                           NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX)[5]
-            nother = gl.where(nxt + NUM_PROGS < total, nother, 0)
-            turn_phase = _own_tile(dw_desc, dy_bufs, x_bufs, out, out_buf, ready, ready_x, empty, turn, turn_phase,
-                                   it, g, n0, k0, steps, ROLE, TN, TK, BR, GATHER)
-            it += steps + other
-            g, n0, k0, steps, other = ng, nn0, nk0, nsteps, nother
-    else:
-        it = 0
-        j = 0
-        for tile in range(gl.program_id(0), total, NUM_PROGS):
-            g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS,
-                                                    TN, TK, BR, GROUP_N, COHORTS, MIX)
-            if j % 2 == ROLE:
-                turn_phase = _own_tile(dw_desc, dy_bufs, x_bufs, out, out_buf, ready, ready_x, empty, turn,
-                                       turn_phase, it, g, n0, k0, steps, ROLE, TN, TK, BR, GATHER)
-            it += steps
-            j += 1
+    for tile in range(gl.program_id(0), total, NUM_PROGS):
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
+                                                TK, BR, GROUP_N, COHORTS, MIX)
+        if j % 2 == ROLE:
+            mbarrier.wait(turn.index(ROLE), turn_phase)
+            turn_phase ^= 1
+            acc = gl.zeros((TN, TK), dtype=gl.float32, layout=acc_layout)
+            for step in range(steps):
+                s = (it + step) % STAGES
+                mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
+                if GATHER:
+                    mbarrier.wait(ready_x.index(s), ((it + step) // STAGES) & 1)
+                    fence_async_shared()  # cp.async wrote x's rows through the generic proxy; wgmma reads the async one
+                a = dy_bufs.index(s).reshape([BR, TN]).permute((1, 0))  # dy_g^T block [TN, BR]
+                b = x_bufs.index(s).reshape([BR, TK])  # x_g block [BR, TK]
+                acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                if step > 0:  # the previous step's MMA is done: its stage can be refilled
+                    mbarrier.arrive(empty.index((it + step - 1) % STAGES), count=1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index((it + steps - 1) % STAGES), count=1)
+            mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
+            tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffer
+            out.store(acc.to(dw_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dw_desc, [g, n0, k0], out_bufs.index(ROLE))
+        it += steps
+        j += 1
     tma.store_wait(pendings=0)
 
 
 @gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
 def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr, sched_ptr, M, N, K, G, stride_xm,
                            NUM_PROGS, STAGES: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr,
-                           MIX: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr, PREFETCH: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           MIX: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr, num_warps: gl.constexpr):
     """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused).
     MIX: sched_ptr [G + 1] int32 (schedule.skew_schedule); else unused."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
@@ -290,9 +247,9 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     if GATHER:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER, PREFETCH)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER, PREFETCH)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
                          total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, RAGGED, GATHER)),
             (_gatherer, (x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n,
@@ -301,9 +258,9 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     else:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER, PREFETCH)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER, PREFETCH)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
                          total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, RAGGED, GATHER)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -318,8 +275,7 @@ def _maxnreg(gather: bool) -> int:
 def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, stages: int = 4,
                                 group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
                                 gather_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                                num_programs: int | None = None, cohorts: int = 1, mix: bool = False,
-                                prefetch: bool = False) -> torch.Tensor:
+                                num_programs: int | None = None, cohorts: int = 1, mix: bool = False) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
@@ -327,7 +283,6 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     operand is x[gather_rows[r]], with x [T, K] the token rows, copied by a fourth warpgroup (cp.async).
     ``cohorts``: groups of programs that start at different points of the tile order (_tile; 1: all together).
     ``mix``: groups heaviest first, half the programs walking backwards when the routing is skewed (_tile, MIX).
-    ``prefetch``: each consumer reads its next tile's group and rows before its turn (_consumer, PREFETCH; on trial).
     Called by grouped_gemm_wgrad for the "pingpong" configs."""
     gather = gather_rows is not None
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
@@ -373,14 +328,13 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         sched = skew_schedule(offs) if mix else offs  # (unused without MIX)
         _wgrad_pingpong_kernel[(nprog,)](
             dy_desc, x_desc, x, gather_arg, dw_desc, offs, sched, M, N, K, G, x.stride(0), nprog, STAGES=stages,
-            GROUP_N=group_n, COHORTS=cohorts, MIX=mix, RAGGED=RAGGED_ROWS, GATHER=gather, PREFETCH=prefetch,
-            num_warps=4,
+            GROUP_N=group_n, COHORTS=cohorts, MIX=mix, RAGGED=RAGGED_ROWS, GATHER=gather, num_warps=4,
             maxnreg=_maxnreg(gather))
     return out
 
 
 def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90,
-                gather: bool = False, cohorts: int = 1, mix: bool = False, prefetch: bool = False):
+                gather: bool = False, cohorts: int = 1, mix: bool = False):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel."""
     from triton.backends.compiler import GPUTarget
@@ -392,12 +346,12 @@ def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOC
            "gather_ptr": "*i32", "dw_desc": aot_type([1, tn, tk]), "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
            "N": "i32", "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
            "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "RAGGED": "constexpr",
-           "GATHER": "constexpr", "PREFETCH": "constexpr", "num_warps": "constexpr"}
+           "GATHER": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     aligned = ["x_ptr", "gather_ptr", "offs_ptr", "sched_ptr", "stride_xm"]
     src = GluonASTSource(_wgrad_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_N": group_n, "COHORTS": cohorts, "MIX": mix,
-                                     "RAGGED": RAGGED_ROWS, "GATHER": gather, "PREFETCH": prefetch, "num_warps": 4},
+                                     "RAGGED": RAGGED_ROWS, "GATHER": gather, "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": 4, "maxnreg": _maxnreg(gather)})

@@ -36,7 +36,7 @@ def test_matches_float64_on_skewed_routing(tile, stages, group_n):
 
 
 def check_same_tiles_as_plain(offs, seed: int, programs, **schedule):
-    """A schedule (cohorts=, mix=) only reorders tiles (prefetch= only their bookkeeping): each dw tile is reduced in the same order by the same code,
+    """A schedule (cohorts=, mix=) only reorders tiles: each dw tile is reduced in the same order by the same code,
     so the result is bitwise the plain kernel's; every output written (NaN-poisoned first) and exact against
     float64."""
     wp = kernel()
@@ -70,17 +70,6 @@ def test_mix_computes_the_same_tiles_in_another_order(routing, programs):
             else torch.arange(1, G + 1, device="cuda", dtype=torch.int32) * (M // G))
     assert skew_schedule(offs)[-1].item() == (routing == "skewed")  # both schedules taken
     check_same_tiles_as_plain(offs, 15, programs, mix=True)
-
-
-@pytest.mark.parametrize("routing", ["skewed", "balanced"])
-@pytest.mark.parametrize("programs", [None, 7, 200])
-def test_prefetch_computes_the_same_tiles(routing, programs):
-    # each consumer reads its next tile's group and rows one tile ahead; 200 programs: some with one tile (warpgroup 1
-    # then has none), and with 7 an odd count per program
-    kernel()
-    offs = (skewed_offs_cuda(M, G, seed=11) if routing == "skewed"
-            else torch.arange(1, G + 1, device="cuda", dtype=torch.int32) * (M // G))
-    check_same_tiles_as_plain(offs, 17, programs, prefetch=True)
 
 
 def test_cohorts_outside_the_choices_are_refused():
