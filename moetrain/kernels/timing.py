@@ -69,11 +69,16 @@ def in_turns(candidates, time_one, rounds: int) -> tuple[dict, dict]:
     """Time every candidate once per round, in turns (A, B, A, B, ...), ``rounds`` rounds; returns
     ({candidate: median}, {candidate: the exception that dropped it}). Timed back to back, a later
     candidate runs on a GPU already hot from the earlier ones (on the H200 a later timing of the very
-    same GEMM came out 4-13% slower), which biases a choice toward whatever is timed first."""
+    same GEMM came out 4-13% slower), which biases a choice toward whatever is timed first. So each round
+    starts at another candidate (round r at candidate r * n // rounds): every position in a round is taken
+    by as many candidates (session 18: the same config timed 3-7% apart at DeepSeek-V3 and GPT-OSS sizes by
+    its place in a fixed order)."""
+    candidates = list(candidates)
     times: dict = {c: [] for c in candidates}
     failed: dict = {}
-    for _ in range(rounds):
-        for c in candidates:
+    for r in range(rounds):
+        start = r * len(candidates) // rounds
+        for c in candidates[start:] + candidates[:start]:
             if c in failed:
                 continue
             try:

@@ -439,6 +439,22 @@ def test_in_turns_alternates_candidates_and_drops_failures():
     assert medians == {"a": 2.0} and list(failed) == ["b"] and "out of resources" in str(failed["b"])
 
 
+def test_in_turns_gives_every_candidate_each_place_in_a_round():
+    # a GPU that heats up inside a round times its later places slower: equal candidates must come out equal
+    from moetrain.kernels.timing import in_turns
+
+    order = []
+
+    def time_one(c):
+        order.append(c)
+        place = (len(order) - 1) % 3
+        return 1.0 + 0.1 * place
+
+    medians, _ = in_turns(["a", "b", "c"], time_one, rounds=3)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert medians == {"a": 1.1, "b": 1.1, "c": 1.1}
+
+
 @pytest.mark.parametrize("text,most", [("7", 6), ("x", 5), ("", 5), ("1,4", 5)])
 def test_kernel_scripts_refuse_bad_stages_in_one_line(text, most):
     from moetrain.kernels.sweep_grouped_gemm import script_stages
