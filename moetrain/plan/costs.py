@@ -11,7 +11,9 @@ intermediate, b activation bytes, V vocab). Each op is (flops, bytes, kind):
 * attention: fused causal attention FLOPs (4 * B * nh * S * ctx * d) at ATTN_FWD / ATTN_BWD of
   the GEMM rate; the math / explicit paths as GEMMs plus memory traffic of the [S, S] scores.
 * mem: elementwise / norm / permute / sort kernels: bytes read + written at ELEMENTWISE of the
-  achievable copy bandwidth; the cross-entropy's GB-sized passes over the logits at CE_FWD / CE_BWD.
+  achievable copy bandwidth; the cross-entropy's GB-sized passes over the logits at CE_FWD / CE_BWD;
+  the fused expert path's x_perm written token by token ("x rows": auto's FC1 forward, and FC1's
+  weight gradient on both backends) at ROW_COPY, outside the BWD_MEM scaling.
 
 Backward = GEMM FLOPs x 2 (input and weight gradients: the weight part is what zero-bubble
 moves to W), attention backward, elementwise traffic x BWD_MEM, and the main-grad hook traffic.
@@ -35,6 +37,9 @@ ATTN_FWD = 0.60  # fused attention forward vs the large-GEMM rate
 ATTN_BWD = 0.57
 ELEMENTWISE = 0.54  # of the achievable copy bandwidth (many small fp32 kernels); fitted with BWD_MEM to each
 BWD_MEM = 2.0  # layer timed alone (plan calibration, session 4); backward elementwise traffic / forward traffic
+# x_perm [M, H] written token by token (kernels.moe_rows.token_rows: each token's row read once, stored K times), of the
+# achievable bandwidth: two such copies at Qwen3 (1.21 GB) took 0.321 ms on the H200 (session 17, call B)
+ROW_COPY = 0.92
 CE_FWD = 0.62  # the cross-entropy's passes over [T, V] fp32 logits: few GB-sized streaming kernels, faster
 CE_BWD = 0.76  # than the blocks' elementwise mix (head alone, plan calibration session 4: 0.60-0.68 / 0.72-0.78)
 KERNEL_FLOOR_S = 4e-6  # GPU time of the smallest kernel
@@ -192,8 +197,12 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
             bi.add("router", t + rf.mem(route_bytes, route_kernels), route_kernels, fl)
             bw.add("router", t, 1, fl)
         fused = fused_experts(cfg, d)
-        if fused:  # sort only: FC1 gathers the token rows itself
+        if fused:  # the sort; FC1's forward reads the token rows through an index ("gather")...
             fw.add("permute", rf.mem(40 * M, 7), 8)
+            if cfg.moe.backend == "auto":  # ...or, as auto picks on the H200, from x_perm written token by token
+                fw.add("x rows", rf.mem(b * (M + Th) * H, 1, ROW_COPY), 1)
+            # FC1's weight gradient writes x_perm again ("copy": both backends' choice; its gather ran 1.7x slower)
+            bw.add("x rows", rf.mem(b * (M + Th) * H, 1, ROW_COPY), 1)
         else:  # sort and a permuted copy of x
             fw.add("permute", rf.mem(2 * b * M * H + 40 * M, 8), 10)
         for name, N, Kd in (("experts fc1", 2 * I, H), ("experts fc2", H, I)):
@@ -218,7 +227,8 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
     # elementwise backward ~ BWD_MEM x forward traffic (all non-GEMM, non-attention parts; the router's backward
     # is costed above, so its forward is not scaled again here)
     mem_fwd = sum(v for k, v in fw.parts.items() if not k.startswith(("attn proj", "attention", "mlp fc",
-                                                                        "experts fc", "shared fc", "router")))
+                                                                        "experts fc", "shared fc", "router",
+                                                                        "x rows")))
     mem_kernels = fw.kernels
     bi.add("elementwise", BWD_MEM * mem_fwd, (BWD_KERNELS - 1) * mem_kernels)
     if mode == "full":
@@ -227,7 +237,7 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         bi.kernels += fw.kernels
         bi.flops += fw.flops
     elif mode == "selective":
-        for k in ("attention", "permute", "experts fc1", "experts fc2", "swiglu", "combine"):
+        for k in ("attention", "permute", "x rows", "experts fc1", "experts fc2", "swiglu", "combine"):
             if k in fw.parts:
                 bi.add(f"recompute {k}", fw.parts[k], 4)
     return BlockCost(fw, bi, bw)

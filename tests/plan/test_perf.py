@@ -257,3 +257,25 @@ def test_a_graphed_update_costs_its_gpu_time_and_the_graph_step_overhead():
     graphed = project_perf(graph_cfg, H200)
     tail = graphed.breakdown["tail_max"]
     assert tail == pytest.approx(graphed.per_rank[0]["optimizer_s"] + perf.STEP_OVERHEAD_GRAPH_S)
+
+
+def test_the_fused_path_pays_for_x_perm_written_token_by_token():
+    # auto's FC1 reads x_perm written token by token (its "copy" and "fused" variants, picked on the H200); both
+    # backends write it again for FC1's weight gradient; backend triton's forward gathers rows inside the GEMM
+    from moetrain.plan.activations import resolve_dims, routed_rows
+    from moetrain.plan.costs import ROW_COPY, block_cost
+
+    rf = Roofline(H200, "bf16")
+    costs = {}
+    for backend in ("auto", "triton", "torch"):
+        c = cfg("qwen3-30b-a3b", f"moe.backend={backend}", "train.seq_length=4096")
+        d = resolve_dims(c)
+        costs[backend] = block_cost(c, d, rf, moe=True, window=None, mode="none")
+    H = c.model.hidden_size
+    copy = rf.mem(2 * (routed_rows(c, d) + d.Th) * H, 1, ROW_COPY)
+    assert costs["auto"].fwd.parts["x rows"] == costs["auto"].bwd_weight.parts["x rows"] == pytest.approx(copy)
+    assert "x rows" not in costs["triton"].fwd.parts
+    assert costs["triton"].bwd_weight.parts["x rows"] == pytest.approx(copy)
+    assert "x rows" not in costs["torch"].fwd.parts and "x rows" not in costs["torch"].bwd_weight.parts
+    # not scaled again as forward elementwise traffic: the backward's elementwise part is the same for both
+    assert costs["auto"].bwd_input.parts["elementwise"] == pytest.approx(costs["triton"].bwd_input.parts["elementwise"])
