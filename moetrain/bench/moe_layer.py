@@ -453,7 +453,7 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
 def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: dict) -> list[dict]:
     """bench moe's rows (one dict per contender) from time_contenders' results and check_correct's errors."""
     flops = layer_flops(s)
-    ref_ms, gemm_ms = timed["reference eager"][0], timed[FLOOR][0]
+    ref_ms = timed["reference eager"][0]
     rows = []
     for name, (ms, peak, spread, alloc_events, reps_ms) in timed.items():
         # host-ahead rows against the host-ahead reference and floor (all without the host's latency, behind the same
