@@ -47,8 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", type=int, default=None, help="experts (rows per expert kept)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--variants", default="128x128/s3/g8,128x128/s4/g8",
-                    help="ping-pong variants: TNxTK/sSTAGES/gGROUP_N[/cCOHORTS, /mix or /sorted (mix's group order, "
-                         "programs in step)], comma-separated")
+                    help="ping-pong variants: TNxTK/sSTAGES/gGROUP_N[/cCOHORTS, /mix or /sorted (groups heaviest "
+                         "first, programs in step)], comma-separated")
     ap.add_argument("--gather", action="store_true",
                     help="FC1's case: x is [M/8, K] token rows read through a top-8 index. Every contender but "
                          "'triton gather' and the ping-pong variants pays for the permuted copy x[rows] (timed with "
@@ -63,8 +63,8 @@ def main(argv=None) -> int:
                                group_n=int(group.removeprefix("g")))
             if schedule == ["mix"]:
                 variants[v]["mix"] = True
-            elif schedule == ["sorted"]:  # mix's group order (heaviest first) with every program in step
-                variants[v]["mix"] = "sorted"
+            elif schedule == ["sorted"]:  # groups heaviest first, every program in step
+                variants[v]["sorted_groups"] = True
             elif schedule:
                 variants[v]["cohorts"] = int(schedule[0].removeprefix("c"))
                 if len(schedule) > 1 or variants[v]["cohorts"] not in wp.COHORT_CHOICES:
@@ -112,12 +112,12 @@ def main(argv=None) -> int:
                             "triton gather": lambda: gg.grouped_gemm_wgrad(dy, x, offs, gather_rows=rows),
                             "pingpong copy": lambda: wp.grouped_gemm_wgrad_pingpong(dy, x[rows.long()], offs)}
                     for v, kw in variants.items():
-                        runs[v] = lambda kw=kw: _pingpong(wp, dy, x, offs, gather_rows=rows, **kw)
+                        runs[v] = lambda kw=kw: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, gather_rows=rows, **kw)
                 else:
                     runs = {"torch": lambda: torch._grouped_mm(dy.t(), x, offs=offs),
                             "tuned": lambda: gg.grouped_gemm_wgrad(dy, x, offs)}
                     for v, kw in variants.items():
-                        runs[v] = lambda kw=kw: _pingpong(wp, dy, x, offs, **kw)
+                        runs[v] = lambda kw=kw: wp.grouped_gemm_wgrad_pingpong(dy, x, offs, **kw)
                 want = runs["torch"]()
                 for name in list(runs)[1:]:  # (before "dw fill" joins: it computes nothing)
                     err = sweep.rel_err(runs[name](), want)
@@ -153,19 +153,6 @@ def main(argv=None) -> int:
     for key, cfg in sorted(tuned_configs().items(), key=str):  # what "tuned" ran with
         print(f"tuned {'|'.join(str(k) for k in key)}: {cfg}", flush=True)
     return 0
-
-
-def _pingpong(wp, dy, x, offs, mix=False, **kw):
-    """wp.grouped_gemm_wgrad_pingpong; mix="sorted": the mix schedule's group order with its skew flag cleared, so
-    that no program walks backwards (an experiment: the kernel's API has no such option)."""
-    if mix != "sorted":
-        return wp.grouped_gemm_wgrad_pingpong(dy, x, offs, mix=mix, **kw)
-    real = wp.skew_schedule
-    wp.skew_schedule = lambda o: torch.cat([real(o)[:-1], o.new_zeros(1)])
-    try:
-        return wp.grouped_gemm_wgrad_pingpong(dy, x, offs, mix=True, **kw)
-    finally:
-        wp.skew_schedule = real
 
 
 if __name__ == "__main__":

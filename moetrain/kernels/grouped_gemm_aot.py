@@ -43,7 +43,7 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
 
         return wgrad_pingpong.aot_compile(config.num_stages, config.group_m, (config.block_m, config.block_n),
                                           capability, gather=op == "wgrad_gather", cohorts=config.cohorts,
-                                          mix=config.mix)
+                                          mix=config.mix, sorted_groups=config.sorted_groups)
     bm, bn, bk, tma = config.block_m, config.block_n, config.block_k, config.use_tma
     ptr = f"*{dtype}"
 

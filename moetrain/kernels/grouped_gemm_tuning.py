@@ -36,6 +36,7 @@ class GemmConfig:
     cohorts (pingpong): groups of programs that start at different points of the tile order (wgrad_pingpong._tile).
     mix (pingpong, forward / dgrad): groups heaviest first, half the programs walking backwards on skewed routing
     (schedule.py; the kernels' MIX).
+    sorted_groups (pingpong weight gradient): groups heaviest first, every program in step (wgrad_pingpong SORTED).
     """
 
     block_m: int
@@ -51,11 +52,12 @@ class GemmConfig:
     kernel: str = "triton"
     cohorts: int = 1
     mix: bool = False
+    sorted_groups: bool = False  # pingpong weight gradient: groups heaviest first, programs in step (SORTED)
 
     def __str__(self) -> str:
         if self.kernel != "triton":
             cohorts = "" if self.cohorts == 1 else f"/c{self.cohorts}"
-            mix = "/mix" if self.mix else ""
+            mix = "/mix" if self.mix else "/sorted" if self.sorted_groups else ""
             return (f"{self.kernel}/{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/g{self.group_m}"
                     f"{cohorts}{mix}")
         kind = "tma" if self.use_tma else "ptr"
@@ -107,10 +109,14 @@ WGRAD_CONFIGS = (
 # applies (Hopper, bf16, TMA, rows not gathered). 128x128 consumer tiles; bands of 8 dw row tiles keep a big
 # group's rows in L2 (row-major order, g1, lost 20% on skewed routing at DeepSeek-V3's FC1 but won at its FC2);
 # 5 stages won at EP8's long reductions. 64x256 consumer tiles (m64n256 wgmma) were slower everywhere.
+# Groups heaviest first (sorted_groups; session 18): the light groups' store-bound tiles come last, under the tail of
+# the heavy ones: 9.78 -> 8.84 ms at DeepSeek-V3's FC1 on the layer's skewed routing, +0-4% on balanced routing
+# (call I, queued).
 PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 4, 4, group_m=1, kernel="pingpong"),
+    GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", sorted_groups=True),
 )
 # The warp-specialized ping-pong forward / data gradient (rowgroup_pingpong.py; session 12, bench/NOTES.md): where it
 # applies (Hopper, bf16, TMA, rows not gathered). Level with torch._grouped_mm on the six GEMMs' sums at Qwen3,

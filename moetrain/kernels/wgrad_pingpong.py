@@ -62,7 +62,7 @@ GATHERER_WARPS = gl.constexpr(4)
 
 @gluon.jit
 def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr,
-          BR: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr):
+          BR: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, SORTED: gl.constexpr):
     """(group, first dw row n0, first dw column k0, the group's first row, its row end, reduction steps) of the
     program's tile ``tile`` (tile = program_id + j * NUM_PROGS: its j-th).
     Tiles are group-major; inside a group, bands of GROUP_N dw row tiles, column-major inside a band, so that the
@@ -76,7 +76,10 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
     set (the routing is skewed), the second half of the programs walks its tiles backwards (light groups'
     store-bound tiles under heavy groups' MMA-bound ones, from the start) and odd rounds of tiles are dealt in
     reverse program order (each program gets as much work). Unset (near-balanced routing): every
-    program in step, as without MIX, so the programs at work at once share one group's operands in L2."""
+    program in step, as without MIX, so the programs at work at once share one group's operands in L2.
+    SORTED: the groups in the order sched_ptr[0:G] (heaviest first), every program in step: the light groups'
+    store-bound tiles come last, where the programs that finished their heavy tiles early take them while others
+    still run MMAs (the plain order leaves them among the heavy groups in expert order)."""
     if COHORTS > 1:
         pid = gl.program_id(0)
         count = (total - pid + NUM_PROGS - 1) // NUM_PROGS  # this program's tiles
@@ -97,7 +100,7 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
     slot = tile // per_group
     local = tile - slot * per_group
     g = slot
-    if MIX:
+    if MIX or SORTED:
         g = gl.load(sched_ptr + slot)
     band = GROUP_N * tiles_k
     first_n = (local // band) * GROUP_N
@@ -117,13 +120,14 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
 @gluon.jit
 def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total,
               NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr,
-              COHORTS: gl.constexpr, MIX: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr):
+              COHORTS: gl.constexpr, MIX: gl.constexpr, SORTED: gl.constexpr, RAGGED: gl.constexpr,
+              GATHER: gl.constexpr):
     """TMA loads of each step's dy block, and of its x block unless GATHER (then _gatherer copies x's rows)."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     it = 0
     for tile in range(gl.program_id(0), total, NUM_PROGS):
         g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
-                                                TK, BR, GROUP_N, COHORTS, MIX)
+                                                TK, BR, GROUP_N, COHORTS, MIX, SORTED)
         for step in range(steps):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: the ring starts empty
@@ -142,7 +146,7 @@ def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_pt
 @gluon.jit
 def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n, tiles_k, total,
               NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr,
-              COHORTS: gl.constexpr, MIX: gl.constexpr):
+              COHORTS: gl.constexpr, MIX: gl.constexpr, SORTED: gl.constexpr):
     """GATHER: copies each step's x block, rows x[gather[r]] for the step's grouped rows r, with cp.async (Hopper's
     TMA cannot gather rows). Every thread arrives on ready_x once its own copies have landed (count: all threads);
     rows past the group's end are zero-filled (they meet dy's zero rows). K must be a multiple of TK."""
@@ -155,7 +159,7 @@ def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M,
     it = 0
     for tile in range(gl.program_id(0), total, NUM_PROGS):
         g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
-                                                TK, BR, GROUP_N, COHORTS, MIX)
+                                                TK, BR, GROUP_N, COHORTS, MIX, SORTED)
         # 16-byte runs, one cp.async each; no column mask (it would split the copies into 2-byte ones): the
         # wrapper asks K to be a multiple of TK
         k_cols = gl.max_contiguous(gl.multiple_of(k0 + cols, 8), 8)
@@ -175,7 +179,8 @@ def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M,
 @gluon.jit
 def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M, tiles_n,
               tiles_k, total, NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
-              GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, GATHER: gl.constexpr):
+              GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, SORTED: gl.constexpr,
+              GATHER: gl.constexpr):
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
     out = out_bufs.index(ROLE).reshape([TN, TK])
@@ -184,7 +189,7 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
     turn_phase = 1 - ROLE  # warpgroup 0 goes first (a fresh barrier passes phase 1); 1 waits for 0's first turn
     for tile in range(gl.program_id(0), total, NUM_PROGS):
         g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
-                                                TK, BR, GROUP_N, COHORTS, MIX)
+                                                TK, BR, GROUP_N, COHORTS, MIX, SORTED)
         if j % 2 == ROLE:
             mbarrier.wait(turn.index(ROLE), turn_phase)
             turn_phase ^= 1
@@ -216,9 +221,10 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
 @gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
 def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr, sched_ptr, M, N, K, G, stride_xm,
                            NUM_PROGS, STAGES: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr,
-                           MIX: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr, num_warps: gl.constexpr):
+                           MIX: gl.constexpr, SORTED: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr,
+                           num_warps: gl.constexpr):
     """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused).
-    MIX: sched_ptr [G + 1] int32 (schedule.skew_schedule); else unused."""
+    MIX or SORTED: sched_ptr [G + 1] int32 (schedule.skew_schedule); else unused."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
     TK: gl.constexpr = dw_desc.block_type.shape[2]
     BR: gl.constexpr = dy_desc.block_type.shape[2]
@@ -247,22 +253,22 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     if GATHER:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
-                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, RAGGED, GATHER)),
+                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER)),
             (_gatherer, (x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n,
-                         tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX)),
+                         tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED)),
         ], [4, 1, GATHERER_WARPS], [GATHER_CONSUMER_REGS, GATHER_PRODUCER_REGS, GATHERER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, GATHER)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
-                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, RAGGED, GATHER)),
+                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -275,7 +281,8 @@ def _maxnreg(gather: bool) -> int:
 def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, stages: int = 4,
                                 group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
                                 gather_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                                num_programs: int | None = None, cohorts: int = 1, mix: bool = False) -> torch.Tensor:
+                                num_programs: int | None = None, cohorts: int = 1, mix: bool = False,
+                                sorted_groups: bool = False) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
@@ -283,6 +290,7 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     operand is x[gather_rows[r]], with x [T, K] the token rows, copied by a fourth warpgroup (cp.async).
     ``cohorts``: groups of programs that start at different points of the tile order (_tile; 1: all together).
     ``mix``: groups heaviest first, half the programs walking backwards when the routing is skewed (_tile, MIX).
+    ``sorted_groups``: groups heaviest first, every program in step (_tile, SORTED).
     Called by grouped_gemm_wgrad for the "pingpong" configs."""
     gather = gather_rows is not None
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
@@ -295,8 +303,8 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         raise ValueError(f"grouped_gemm_wgrad_pingpong: tile {tile} is not one of {TILES} (gathered rows: (128, 128))")
     if cohorts not in COHORT_CHOICES:
         raise ValueError(f"grouped_gemm_wgrad_pingpong: cohorts={cohorts} is not one of {COHORT_CHOICES}")
-    if mix and cohorts != 1:
-        raise ValueError("grouped_gemm_wgrad_pingpong: mix and cohorts are two schedules; choose one")
+    if (cohorts != 1) + mix + sorted_groups > 1:
+        raise ValueError("grouped_gemm_wgrad_pingpong: cohorts, mix and sorted_groups are schedules; choose one")
     if cuda_device.capability_major(dy.device) != 9:
         raise ValueError("grouped_gemm_wgrad_pingpong: Hopper (sm_90) only")
     dy, x = dy.contiguous(), x.contiguous()
@@ -325,16 +333,17 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     else:
         x_desc, gather_arg = ragged_desc(x, [BLOCK_R, tk]), offs  # gather_ptr unused
     with cuda_device.on_device(dy.device):
-        sched = skew_schedule(offs) if mix else offs  # (unused without MIX)
+        sched = skew_schedule(offs) if mix or sorted_groups else offs  # (unused without MIX or SORTED)
         _wgrad_pingpong_kernel[(nprog,)](
             dy_desc, x_desc, x, gather_arg, dw_desc, offs, sched, M, N, K, G, x.stride(0), nprog, STAGES=stages,
-            GROUP_N=group_n, COHORTS=cohorts, MIX=mix, RAGGED=RAGGED_ROWS, GATHER=gather, num_warps=4,
+            GROUP_N=group_n, COHORTS=cohorts, MIX=mix, SORTED=sorted_groups, RAGGED=RAGGED_ROWS, GATHER=gather,
+            num_warps=4,
             maxnreg=_maxnreg(gather))
     return out
 
 
 def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90,
-                gather: bool = False, cohorts: int = 1, mix: bool = False):
+                gather: bool = False, cohorts: int = 1, mix: bool = False, sorted_groups: bool = False):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel."""
     from triton.backends.compiler import GPUTarget
@@ -345,13 +354,14 @@ def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOC
     sig = {"dy_desc": dy_desc, "x_desc": dy_desc if gather else aot_type([1, 1, BLOCK_R, tk]), "x_ptr": "*bf16",
            "gather_ptr": "*i32", "dw_desc": aot_type([1, tn, tk]), "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
            "N": "i32", "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
-           "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "RAGGED": "constexpr",
-           "GATHER": "constexpr", "num_warps": "constexpr"}
+           "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "SORTED": "constexpr",
+           "RAGGED": "constexpr", "GATHER": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     aligned = ["x_ptr", "gather_ptr", "offs_ptr", "sched_ptr", "stride_xm"]
     src = GluonASTSource(_wgrad_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_N": group_n, "COHORTS": cohorts, "MIX": mix,
-                                     "RAGGED": RAGGED_ROWS, "GATHER": gather, "num_warps": 4},
+                                     "SORTED": sorted_groups, "RAGGED": RAGGED_ROWS, "GATHER": gather,
+                                     "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": 4, "maxnreg": _maxnreg(gather)})

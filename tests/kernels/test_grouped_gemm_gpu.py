@@ -187,7 +187,7 @@ def _trial_cases():
             + [("wgrad_gather", c) for c in tuning.TRIAL_PINGPONG_GATHER_CONFIGS])
 
 
-@pytest.mark.parametrize("cfg_index", range(3))
+@pytest.mark.parametrize("cfg_index", range(4))  # (each of tuning.PINGPONG_WGRAD_CONFIGS)
 def test_pingpong_wgrad_in_a_cuda_graph_with_new_routing(cfg_index):
     # the ping-pong weight gradient reads the routing on the device only: one capture, replayed on new routings
     gg = kernels()

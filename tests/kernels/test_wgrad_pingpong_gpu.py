@@ -36,7 +36,7 @@ def test_matches_float64_on_skewed_routing(tile, stages, group_n):
 
 
 def check_same_tiles_as_plain(offs, seed: int, programs, **schedule):
-    """A schedule (cohorts=, mix=) only reorders tiles: each dw tile is reduced in the same order by the same code,
+    """A schedule (cohorts=, mix=, sorted_groups=) only reorders tiles: each dw tile is reduced in the same order by the same code,
     so the result is bitwise the plain kernel's; every output written (NaN-poisoned first) and exact against
     float64."""
     wp = kernel()
@@ -72,6 +72,16 @@ def test_mix_computes_the_same_tiles_in_another_order(routing, programs):
     check_same_tiles_as_plain(offs, 15, programs, mix=True)
 
 
+@pytest.mark.parametrize("routing", ["skewed", "balanced"])
+@pytest.mark.parametrize("programs", [None, 7])
+def test_sorted_groups_compute_the_same_tiles_in_another_order(routing, programs):
+    # groups heaviest first (mix's order), every program in step
+    kernel()
+    offs = (skewed_offs_cuda(M, G, seed=11) if routing == "skewed"
+            else torch.arange(1, G + 1, device="cuda", dtype=torch.int32) * (M // G))
+    check_same_tiles_as_plain(offs, 18, programs, sorted_groups=True)
+
+
 def test_cohorts_outside_the_choices_are_refused():
     wp = kernel()
     dy = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16)
@@ -80,6 +90,8 @@ def test_cohorts_outside_the_choices_are_refused():
         wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, cohorts=3)
     with pytest.raises(ValueError, match="choose one"):
         wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, cohorts=2, mix=True)
+    with pytest.raises(ValueError, match="choose one"):
+        wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, mix=True, sorted_groups=True)
 
 
 @pytest.mark.parametrize("m, g, n, k", [(65536 // 8, 32, 4096, 7168), (131072 // 8, 16, 1536, 2048)],
