@@ -25,7 +25,8 @@ STEP_ROWS = 64  # one reduction step of the weight gradient; half a 128-row tile
 def skew_schedule(offs: torch.Tensor, step_rows: int = STEP_ROWS) -> torch.Tensor:
     """The MIX schedule of offs [G] int32 (group ends): [G + 1] int32 on offs' device, made without a host sync (CUDA
     graphs): the groups by row count, heaviest first (stable: ties keep their order), then 1 where at least
-    1/SKEWED_SHARE of the groups have fewer than ``step_rows`` rows, else 0."""
+    1/SKEWED_SHARE of the groups have fewer than ``step_rows`` rows, else 0. The weight gradient's SORTED schedule
+    takes the order alone."""
     rows = torch.diff(offs, prepend=offs.new_zeros(1))
     order = torch.argsort(rows, descending=True, stable=True).to(torch.int32)
     skewed = ((rows < step_rows).sum() * SKEWED_SHARE >= offs.numel()).to(torch.int32).reshape(1)

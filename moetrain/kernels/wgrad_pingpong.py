@@ -19,8 +19,10 @@ copies each step's x rows with cp.async, since Hopper's TMA cannot gather rows; 
 our Triton kernel's pointer-gathered operand ~0.7x as fast as TMA (session 9), runs beside the MMAs. On trial: it
 was 1.3-1.8x slower than the permuted copy + this kernel (session 11): one warpgroup of copies cannot feed two of
 MMAs.
-Tile order: group-major, every program on the same group at once. Two schedules for skewed routing, where small
-groups' one-step tiles are bound by their dw stores (_tile: COHORTS, MIX; on trial, bench/NOTES.md session 11).
+Tile order: group-major, every program on the same group at once. Schedules for skewed routing, where small groups'
+one-step tiles are bound by their dw stores (_tile): COHORTS and MIX on trial (bench/NOTES.md sessions 11-12), SORTED
+(groups heaviest first, the light ones' tiles last, under the heavy ones' tail) an autotuner candidate since session
+18 (DeepSeek-V3's FC1 on skewed routing 9.78 -> 8.84 ms).
 
 Measured on the H200 (session 10, bench/NOTES.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
 with bands (GROUP_N 8), about level at EP8's long reductions. grouped_gemm_wgrad offers it to the autotuner
