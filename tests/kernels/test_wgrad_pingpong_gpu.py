@@ -58,6 +58,13 @@ def test_cohorts_compute_the_same_tiles_in_another_order(cohorts, programs):
     check_same_tiles_as_plain(skewed_offs_cuda(M, G, seed=11), 14, programs, cohorts=cohorts)
 
 
+def routed_ends(routing: str) -> torch.Tensor:
+    """[G] int32 group ends of M rows: skewed (empty groups, trailing rows) or balanced."""
+    if routing == "skewed":
+        return skewed_offs_cuda(M, G, seed=11)
+    return torch.arange(1, G + 1, device="cuda", dtype=torch.int32) * (M // G)
+
+
 @pytest.mark.parametrize("routing", ["skewed", "balanced"])
 @pytest.mark.parametrize("programs", [None, 7])
 def test_mix_computes_the_same_tiles_in_another_order(routing, programs):
@@ -66,8 +73,7 @@ def test_mix_computes_the_same_tiles_in_another_order(routing, programs):
     kernel()
     from moetrain.kernels.schedule import skew_schedule
 
-    offs = (skewed_offs_cuda(M, G, seed=11) if routing == "skewed"
-            else torch.arange(1, G + 1, device="cuda", dtype=torch.int32) * (M // G))
+    offs = routed_ends(routing)
     assert skew_schedule(offs)[-1].item() == (routing == "skewed")  # both schedules taken
     check_same_tiles_as_plain(offs, 15, programs, mix=True)
 
@@ -77,9 +83,7 @@ def test_mix_computes_the_same_tiles_in_another_order(routing, programs):
 def test_sorted_groups_compute_the_same_tiles_in_another_order(routing, programs):
     # groups heaviest first (mix's order), every program in step
     kernel()
-    offs = (skewed_offs_cuda(M, G, seed=11) if routing == "skewed"
-            else torch.arange(1, G + 1, device="cuda", dtype=torch.int32) * (M // G))
-    check_same_tiles_as_plain(offs, 18, programs, sorted_groups=True)
+    check_same_tiles_as_plain(routed_ends(routing), 18, programs, sorted_groups=True)
 
 
 def test_cohorts_outside_the_choices_are_refused():
