@@ -26,7 +26,6 @@ from moetrain import ops  # noqa: E402
 from moetrain.kernels import grouped_gemm as gg  # noqa: E402
 from moetrain.ops import autoselect, moe, moe_fused  # noqa: E402
 
-DEVICE = "cpu"
 BOUND = 2e-5  # fp32 (IEEE dots) against fp64, a few GEMMs deep
 
 
@@ -58,12 +57,12 @@ def make(T, H, I, E, K, *, seed, bias=False, dropped=(), skew=False):
 
 
 def run(backend, dtype, x, idx, weight, w1, w2, b1, b2, probe, activation="swiglu"):
-    leaves = [t.detach().to(DEVICE, dtype if i != 1 else torch.float32 if dtype != torch.float64 else dtype,
+    leaves = [t.detach().to(dtype if i != 1 else torch.float32 if dtype != torch.float64 else dtype,
                             copy=True).requires_grad_()
               if t is not None else None for i, t in enumerate((x, weight, w1, w2, b1, b2))]
-    y = ops.moe_experts(leaves[0], idx.to(DEVICE), leaves[1], leaves[2], leaves[3], b1=leaves[4], b2=leaves[5],
+    y = ops.moe_experts(leaves[0], idx, leaves[1], leaves[2], leaves[3], b1=leaves[4], b2=leaves[5],
                         activation=activation, backend=backend)
-    (y * probe.to(DEVICE, y.dtype)).sum().backward()
+    (y * probe.to(y.dtype)).sum().backward()
     return [y.detach()] + [t.grad for t in leaves if t is not None]
 
 
@@ -132,15 +131,15 @@ def _saved(backend, x, idx, weight, w1, w2):
 def test_fused_path_saves_x_not_the_permuted_copy():
     T, H, I, E, K = 12, 24, 8, 4, 2  # 16-byte strides: torch._grouped_mm's CPU forward needs them
     x, idx, weight, w1, w2, _, _ = make(T, H, I, E, K, seed=3)
-    leaves = [t.float().to(DEVICE).requires_grad_() for t in (x, weight, w1, w2)]
-    _, _, row_map = ops.permute(leaves[0].detach(), idx.to(DEVICE), E)
+    leaves = [t.float().requires_grad_() for t in (x, weight, w1, w2)]
+    _, _, row_map = ops.permute(leaves[0].detach(), idx, E)
     x_perm = leaves[0].detach()[row_map // K]
 
     def holds_x_perm(saved):
         return any(t.shape == x_perm.shape and torch.equal(t, x_perm) for t in saved)
 
-    assert holds_x_perm(_saved("torch", leaves[0], idx.to(DEVICE), *leaves[1:]))  # for its weight gradient
-    fused = _saved("triton", leaves[0], idx.to(DEVICE), *leaves[1:])
+    assert holds_x_perm(_saved("torch", leaves[0], idx, *leaves[1:]))  # for its weight gradient
+    fused = _saved("triton", leaves[0], idx, *leaves[1:])
     assert not holds_x_perm(fused) and any(t is leaves[0] or torch.equal(t, leaves[0].detach()) for t in fused)
 
 
