@@ -454,6 +454,7 @@ def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: di
     """bench moe's rows (one dict per contender) from time_contenders' results and check_correct's errors."""
     flops = layer_flops(s)
     ref_ms = timed["reference eager"][0]
+    ahead_floor = f"{FLOOR}, host ahead"
     rows = []
     for name, (ms, peak, spread, alloc_events, reps_ms) in timed.items():
         # host-ahead rows against the host-ahead reference and floor (all without the host's latency, behind the same
@@ -461,7 +462,7 @@ def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: di
         # and floor timed from an idle GPU
         ahead = name.endswith("host ahead")
         ref = timed.get("reference eager, host ahead", (ref_ms,))[0] if ahead else ref_ms
-        floor_name = f"{FLOOR}, host ahead" if ahead and f"{FLOOR}, host ahead" in timed else FLOOR
+        floor_name = ahead_floor if ahead and ahead_floor in timed else FLOOR
         floor = timed[floor_name][0]
         # a replayed graph allocates nothing (its memory was taken at capture): no peak to report
         no_peak = name.startswith(FLOOR) or isinstance(contenders.get(name), Graphed)

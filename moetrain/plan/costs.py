@@ -199,10 +199,11 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         fused = fused_experts(cfg, d)
         if fused:  # the sort; FC1's forward reads the token rows through an index ("gather")...
             fw.add("permute", rf.mem(40 * M, 7), 8)
-            if cfg.moe.backend == "auto":  # ...or, as auto picks on the H200, from x_perm written token by token
-                fw.add("x rows", rf.mem(b * (M + Th) * H, 1, ROW_COPY), 1)
+            x_rows = rf.mem(b * (M + Th) * H, 1, ROW_COPY)  # x_perm written token by token
+            if cfg.moe.backend == "auto":  # ...or, as auto picks on the H200, from x_perm
+                fw.add("x rows", x_rows, 1)
             # FC1's weight gradient writes x_perm again ("copy": both backends' choice; its gather ran 1.7x slower)
-            bw.add("x rows", rf.mem(b * (M + Th) * H, 1, ROW_COPY), 1)
+            bw.add("x rows", x_rows, 1)
         else:  # sort and a permuted copy of x
             fw.add("permute", rf.mem(2 * b * M * H + 40 * M, 8), 10)
         for name, N, Kd in (("experts fc1", 2 * I, H), ("experts fc2", H, I)):
