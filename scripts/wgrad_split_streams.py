@@ -34,12 +34,15 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", default="32,48,66", help="programs of the light launch (comma-separated)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
+    lights, splits = _positive_ints("--light", args.light), _positive_ints("--splits", args.splits)
+    shapes = sweep.script_shapes(args.shapes)
     sweep.require_cuda("scripts/wgrad_split_streams.py")
     dev = torch.device("cuda")
     sms = cuda_device.sm_count(dev)
-    splits = [int(p) for p in args.splits.split(",")]
+    if max(splits) >= sms:
+        raise SystemExit(f"--splits: {args.splits!r}: each below the GPU's {sms} SMs (the heavy launch takes the rest)")
     side = torch.cuda.Stream()
-    for shape in sweep.script_shapes(args.shapes):
+    for shape in shapes:
         m, g, h, i = sweep.SHAPES[shape]
         offs = moe_layer.routed_offs(moe_layer.SHAPES[LAYER_SHAPES[shape]], "skewed", dev)
         counts = torch.diff(offs, prepend=offs.new_zeros(1)).tolist()
@@ -47,7 +50,7 @@ def main(argv=None) -> int:
             gen = torch.Generator(device="cuda").manual_seed(0)
             dy = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-            for light_rows in (int(r) for r in args.light.split(",")):
+            for light_rows in lights:
                 parts = {}
                 for name, keep in (("heavy", lambda c: c > light_rows), ("light", lambda c: c <= light_rows)):
                     rows, ends, start = [], [], 0
@@ -95,6 +98,17 @@ def main(argv=None) -> int:
                       f"{len(offs_h)} heavy; " + ", ".join(f"{name} {ms:.3f}" for name, ms in med.items())
                       + f"; {best} / plain {med[best] / med['plain']:.3f}", flush=True)
     return 0
+
+
+def _positive_ints(flag: str, text: str) -> list[int]:
+    """A comma-separated list of positive integers; else one line and exit."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SystemExit(f"{flag}: {text!r}: comma-separated positive integers")
+    return values
 
 
 if __name__ == "__main__":
