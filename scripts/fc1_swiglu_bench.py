@@ -8,10 +8,9 @@ routed rows, in turns, after a check against them:
     pp s5+swiglu    the same with the plain ping-pong forward, 5 stages (the fused kernel's main loop, alone)
     gather+swiglu   our forward reading x's rows through the index (no x_perm), then the SwiGLU kernel
     fused sN        x_perm, then the fused kernel with N stages (h and a in one pass)
-    fused sN split  the same with half tails (--split; rowgroup_pingpong.py HALF TAILS)
 
     python scripts/fc1_swiglu_bench.py [--shapes qwen3,gptoss,mixtral,dsv3] [--routing balanced,skewed]
-        [--rounds 5] [--stages 5,4] [--split]
+        [--rounds 5] [--stages 5,4]
 
 One row per (shape, routing): ms of each contender, and the best separate path over the best fused variant.
 """
@@ -37,15 +36,12 @@ def main(argv=None) -> int:
     ap.add_argument("--routing", default="balanced")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--stages", default="5,4", help="fused variants' pipeline stages (at most 5)")
-    ap.add_argument("--split", action="store_true", help="also each fused variant with half tails")
     args = ap.parse_args(argv)
     shapes, routings = sweep.script_shapes(args.shapes), sweep.script_routings(args.routing)
     stages = sweep.script_stages(args.stages, 5)
     sweep.require_cuda("scripts/fc1_swiglu_bench.py")
     separate = ["torch+swiglu", "tuned+swiglu", "pp s5+swiglu", "gather+swiglu"]
-    fused_variants = {f"fused s{s}{' split' if split else ''}": (s, split)
-                      for s in stages for split in ((False, True) if args.split else (False,))}
-    names = [*separate, *fused_variants]
+    names = [*separate, *(f"fused s{s}" for s in stages)]
     print(f"{'shape':8s} {'routing':8s} " + " ".join(f"{c:>14s}" for c in names) + "  separate/fused", flush=True)
     for shape in shapes:
         m, g, hid, inter = sweep.SHAPES[shape]
@@ -69,10 +65,9 @@ def main(argv=None) -> int:
                 "gather+swiglu": lambda: moe_rows.swiglu_fwd(gg.grouped_gemm_fwd(x, w, offs, gather_rows=token_of_row),
                                                              "swiglu", probs),
             }
-            for name, (s, split) in fused_variants.items():
-                runs[name] = lambda s=s, split=split: rp.grouped_gemm_fc1_swiglu_pingpong(rows(), w, offs, probs,
-                                                                                          stages=s,
-                                                                                          half_tails=split)[1]
+            for s in stages:
+                runs[f"fused s{s}"] = lambda s=s: rp.grouped_gemm_fc1_swiglu_pingpong(rows(), w, offs, probs,
+                                                                                      stages=s)[1]
             want = runs["torch+swiglu"]()
             for name in names[1:]:
                 err = sweep.rel_err(runs[name](), want)

@@ -3,9 +3,9 @@ _dgrad as the layer calls them ("tuned": the autotuner's pick among our Triton c
 same routed rows, in turns; outputs checked against torch first.
 
     python scripts/rowgroup_pingpong_bench.py [--shapes dsv3,qwen3,gptoss,mixtral] [--ops fwd,dgrad]
-        [--routing balanced,skewed] [--rounds 5] [--variants 128x128/s4/g8,64x256/s3/g8,128x128/s4/g8/split]
+        [--routing balanced,skewed] [--rounds 5] [--variants 128x128/s4/g8,64x256/s3/g8]
 
-"/split": with half tails (rowgroup_pingpong.py HALF TAILS). One row per (shape, layer, op, routing): ms and TFLOP/s of each, and torch's time over the best variant's. Then,
+One row per (shape, layer, op, routing): ms and TFLOP/s of each, and torch's time over the best variant's. Then,
 per shape and routing, the sums over the rows: torch, tuned, and the best variant per row.
 """
 
@@ -20,20 +20,14 @@ import torch
 def parse_variants(text: str, tiles) -> dict:
     variants = {}
     for v in text.split(","):
-        parts = v.split("/")
-        half_tails = parts[-1] == "split"
         try:
-            tile, stages, group = parts[:-1] if half_tails else parts
+            tile, stages, group = v.split("/")
             bm, tn = (int(t) for t in tile.split("x"))
-            variants[v] = dict(tile=(bm, tn), stages=int(stages.removeprefix("s")), group_m=int(group.removeprefix("g")),
-                               half_tails=half_tails)
+            variants[v] = dict(tile=(bm, tn), stages=int(stages.removeprefix("s")), group_m=int(group.removeprefix("g")))
         except ValueError:
-            raise SystemExit(f"--variants: {v!r} is not BMxTN/sSTAGES/gGROUP_M[/split] (e.g. 128x128/s4/g8/split)") \
-                from None
+            raise SystemExit(f"--variants: {v!r} is not BMxTN/sSTAGES/gGROUP_M (e.g. 128x128/s4/g8)") from None
         if (bm, tn) not in tiles:
             raise SystemExit(f"--variants: {v!r}: tile one of {tiles}")
-        if half_tails and bm != 128:
-            raise SystemExit(f"--variants: {v!r}: /split (half tails) needs 128-row tiles")
     return variants
 
 

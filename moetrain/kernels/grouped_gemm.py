@@ -37,8 +37,7 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
   group's end read as zeros), dw by a 3-D TMA store.
 - forward / wgrad with gather_rows: the rows of x are read through an index array (x_perm never
   exists) by pointer loads (Hopper TMA has no row gather); the other operands still use TMA.
-- TAIL SPLIT (configs with tail_split; the ping-pong configs' is one launch, rowgroup_pingpong.py HALF TAILS): a
-  group's last partial tile wastes MMA work on rows past
+- TAIL SPLIT (configs with tail_split): a group's last partial tile wastes MMA work on rows past
   its end, up to BLOCK_M - 1 rows per group; with uneven routing over many experts that is ~29%
   of the forward's work at DeepSeek-V3 shapes with 128-row tiles (Dirichlet(0.3) shares). So a
   first launch (PART=1) covers whole tiles and remainders of more than half a tile, and a second
@@ -271,8 +270,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             from moetrain.kernels.rowgroup_pingpong import grouped_gemm_rowgroup_pingpong
 
             grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, stages=cfg.num_stages, group_m=cfg.group_m,
-                                           tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs,
-                                           half_tails=cfg.tail_split)
+                                           tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs)
             return
         sched = skew_schedule(offs) if cfg.mix else offs  # (unused without MIX)
         _run_tail_split(cfg, lambda c, part, big_m: launch(c, part, big_m, sched, offs))

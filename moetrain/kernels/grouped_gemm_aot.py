@@ -38,7 +38,7 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
 
             return rowgroup_pingpong.aot_compile(config.num_stages, (config.block_m, config.block_n),
                                                  dgrad=op == "dgrad", capability=capability,
-                                                 group_m=config.group_m, half_tails=config.tail_split)
+                                                 group_m=config.group_m)
         from moetrain.kernels import wgrad_pingpong
 
         return wgrad_pingpong.aot_compile(config.num_stages, config.group_m, (config.block_m, config.block_n),

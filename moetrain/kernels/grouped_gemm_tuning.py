@@ -47,7 +47,7 @@ class GemmConfig:
     use_tma: bool = True
     group_m: int = 8
     programs_per_sm: int = 1
-    tail_split: bool = False  # forward / dgrad: remainders of <= half a tile run half-height tiles
+    tail_split: bool = False  # forward / dgrad: remainders of <= half a tile go to a half-height launch
     tma_store: bool = True  # wgrad with use_tma: dw stored by TMA (False: TMA loads, stores from registers)
     kernel: str = "triton"
     cohorts: int = 1
@@ -58,9 +58,8 @@ class GemmConfig:
         if self.kernel != "triton":
             cohorts = "" if self.cohorts == 1 else f"/c{self.cohorts}"
             mix = "/mix" if self.mix else "/sorted" if self.sorted_groups else ""
-            split = "/split" if self.tail_split else ""
             return (f"{self.kernel}/{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/g{self.group_m}"
-                    f"{cohorts}{mix}{split}")
+                    f"{cohorts}{mix}")
         kind = "tma" if self.use_tma else "ptr"
         two = "/x2" if self.programs_per_sm == 2 else ""
         split = "/split" if self.tail_split else ""
@@ -126,9 +125,6 @@ PINGPONG_WGRAD_CONFIGS = (
 PINGPONG_ROWGROUP_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
-    # with half tails (rowgroup_pingpong.py HALF TAILS; session 19): the tail split inside one launch
-    GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", tail_split=True),
-    GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong", tail_split=True),
 )
 # On trial: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order, so that
 # under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (session 11: skew cost the
@@ -167,8 +163,8 @@ CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient; 4: the two-programs-per-SM configs
 # left them; 5: the ping-pong forward / data gradient joined; 6: candidates timed on a skewed routing too (winners
 # tuned otherwise are re-tuned); 7: the sorted ping-pong weight gradient joined (and each timing round starts at
-# another candidate); 8: the ping-pong forward / data gradient with half tails joined
-CONFIG_CACHE_VERSION = 8
+# another candidate)
+CONFIG_CACHE_VERSION = 7
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 

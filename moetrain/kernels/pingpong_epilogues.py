@@ -17,28 +17,20 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 
 @gluon.jit
-def _top_rows(buf, ROWS: gl.constexpr, CN: gl.constexpr):
-    """A [1, 1, BM, CN] store buffer as [ROWS, CN]: its first ROWS rows (all of them, or a half tile's)."""
-    BM: gl.constexpr = buf.type.shape[2]
-    return buf.reshape([BM, CN]).slice(0, ROWS)
-
-
-@gluon.jit
 def swiglu_fwd_epilogue(acc, bufs, ROLE: gl.constexpr, a_desc, h_desc, h_up_desc, probs_ptr, m0, n0, row_end,
                          BM: gl.constexpr, CN: gl.constexpr, ACT: gl.constexpr, HAS_PROBS: gl.constexpr,
                          RAGGED: gl.constexpr):
     """FC1's tile acc [BM, 2 CN] (gate columns n0.. of h, then the up columns I + n0..) -> h's two halves and
     a [:, n0..] = act(g, u) (* probs[row]), from g and u rounded to bf16 as the separate SwiGLU kernel reads them.
-    bufs[2 ROLE], bufs[2 ROLE + 1]: this warpgroup's store buffers (g then a, and u), so that 5 stages fit. BM may be
-    half the buffers' rows (a half tile): the whole boxes are stored, and their lower rows, past row_end, dropped."""
+    bufs[2 ROLE], bufs[2 ROLE + 1]: this warpgroup's store buffers (g then a, and u), so that 5 stages fit."""
     # A thread of the wgmma layout holds columns c and c + CN of the same rows: the split moves no data.
     g, u = acc.reshape([BM, 2, CN]).permute((0, 2, 1)).split()
     g = g.to(h_desc.dtype)
     u = u.to(h_desc.dtype)
     at = [RAGGED, row_end, RAGGED - row_end + m0, n0]
     tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffers
-    _top_rows(bufs.index(2 * ROLE), BM, CN).store(g)
-    _top_rows(bufs.index(2 * ROLE + 1), BM, CN).store(u)
+    bufs.index(2 * ROLE).reshape([BM, CN]).store(g)
+    bufs.index(2 * ROLE + 1).reshape([BM, CN]).store(u)
     fence_async_shared()
     tma.async_copy_shared_to_global(h_desc, at, bufs.index(2 * ROLE))
     tma.async_copy_shared_to_global(h_up_desc, at, bufs.index(2 * ROLE + 1))
@@ -47,7 +39,7 @@ def swiglu_fwd_epilogue(acc, bufs, ROLE: gl.constexpr, a_desc, h_desc, h_up_desc
         rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, act.type.layout))
         act = act * gl.expand_dims(gl.load(probs_ptr + rows, mask=rows < row_end, other=0.0), 1)
     tma.store_wait(pendings=1)  # g's store has read its buffer (u's may still be reading)
-    _top_rows(bufs.index(2 * ROLE), BM, CN).store(act.to(a_desc.dtype))
+    bufs.index(2 * ROLE).reshape([BM, CN]).store(act.to(a_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(a_desc, at, bufs.index(2 * ROLE))
 

@@ -28,12 +28,6 @@ Measured on the H200 (session 12, bench/NOTES.md): level with torch._grouped_mm 
 gradient GEMMs at Qwen3, GPT-OSS and Mixtral (0.999-1.010x), 0.94x at DeepSeek-V3; up to 1.05x on single ops. The
 autotuner offers it (grouped_gemm_tuning.PINGPONG_ROWGROUP_CONFIGS) and keeps it where it wins.
 
-HALF TAILS (half_tails, 128-row tiles): under uneven routing a group's last row tile is often mostly rows past the
-group's end (DeepSeek-V3's skewed routing: 26% of the MMA rows are such padding with 128-row tiles, 13% with 64-row
-ones). With HALF_TAILS a last tile with at most 64 rows left runs 64-row MMAs on the top half of the stage's A rows:
-the producer loads the same boxes (the bottom half feeds nothing) and the store drops the rows past the group's end
-as before. One launch, no second tile order; the Triton kernel's tail split needs two (grouped_gemm.py).
-
 Two fused epilogues (the EPILOGUE constexpr; their code is pingpong_epilogues.py):
 - SWIGLU_FWD, grouped_gemm_fc1_swiglu_pingpong, called by the layer (moe_fused.fc1_swiglu, where auto measures it
   faster): FC1's forward writes h and a = SwiGLU(h) * probs. Each stage loads the gate rows and the up rows of 64
@@ -146,83 +140,13 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G,
 
 
 @gluon.jit
-def _mma_tile(a_bufs, w_bufs, ready, empty, it, steps, acc, TN: gl.constexpr, BK: gl.constexpr, DGRAD: gl.constexpr,
-              EPILOGUE: gl.constexpr):
-    """One tile's main loop: acc [ROWS, TN] = the A rows' first ROWS (all of a stage's BM, or its top half: a half
-    tile) times the w blocks, over ``steps`` stages from ring position ``it``; each stage is released once its MMA is
-    done."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    BM: gl.constexpr = a_bufs.type.shape[1]
-    ROWS: gl.constexpr = acc.type.shape[0]
-    for step in range(steps):
-        s = (it + step) % STAGES
-        mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
-        a = a_bufs.index(s)  # [BM, BK]
-        if ROWS < BM:
-            a = a.slice(0, ROWS)
-        if EPILOGUE == SWIGLU_FWD:
-            b = w_bufs.index(s).permute((1, 0))  # [TN, BK]: gate rows then up rows
-        elif DGRAD:
-            b = w_bufs.index(s).reshape([BK, TN])
-        else:
-            b = w_bufs.index(s).reshape([TN, BK]).permute((1, 0))
-        acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-        if step > 0:  # the previous step's MMA is done: its stage can be refilled
-            mbarrier.arrive(empty.index((it + step - 1) % STAGES), count=1)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    if steps > 0:
-        mbarrier.arrive(empty.index((it + steps - 1) % STAGES), count=1)
-    return acc
-
-
-@gluon.jit
-def _epilogue(acc, out_desc, out_bufs, ROLE: gl.constexpr, h_desc, h_up_desc, h_ptr, dh_ptr, probs_ptr, parts_ptr, m0,
-              n0, row_end, OUT, n_tiles, CN: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr,
-              ACT: gl.constexpr, HAS_PROBS: gl.constexpr):
-    """The finished tile acc [ROWS, TN] (ROWS: the tile's BM, or BM / 2 for a half tile) at rows m0.., columns n0..:
-    stored, or through the launch's fused epilogue. A half tile is stored as a whole BM-row box: its lower rows, stale
-    shared memory, all lie at or past row_end, where the ragged store drops them."""
-    ROWS: gl.constexpr = acc.type.shape[0]
-    TN: gl.constexpr = acc.type.shape[1]
-    if EPILOGUE == SWIGLU_BWD:
-        swiglu_bwd_epilogue(acc, h_ptr, dh_ptr, probs_ptr, parts_ptr, m0, n0, row_end, OUT, n_tiles, ROWS, TN, ACT,
-                            HAS_PROBS)
-    elif EPILOGUE == SWIGLU_FWD:
-        swiglu_fwd_epilogue(acc, out_bufs, ROLE, out_desc, h_desc, h_up_desc, probs_ptr, m0, n0, row_end, ROWS, CN,
-                            ACT, HAS_PROBS, RAGGED)
-    else:
-        BM: gl.constexpr = out_desc.block_type.shape[2]
-        tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffer
-        out_bufs.index(ROLE).reshape([BM, TN]).slice(0, ROWS).store(acc.to(out_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(out_desc, [RAGGED, row_end, RAGGED - row_end + m0, n0], out_bufs.index(ROLE))
-
-
-@gluon.jit
-def _tile(a_bufs, w_bufs, ready, empty, turn, it, steps, out_desc, out_bufs, h_desc, h_up_desc, h_ptr, dh_ptr, probs_ptr,
-          parts_ptr, tile, g_end, row0, row_end, OUT, n_tiles, ROLE: gl.constexpr, BM: gl.constexpr,
-          ROWS: gl.constexpr, TN: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-          DGRAD: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
-          HAS_PROBS: gl.constexpr):
-    """A consumer's turn on one tile, computing ROWS of its BM rows (all, or the top half: a half tile): its MMAs,
-    then its epilogue under the other warpgroup's MMAs. The tile's coordinates are found after the MMAs, off their
-    critical path."""
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TN, 16])
-    acc = _mma_tile(a_bufs, w_bufs, ready, empty, it, steps,
-                    gl.zeros((ROWS, TN), dtype=gl.float32, layout=acc_layout), TN, BK, DGRAD, EPILOGUE)
-    mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
-    m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, CN, GROUP_M)
-    _epilogue(acc, out_desc, out_bufs, ROLE, h_desc, h_up_desc, h_ptr, dh_ptr, probs_ptr, parts_ptr, m0, n0, row_end,
-              OUT, n_tiles, CN, RAGGED, EPILOGUE, ACT, HAS_PROBS)
-
-
-@gluon.jit
 def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr, probs_ptr,
               parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, ROLE: gl.constexpr,
               BM: gl.constexpr, TN: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
               DGRAD: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
-              HAS_PROBS: gl.constexpr, HALF_TAILS: gl.constexpr):
+              HAS_PROBS: gl.constexpr):
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TN, 16])
     g = -1
     g_end = 0
     row0 = 0
@@ -236,14 +160,38 @@ def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_
         if j % 2 == ROLE:
             mbarrier.wait(turn.index(ROLE), turn_phase)
             turn_phase ^= 1
-            if HALF_TAILS and (row_end - _coords(tile, g_end, row0, row_end, n_tiles, BM, CN, GROUP_M)[0] <= BM // 2):
-                _tile(a_bufs, w_bufs, ready, empty, turn, it, steps, out_desc, out_bufs, h_desc, h_up_desc, h_ptr,
-                      dh_ptr, probs_ptr, parts_ptr, tile, g_end, row0, row_end, OUT, n_tiles, ROLE, BM, BM // 2, TN,
-                      CN, BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)
+            acc = gl.zeros((BM, TN), dtype=gl.float32, layout=acc_layout)
+            for step in range(steps):
+                s = (it + step) % STAGES
+                mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
+                a = a_bufs.index(s)  # [BM, BK]
+                if EPILOGUE == SWIGLU_FWD:
+                    b = w_bufs.index(s).permute((1, 0))  # [TN, BK]: gate rows then up rows
+                elif DGRAD:
+                    b = w_bufs.index(s).reshape([BK, TN])
+                else:
+                    b = w_bufs.index(s).reshape([TN, BK]).permute((1, 0))
+                acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                if step > 0:  # the previous step's MMA is done: its stage can be refilled
+                    mbarrier.arrive(empty.index((it + step - 1) % STAGES), count=1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            if steps > 0:
+                mbarrier.arrive(empty.index((it + steps - 1) % STAGES), count=1)
+            mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
+            m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, CN, GROUP_M)
+            if EPILOGUE == SWIGLU_BWD:
+                swiglu_bwd_epilogue(acc, h_ptr, dh_ptr, probs_ptr, parts_ptr, m0, n0, row_end, OUT, n_tiles, BM, TN,
+                                     ACT, HAS_PROBS)
+            elif EPILOGUE == SWIGLU_FWD:
+                swiglu_fwd_epilogue(acc, out_bufs, ROLE, out_desc, h_desc, h_up_desc, probs_ptr, m0, n0, row_end, BM,
+                                     CN, ACT, HAS_PROBS, RAGGED)
             else:
-                _tile(a_bufs, w_bufs, ready, empty, turn, it, steps, out_desc, out_bufs, h_desc, h_up_desc, h_ptr,
-                      dh_ptr, probs_ptr, parts_ptr, tile, g_end, row0, row_end, OUT, n_tiles, ROLE, BM, BM, TN, CN,
-                      BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)
+                tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffer
+                out_bufs.index(ROLE).reshape([BM, TN]).store(acc.to(out_desc.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(out_desc, [RAGGED, row_end, RAGGED - row_end + m0, n0],
+                                                out_bufs.index(ROLE))
         it += steps
         j += 1
     tma.store_wait(pendings=0)
@@ -268,7 +216,7 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
                               offs_ptr, M, OUT, RED, G,
                               NUM_PROGS, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
                               BLOCK_G: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
-                              HAS_PROBS: gl.constexpr, HALF_TAILS: gl.constexpr, num_warps: gl.constexpr):
+                              HAS_PROBS: gl.constexpr, num_warps: gl.constexpr):
     """a_desc: A [M, RED] (x or dy), block [BM, BK]; w_desc: w [G, N, K], block [1, TN, BK] (forward) or [1, BK, TN]
     (DGRAD); out_desc: out [M, OUT] ragged, block [1, 1, BM, TN].
     SWIGLU_BWD (with DGRAD): h_ptr / dh_ptr are h and dh [M, 2I] (gate columns, then up); out_desc is dh's gate half
@@ -276,7 +224,6 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
     SWIGLU_FWD (forward): w_desc is FC1's w [G, 2 OUT, K] viewed as [G * 2 OUT, K], block [TN / 2, BK]; out_desc is
     a [M, OUT] ragged, block [1, 1, BM, TN / 2]; h_desc / h_up_desc the halves of h [M, 2 OUT] (outputs here);
     probs_ptr [M] fp32 with HAS_PROBS.
-    HALF_TAILS (not with SWIGLU_BWD): a group's last row tile with at most BM / 2 rows runs BM / 2-row MMAs.
     Unused descriptors and pointers may be any of the others."""
     BM: gl.constexpr = out_desc.block_type.shape[2]
     CN: gl.constexpr = out_desc.block_type.shape[3]  # output columns per tile (of a, with SWIGLU_FWD)
@@ -308,10 +255,10 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
     gl.warp_specialize([
         (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
                      probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM, TN, CN, BK,
-                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, HALF_TAILS)),
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
         (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
                      probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN, CN, BK,
-                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, HALF_TAILS)),
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
         (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total,
                      NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -336,8 +283,7 @@ def _block_g(groups: int) -> int:
     return max(256, next_pow2(groups + 1))  # slot G: the rows past offs[-1]; one compile up to 255 groups
 
 
-def _check(name: str, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, dgrad: bool, tile,
-           half_tails: bool = False) -> None:
+def _check(name: str, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, dgrad: bool, tile) -> None:
     if a.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or a.device.type != "cuda":
         raise ValueError(f"{name}: bf16 CUDA tensors only (a Hopper kernel)")
     if a.dim() != 2 or w.dim() != 3 or offs.dim() != 1 or offs.shape[0] != w.shape[0]:
@@ -350,8 +296,6 @@ def _check(name: str, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, dgra
                          f"{tuple(w.shape)} reduces over {red}")
     if tuple(tile) not in TILES:
         raise ValueError(f"{name}: tile {tile} is not one of {TILES}")
-    if half_tails and tile[0] != 128:
-        raise ValueError(f"{name}: half_tails needs 128-row tiles (a wgmma covers at least 64 rows), not {tile}")
     if cuda_device.capability_major(a.device) != 9:
         raise ValueError(f"{name}: Hopper (sm_90) only")
     if (N * 2) % 16 or (K * 2) % 16:
@@ -369,7 +313,7 @@ def _value(epilogue) -> int:
 
 def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad: bool, stages: int, group_m: int,
             num_programs: int | None, h_descs=None, h=None, dh=None, probs=None, parts=None, epilogue: int = PLAIN,
-            act: int = 0, half_tails: bool = False):
+            act: int = 0):
     """width: the output columns the tiles cover (OUT: N or K; I with SWIGLU_BWD / SWIGLU_FWD). The kernel's unused
     descriptors and pointers get out_desc and offs."""
     nprog = max(1, num_programs or cuda_device.sm_count(a.device))
@@ -379,19 +323,17 @@ def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad
             a_desc, w_desc, out_desc, *h_descs, *(t if t is not None else offs for t in (h, dh, probs, parts)), offs,
             a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages, GROUP_M=group_m, DGRAD=dgrad,
             BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS, EPILOGUE=_value(epilogue), ACT=act,
-            HAS_PROBS=probs is not None, HALF_TAILS=half_tails, num_warps=4, maxnreg=168)
+            HAS_PROBS=probs is not None, num_warps=4, maxnreg=168)
 
 
 def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, dgrad: bool = False,
                                    stages: int = 4, group_m: int = 8, tile: tuple[int, int] = (128, 128),
-                                   out: torch.Tensor | None = None, num_programs: int | None = None,
-                                   half_tails: bool = False) -> torch.Tensor:
+                                   out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
     """Forward (y [M, N] = x_g @ w[g]^T, a = x [M, K]) or, with ``dgrad``, data gradient (dx [M, K] = dy_g @ w[g],
     a = dy [M, N]) per group; w [G, N, K]; offs [G] int32; rows past offs[-1] are zeros. bf16 contiguous tensors on
     a Hopper GPU, N and K multiples of 8 (16-byte TMA rows). ``tile``: each consumer's output tile, (128, 128) or
-    (64, 256). ``group_m``: row tiles per band. ``half_tails`` (128-row tiles only): see HALF TAILS. Called by
-    grouped_gemm_fwd / _dgrad for the "pingpong" configs."""
-    _check("grouped_gemm_rowgroup_pingpong", a, w, offs, dgrad, tile, half_tails)
+    (64, 256). ``group_m``: row tiles per band. Called by grouped_gemm_fwd / _dgrad for the "pingpong" configs."""
+    _check("grouped_gemm_rowgroup_pingpong", a, w, offs, dgrad, tile)
     a, w = a.contiguous(), w.contiguous()
     offs = offs.to(torch.int32).contiguous()
     M, width = a.shape[0], w.shape[2] if dgrad else w.shape[1]
@@ -407,7 +349,7 @@ def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch
     a_desc, w_desc = _descs(a, w, tile, dgrad)
     out_desc = ragged_desc(out, list(tile))
     _launch(a, offs, w.shape[0], width, a_desc, w_desc, out_desc, dgrad=dgrad, stages=stages, group_m=group_m,
-            num_programs=num_programs, half_tails=half_tails)
+            num_programs=num_programs)
     return out
 
 
@@ -447,13 +389,11 @@ def grouped_gemm_dgrad_swiglu_pingpong(dy: torch.Tensor, w: torch.Tensor, offs: 
 
 def grouped_gemm_fc1_swiglu_pingpong(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
                                      probs: torch.Tensor | None = None, activation: str = "swiglu", *,
-                                     stages: int = 5, group_m: int = 8, num_programs: int | None = None,
-                                     half_tails: bool = False):
+                                     stages: int = 5, group_m: int = 8, num_programs: int | None = None):
     """FC1's forward with SwiGLU in its epilogue: h = x_g @ w[g]^T per group (x [M, H], w [G, 2I, H], gate rows then
     up rows) and a = act(h[:, :I], h[:, I:]) * probs[:, None] from h rounded to bf16, as moe_rows.swiglu_fwd computes
     it. Returns (h [M, 2I], a [M, I]), bf16; rows past offs[-1] are zeros in both. Each tile: 128 rows by 64 columns
-    of a, from the gate and up rows of w at those columns (one 128-column accumulator); I a multiple of 8.
-    ``half_tails``: see HALF TAILS."""
+    of a, from the gate and up rows of w at those columns (one 128-column accumulator); I a multiple of 8."""
     name = "grouped_gemm_fc1_swiglu_pingpong"
     tile = (128, 128)
     _check(name, x, w, offs, False, tile)
@@ -478,7 +418,7 @@ def grouped_gemm_fc1_swiglu_pingpong(x: torch.Tensor, w: torch.Tensor, offs: tor
     _launch(x, offs, w.shape[0], inter, x_desc, w_desc, a_desc, dgrad=False, stages=stages, group_m=group_m,
             num_programs=num_programs, h_descs=_ragged_halves(h, [tile[0], half]),
             probs=probs.contiguous() if probs is not None else None, epilogue=SWIGLU_FWD,
-            act=ACTIVATIONS[activation], half_tails=half_tails)
+            act=ACTIVATIONS[activation])
     return h, a
 
 
@@ -490,8 +430,7 @@ def _check_probs_activation(name: str, probs: torch.Tensor | None, rows: int, ac
 
 
 def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool = False, epilogue: int = PLAIN,
-                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8,
-                half_tails: bool = False):
+                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel. ``epilogue``: PLAIN, SWIGLU_BWD (a data gradient) or SWIGLU_FWD (a forward, 128x128)."""
     from triton.backends.compiler import GPUTarget
@@ -509,12 +448,12 @@ def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool
            "parts_ptr": "*fp32", "offs_ptr": "*i32", "M": "i32",
            "OUT": "i32", "RED": "i32", "G": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr",
            "DGRAD": "constexpr", "BLOCK_G": "constexpr", "RAGGED": "constexpr", "EPILOGUE": "constexpr",
-           "ACT": "constexpr", "HAS_PROBS": "constexpr", "HALF_TAILS": "constexpr", "num_warps": "constexpr"}
+           "ACT": "constexpr", "HAS_PROBS": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     src = GluonASTSource(_rowgroup_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_M": group_m, "DGRAD": dgrad, "BLOCK_G": 256,
                                      "RAGGED": RAGGED_ROWS, "EPILOGUE": _value(epilogue), "ACT": act,
-                                     "HAS_PROBS": has_probs, "HALF_TAILS": half_tails,
+                                     "HAS_PROBS": has_probs,
                                      "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]]
                                 for n in ("h_ptr", "dh_ptr", "probs_ptr", "parts_ptr", "offs_ptr", "OUT", "RED")})

@@ -24,7 +24,7 @@ rows = []
 launches = []
 for op in ("fwd", "fwd_gather", "dgrad", "wgrad", "wgrad_gather"):
     for cfg in gg.configs_for(op):
-        if cfg.tail_split and cfg.kernel == "triton" and not op.startswith("wgrad"):  # body, then half-height tail
+        if cfg.tail_split and not op.startswith("wgrad"):  # the body launch, then the half-height tail
             launches += [(op, cfg, 1, cfg.block_m), (op, gg.tail_config(cfg), 2, cfg.block_m)]
         else:
             launches.append((op, cfg, 0, None))

@@ -21,10 +21,9 @@ M, G, N, K = 9000, 24, 768 + 72, 1024 + 8  # partial tiles over N and K
 
 
 @pytest.mark.parametrize("dgrad", [False, True])
-@pytest.mark.parametrize("tile, stages, group_m, programs, half_tails", [
-    ((128, 128), 4, 8, None, False), ((128, 128), 5, 1, 7, False), ((64, 256), 3, 8, None, False),
-    ((64, 256), 4, 4, 3, False), ((128, 128), 4, 8, None, True), ((128, 128), 5, 1, 7, True)])
-def test_matches_float64_on_skewed_routing(dgrad, tile, stages, group_m, programs, half_tails):
+@pytest.mark.parametrize("tile, stages, group_m, programs", [((128, 128), 4, 8, None), ((128, 128), 5, 1, 7),
+                                                             ((64, 256), 3, 8, None), ((64, 256), 4, 4, 3)])
+def test_matches_float64_on_skewed_routing(dgrad, tile, stages, group_m, programs):
     rp = kernel()
     offs = skewed_offs_cuda(M, G, seed=21)  # empty groups; the last 37 rows belong to no group
     torch.manual_seed(22)
@@ -32,7 +31,7 @@ def test_matches_float64_on_skewed_routing(dgrad, tile, stages, group_m, program
     w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16)
     width = K if dgrad else N
     got = rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, stages=stages, group_m=group_m, tile=tile,
-                                            num_programs=programs, half_tails=half_tails,
+                                            num_programs=programs,
                                             out=torch.full((M, width), float("nan"), device="cuda",
                                                            dtype=torch.bfloat16))
     torch.cuda.synchronize()
@@ -42,9 +41,8 @@ def test_matches_float64_on_skewed_routing(dgrad, tile, stages, group_m, program
     check_groups_fp64("dgrad" if dgrad else "fwd", got, a, w, offs, range(G))
 
 
-@pytest.mark.parametrize("half_tails", [False, True])
 @pytest.mark.parametrize("dgrad", [False, True])
-def test_one_group_with_every_row_and_single_rows(dgrad, half_tails):
+def test_one_group_with_every_row_and_single_rows(dgrad):
     rp = kernel()
     torch.manual_seed(23)
     m, g, n, k = 1000, 5, 256, 192
@@ -52,7 +50,7 @@ def test_one_group_with_every_row_and_single_rows(dgrad, half_tails):
     w = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)
     for ends in ([0, 0, m, m, m], [1, 2, 3, 4, m], [m, m, m, m, m]):
         offs = torch.tensor(ends, device="cuda", dtype=torch.int32)
-        got = rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, half_tails=half_tails,
+        got = rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad,
                                                 out=torch.full((m, k if dgrad else n), float("nan"), device="cuda",
                                                                dtype=torch.bfloat16))
         torch.cuda.synchronize()
@@ -74,31 +72,6 @@ def test_matches_torch_at_the_layer_shapes(m, g, n, k, dgrad):
     assert rel_err(got, want) < 1e-2
 
 
-@pytest.mark.parametrize("dgrad", [False, True])
-def test_half_tails_at_the_half_tile_boundary(dgrad):
-    """Groups whose last tile keeps 1, 63, 64 (half tiles), 65, 127 or 128 rows (whole tiles), then an empty group and
-    trailing rows: every row's value against float64, and the half tiles' output bit for bit as without half tails
-    (the same MMAs, one 64-row instruction of two fewer)."""
-    rp = kernel()
-    torch.manual_seed(25)
-    sizes = [1, 63, 64, 65, 127, 128, 128 + 64, 256 + 65, 0, 200]
-    ends = torch.tensor(sizes, device="cuda", dtype=torch.int32).cumsum(0).to(torch.int32)
-    m, n, k = int(ends[-1]) + 29, 384, 320
-    a = torch.randn(m, n if dgrad else k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(len(sizes), n, k, device="cuda", dtype=torch.bfloat16)
-    outs = {}
-    for half_tails in (False, True):
-        outs[half_tails] = rp.grouped_gemm_rowgroup_pingpong(
-            a, w, ends, dgrad=dgrad, half_tails=half_tails,
-            out=torch.full((m, k if dgrad else n), float("nan"), device="cuda", dtype=torch.bfloat16))
-    torch.cuda.synchronize()
-    got = outs[True]
-    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    assert torch.equal(got[int(ends[-1]):], torch.zeros_like(got[int(ends[-1]):]))
-    check_groups_fp64("dgrad" if dgrad else "fwd", got, a, w, ends, range(len(sizes)))
-    assert torch.equal(got, outs[False])
-
-
 def test_refuses_what_it_cannot_run():
     rp = kernel()
     a = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
@@ -112,8 +85,6 @@ def test_refuses_what_it_cannot_run():
         rp.grouped_gemm_rowgroup_pingpong(a.float(), w.float(), offs)
     with pytest.raises(ValueError, match="out must be"):
         rp.grouped_gemm_rowgroup_pingpong(a, w, offs, out=torch.empty(64, 32, device="cuda", dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="half_tails"):
-        rp.grouped_gemm_rowgroup_pingpong(a, w, offs, tile=(64, 256), half_tails=True)
 
 
 def swiglu_bwd_fp64(dy, w, offs, h, probs, activation):
@@ -171,9 +142,8 @@ def test_dgrad_with_swiglu_backward_matches_the_separate_kernels_at_qwen3_fc2():
     assert rel_err(dprobs, want_dprobs) < 1e-2
 
 
-@pytest.mark.parametrize("half_tails", [False, True])
 @pytest.mark.parametrize("dgrad", [False, True])
-def test_in_a_cuda_graph_with_new_routing(dgrad, half_tails):
+def test_in_a_cuda_graph_with_new_routing(dgrad):
     # the programs find their groups on the device (tile total and cursor): one capture, replayed on new routings
     rp = kernel()
     m, g, n, k = 8192, 32, 1024, 512
@@ -187,8 +157,8 @@ def test_in_a_cuda_graph_with_new_routing(dgrad, half_tails):
         assert not torch.isnan(out).any()
         check_groups_fp64("dgrad" if dgrad else "fwd", out, a, w, offs, range(g))
 
-    check_graph_replays(lambda: rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, out=out,
-                                                                  half_tails=half_tails), offs, m, (out,), check)
+    check_graph_replays(lambda: rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, out=out), offs, m, (out,),
+                        check)
 
 
 def fc1_swiglu_fp64(x, w, offs, probs, activation):
@@ -201,10 +171,9 @@ def fc1_swiglu_fp64(x, w, offs, probs, activation):
     return h, a if probs is None else a * probs.double()[:, None]
 
 
-@pytest.mark.parametrize("activation, with_probs, programs, half_tails", [
-    ("swiglu", True, None, False), ("swiglu", False, 5, False), ("swiglu_clamped", True, None, False),
-    ("swiglu", True, None, True), ("swiglu_clamped", False, 5, True)])
-def test_fc1_with_swiglu_matches_float64(activation, with_probs, programs, half_tails):
+@pytest.mark.parametrize("activation, with_probs, programs", [("swiglu", True, None), ("swiglu", False, 5),
+                                                                ("swiglu_clamped", True, None)])
+def test_fc1_with_swiglu_matches_float64(activation, with_probs, programs):
     rp = kernel()
     m, g, hid, inter = 6000, 16, 512 + 72, 384 + 40  # I not a multiple of the 64-column tile, H of the 64-step
     offs = skewed_offs_cuda(m, g, seed=41)  # empty groups, 37 trailing rows past offs[-1]
@@ -213,8 +182,7 @@ def test_fc1_with_swiglu_matches_float64(activation, with_probs, programs, half_
     x = (torch.randn(m, hid, device="cuda") * scale).to(torch.bfloat16)
     w = (torch.randn(g, 2 * inter, hid, device="cuda") / hid ** 0.5).to(torch.bfloat16)
     probs = torch.rand(m, device="cuda") if with_probs else None
-    h, a = rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, probs, activation, num_programs=programs,
-                                               half_tails=half_tails)
+    h, a = rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, probs, activation, num_programs=programs)
     torch.cuda.synchronize()
     want_h, want_a = fc1_swiglu_fp64(x, w, offs, probs, activation)
     end = int(offs[-1])
@@ -257,8 +225,7 @@ def test_fc1_with_swiglu_refuses_what_it_cannot_run():
         rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, stages=6)
 
 
-@pytest.mark.parametrize("half_tails", [False, True])
-def test_fc1_with_swiglu_in_a_cuda_graph_with_new_routing(half_tails):
+def test_fc1_with_swiglu_in_a_cuda_graph_with_new_routing():
     rp = kernel()
     m, g, hid, inter = 8192, 32, 512, 256
     torch.manual_seed(44)
@@ -269,7 +236,7 @@ def test_fc1_with_swiglu_in_a_cuda_graph_with_new_routing(half_tails):
     outs = []
 
     def step():
-        h, a = rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, probs, half_tails=half_tails)
+        h, a = rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, probs)
         outs[:] = [h, a]
 
     def check():
