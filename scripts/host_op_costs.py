@@ -1,0 +1,89 @@
+"""What single PyTorch calls on the eager layer's path before FC1 cost the host (GPU): us per call, issued 25 at a
+time with no sync inside the timed loop, medians over batches.
+
+    python scripts/host_op_costs.py [--tokens 16384] [--hidden 2880] [--experts 32] [--topk 4] [--batches 20]
+
+Why: host_breakdown.py (session 19, call C) put the router's logits at ~290 us of GPT-OSS's ~1.2 ms of host time
+before its first expert GEMM, for one torch.mm(out_dtype=fp32) inside an autograd Function; this says whether that
+call itself is slow on the host (and what the alternatives cost), or the wrapping around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+BATCH = 25
+
+
+def per_call_us(fn, batches: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(BATCH):
+            fn()
+        times.append((time.perf_counter() - t0) / BATCH * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def main(argv=None) -> int:
+    from moetrain import ops
+    from moetrain.ops import router_gemm
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2880)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--batches", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts/host_op_costs.py: needs a CUDA GPU")
+    T, H, E = args.tokens, args.hidden, args.experts
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(E, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    logits = torch.randn(T, E, device="cuda")
+    xd, wd = x.detach(), w.detach()
+    calls = {
+        "torch.empty([T, E] fp32)": lambda: torch.empty(T, E, device="cuda"),
+        "logits + forcing (add)": lambda: logits + logits,
+        "identity autograd.Function": lambda: _Identity.apply(x),
+        "torch.mm bf16 (no grad)": lambda: torch.mm(xd, wd.t()),
+        "torch.mm out_dtype=fp32 (no grad)": lambda: torch.mm(xd, wd.t(), out_dtype=torch.float32),
+        "torch.mm out_dtype=fp32 into out=": lambda: torch.mm(xd, wd.t(), out_dtype=torch.float32,
+                                                             out=torch.empty(T, E, device="cuda")),
+        "F.linear fp32 upcast (no grad)": lambda: F.linear(xd.float(), wd.float()),
+        "_TensorCoreRouterGemm.apply (grad)": lambda: router_gemm._TensorCoreRouterGemm.apply(x, w),
+        "ops.router_logits (grad)": lambda: ops.router_logits(x, w),
+        "ops.route triton (no grad)": lambda: ops.route(logits, args.topk, impl="triton"),
+    }
+    print(f"{'call':40s} {'us/call':>8s}   (T={T}, H={H}, E={E})", flush=True)
+    for name, fn in calls.items():
+        try:
+            us = per_call_us(fn, args.batches)
+        except (RuntimeError, TypeError) as err:
+            print(f"{name:40s} failed: {type(err).__name__}: {str(err)[:120]}", flush=True)
+            continue
+        print(f"{name:40s} {us:8.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
