@@ -3,6 +3,9 @@ time with no sync inside the timed loop, medians over batches.
 
     python scripts/host_op_costs.py [--tokens 16384] [--hidden 2880] [--experts 32] [--topk 4] [--batches 20]
 
+Also each call's first and second issue right after the host waited on ~17 ms of GPU work ("after a sync"), as in
+`bench moe`'s eager timing, where the layer's first calls follow end.synchronize().
+
 Why: host_breakdown.py (session 19, call C) put the router's logits at ~290 us of GPT-OSS's ~1.2 ms of host time
 before its first expert GEMM, for one torch.mm(out_dtype=fp32) inside an autograd Function; this says whether that
 call itself is slow on the host (and what the alternatives cost), or the wrapping around it.
@@ -31,6 +34,27 @@ def per_call_us(fn, batches: int) -> float:
         times.append((time.perf_counter() - t0) / BATCH * 1e6)
         torch.cuda.synchronize()
     return statistics.median(times)
+
+
+def after_sync_us(fn, batches: int, wait_ms: float = 17.0) -> tuple[float, float]:
+    """(first call, second call) us, each median over ``batches``, issued right after an event sync on ~wait_ms of
+    queued GPU sleep."""
+    cycles = int(wait_ms * 1.98e6)  # at the H200's 1,980 MHz boost clock
+    first, second = [], []
+    for _ in range(batches):
+        torch.cuda._sleep(cycles)
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        fn()
+        t2 = time.perf_counter()
+        first.append((t1 - t0) * 1e6)
+        second.append((t2 - t1) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(first), statistics.median(second)
 
 
 class _Identity(torch.autograd.Function):
@@ -74,14 +98,15 @@ def main(argv=None) -> int:
         "ops.router_logits (grad)": lambda: ops.router_logits(x, w),
         "ops.route triton (no grad)": lambda: ops.route(logits, args.topk, impl="triton"),
     }
-    print(f"{'call':40s} {'us/call':>8s}   (T={T}, H={H}, E={E})", flush=True)
+    print(f"{'call':40s} {'us/call':>8s} {'after a sync: 1st':>18s} {'2nd':>6s}   (T={T}, H={H}, E={E})", flush=True)
     for name, fn in calls.items():
         try:
             us = per_call_us(fn, args.batches)
+            first, second = after_sync_us(fn, args.batches)
         except (RuntimeError, TypeError) as err:
             print(f"{name:40s} failed: {type(err).__name__}: {str(err)[:120]}", flush=True)
             continue
-        print(f"{name:40s} {us:8.1f}", flush=True)
+        print(f"{name:40s} {us:8.1f} {first:18.1f} {second:6.1f}", flush=True)
     return 0
 
 
