@@ -36,16 +36,31 @@ def per_call_us(fn, batches: int) -> float:
     return statistics.median(times)
 
 
-def after_sync_us(fn, batches: int, wait_ms: float = 17.0) -> tuple[float, float]:
-    """(first call, second call) us, each median over ``batches``, issued right after an event sync on ~wait_ms of
-    queued GPU sleep."""
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+# How the host waits for the GPU before the timed call, and what it does in between (the mechanism's tests)
+WAITS = {
+    "event sync": lambda done: done.synchronize(),
+    "event sync, 1 ms Python spin": lambda done: (done.synchronize(), _spin(1e-3)),
+    "event sync, one torch.empty": lambda done: (done.synchronize(), torch.empty(8, device="cuda")),
+    "poll event.query()": lambda done: [None for _ in iter(done.query, True)],
+}
+
+
+def after_sync_us(fn, batches: int, wait_ms: float = 17.0, wait=WAITS["event sync"]) -> tuple[float, float]:
+    """(first call, second call) us, each median over ``batches``, issued right after the host waited (``wait``) on
+    ~wait_ms of queued GPU sleep."""
     cycles = int(wait_ms * 1.98e6)  # at the H200's 1,980 MHz boost clock
     first, second = [], []
     for _ in range(batches):
         torch.cuda._sleep(cycles)
         done = torch.cuda.Event()
         done.record()
-        done.synchronize()
+        wait(done)
         t0 = time.perf_counter()
         fn()
         t1 = time.perf_counter()
@@ -107,6 +122,10 @@ def main(argv=None) -> int:
             print(f"{name:40s} failed: {type(err).__name__}: {str(err)[:120]}", flush=True)
             continue
         print(f"{name:40s} {us:8.1f} {first:18.1f} {second:6.1f}", flush=True)
+    print(f"\nfirst / second call after each way of waiting, us: {', '.join(WAITS)}", flush=True)
+    for name in ("logits + forcing (add)", "ops.router_logits (grad)", "ops.route triton (no grad)"):
+        cells = [after_sync_us(calls[name], args.batches, wait=wait) for wait in WAITS.values()]
+        print(f"{name:40s} " + "  ".join(f"{a:6.1f} / {b:5.1f}" for a, b in cells), flush=True)
     return 0
 
 
