@@ -120,63 +120,29 @@ def _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN: 
 
 
 @gluon.jit
-def _load_step(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, it, n0, k0, r0, row_end, RAGGED: gl.constexpr,
-               GATHER: gl.constexpr):
-    """Ring position ``it``: once its stage is free, the TMA loads of the step at grouped row r0 (dy's block, and
-    x's unless GATHER)."""
-    STAGES: gl.constexpr = dy_bufs.type.shape[0]
-    s = it % STAGES
-    mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: the ring starts empty
-    if GATHER:
-        mbarrier.expect(ready.index(s), dy_desc.block_type.nbytes)
-    else:
-        mbarrier.expect(ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [RAGGED, row_end, RAGGED - row_end + r0, k0], ready.index(s),
-                                        x_bufs.index(s))
-    tma.async_copy_global_to_shared(dy_desc, [RAGGED, row_end, RAGGED - row_end + r0, n0], ready.index(s),
-                                    dy_bufs.index(s))
-
-
-@gluon.jit
 def _producer(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total,
               NUM_PROGS, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr, GROUP_N: gl.constexpr,
               COHORTS: gl.constexpr, MIX: gl.constexpr, SORTED: gl.constexpr, RAGGED: gl.constexpr,
-              GATHER: gl.constexpr, PREFETCH: gl.constexpr):
-    """TMA loads of each step's dy block, and of its x block unless GATHER (then _gatherer copies x's rows).
-    PREFETCH: the next tile's coordinates (_tile: dependent loads of the schedule and offs) are found right after
-    the tile's first step is issued, while the ring is full, instead of after its last: the first load of the next
-    tile then issues as soon as a stage frees."""
+              GATHER: gl.constexpr):
+    """TMA loads of each step's dy block, and of its x block unless GATHER (then _gatherer copies x's rows)."""
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
     it = 0
-    if PREFETCH:
-        pid = gl.program_id(0)
-        g, n0, k0, row0, row_end, steps = _tile(gl.minimum(pid, total - 1), offs_ptr, sched_ptr, M, tiles_n, tiles_k,
-                                                total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED)
-        for tile in range(pid, total, NUM_PROGS):
-            # (from the carried rows: Triton 3.6 dropped `steps` from the loop-carried values when it was reassigned
-            # after the inner loop it bounds, so every tile ran the first tile's step count)
-            steps = gl.maximum((row_end - row0 + BR - 1) // BR, 1)
-            _load_step(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, it, n0, k0, row0, row_end, RAGGED, GATHER)
+    for tile in range(gl.program_id(0), total, NUM_PROGS):
+        g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
+                                                TK, BR, GROUP_N, COHORTS, MIX, SORTED)
+        for step in range(steps):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: the ring starts empty
+            r0 = row0 + step * BR
+            if GATHER:
+                mbarrier.expect(ready.index(s), dy_desc.block_type.nbytes)
+            else:
+                mbarrier.expect(ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(x_desc, [RAGGED, row_end, RAGGED - row_end + r0, k0], ready.index(s),
+                                                x_bufs.index(s))
+            tma.async_copy_global_to_shared(dy_desc, [RAGGED, row_end, RAGGED - row_end + r0, n0], ready.index(s),
+                                            dy_bufs.index(s))
             it += 1
-            # the program's next tile, or this one again past its last (never loaded)
-            nxt = gl.where(tile + NUM_PROGS < total, tile + NUM_PROGS, tile)
-            g, n1, k1, row1, row_end1, _ = _tile(nxt, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS, TN,
-                                                 TK, BR, GROUP_N, COHORTS, MIX, SORTED)
-            for step in range(1, steps):
-                _load_step(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, it, n0, k0, row0 + step * BR, row_end,
-                           RAGGED, GATHER)
-                it += 1
-            n0 = n1
-            k0 = k1
-            row0 = row1
-            row_end = row_end1
-    else:
-        for tile in range(gl.program_id(0), total, NUM_PROGS):
-            g, n0, k0, row0, row_end, steps = _tile(tile, offs_ptr, sched_ptr, M, tiles_n, tiles_k, total, NUM_PROGS,
-                                                    TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED)
-            for step in range(steps):
-                _load_step(dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, it, n0, k0, row0 + step * BR, row_end,
-                           RAGGED, GATHER)
-                it += 1
 
 
 @gluon.jit
@@ -258,7 +224,7 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
 def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr, sched_ptr, M, N, K, G, stride_xm,
                            NUM_PROGS, STAGES: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr,
                            MIX: gl.constexpr, SORTED: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr,
-                           PREFETCH: gl.constexpr, num_warps: gl.constexpr):
+                           num_warps: gl.constexpr):
     """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused).
     MIX or SORTED: sched_ptr [G + 1] int32 (schedule.skew_schedule); else unused."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
@@ -293,7 +259,7 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
                          tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
-                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER, PREFETCH)),
+                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER)),
             (_gatherer, (x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n,
                          tiles_k, total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED)),
         ], [4, 1, GATHERER_WARPS], [GATHER_CONSUMER_REGS, GATHER_PRODUCER_REGS, GATHERER_REGS])
@@ -304,7 +270,7 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
                          tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
-                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER, PREFETCH)),
+                         total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -318,7 +284,7 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
                                 group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
                                 gather_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
                                 num_programs: int | None = None, cohorts: int = 1, mix: bool = False,
-                                sorted_groups: bool = False, producer_prefetch: bool = False) -> torch.Tensor:
+                                sorted_groups: bool = False) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
@@ -327,7 +293,6 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     ``cohorts``: groups of programs that start at different points of the tile order (_tile; 1: all together).
     ``mix``: groups heaviest first, half the programs walking backwards when the routing is skewed (_tile, MIX).
     ``sorted_groups``: groups heaviest first, every program in step (_tile, SORTED).
-    ``producer_prefetch``: the producer finds each next tile early (_producer, PREFETCH).
     Called by grouped_gemm_wgrad for the "pingpong" configs."""
     gather = gather_rows is not None
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
@@ -374,14 +339,13 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         _wgrad_pingpong_kernel[(nprog,)](
             dy_desc, x_desc, x, gather_arg, dw_desc, offs, sched, M, N, K, G, x.stride(0), nprog, STAGES=stages,
             GROUP_N=group_n, COHORTS=cohorts, MIX=mix, SORTED=sorted_groups, RAGGED=RAGGED_ROWS, GATHER=gather,
-            PREFETCH=producer_prefetch, num_warps=4,
+            num_warps=4,
             maxnreg=_maxnreg(gather))
     return out
 
 
 def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90,
-                gather: bool = False, cohorts: int = 1, mix: bool = False, sorted_groups: bool = False,
-                producer_prefetch: bool = False):
+                gather: bool = False, cohorts: int = 1, mix: bool = False, sorted_groups: bool = False):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel."""
     from triton.backends.compiler import GPUTarget
@@ -393,13 +357,13 @@ def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOC
            "gather_ptr": "*i32", "dw_desc": aot_type([1, tn, tk]), "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
            "N": "i32", "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
            "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "SORTED": "constexpr",
-           "RAGGED": "constexpr", "GATHER": "constexpr", "PREFETCH": "constexpr", "num_warps": "constexpr"}
+           "RAGGED": "constexpr", "GATHER": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     aligned = ["x_ptr", "gather_ptr", "offs_ptr", "sched_ptr", "stride_xm"]
     src = GluonASTSource(_wgrad_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_N": group_n, "COHORTS": cohorts, "MIX": mix,
                                      "SORTED": sorted_groups, "RAGGED": RAGGED_ROWS, "GATHER": gather,
-                                     "PREFETCH": producer_prefetch, "num_warps": 4},
+                                     "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": 4, "maxnreg": _maxnreg(gather)})

@@ -86,14 +86,6 @@ def test_sorted_groups_compute_the_same_tiles_in_another_order(routing, programs
     check_same_tiles_as_plain(routed_ends(routing), 18, programs, sorted_groups=True)
 
 
-@pytest.mark.parametrize("schedule", [{}, {"sorted_groups": True}, {"mix": True}, {"cohorts": 2}])
-@pytest.mark.parametrize("routing, programs", [("skewed", None), ("skewed", 7), ("balanced", 3)])
-def test_producer_prefetch_computes_the_same_tiles(schedule, routing, programs):
-    # the producer finds each next tile after the first step of the current one: the same loads, issued earlier
-    kernel()
-    check_same_tiles_as_plain(routed_ends(routing), 19, programs, producer_prefetch=True, **schedule)
-
-
 def test_cohorts_outside_the_choices_are_refused():
     wp = kernel()
     dy = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16)
