@@ -163,8 +163,9 @@ CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient; 4: the two-programs-per-SM configs
 # left them; 5: the ping-pong forward / data gradient joined; 6: candidates timed on a skewed routing too (winners
 # tuned otherwise are re-tuned); 7: the sorted ping-pong weight gradient joined (and each timing round starts at
-# another candidate)
-CONFIG_CACHE_VERSION = 7
+# another candidate); 8: the sorted schedule made by one launch (session 19: its winners were judged with a 0.06-0.1
+# ms schedule per call)
+CONFIG_CACHE_VERSION = 8
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 

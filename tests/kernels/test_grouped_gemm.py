@@ -184,10 +184,17 @@ def test_pingpong_wgrad_config_refused_where_it_cannot_run():
         gg.grouped_gemm_wgrad(dy, x, offs_t, config=pingpong)
 
 
-def test_skew_schedule_orders_groups_and_flags_skew_without_a_sync():
-    # the ping-pong's "mix" schedule: groups heaviest first (ties in order), and the flag set when at least 1/8 of
-    # the groups have under one reduction step (64 rows) of rows
-    from moetrain.kernels.schedule import SKEWED_SHARE, skew_schedule
+@pytest.mark.parametrize("impl", ["kernel", "torch"])
+def test_skew_schedule_orders_groups_and_flags_skew_without_a_sync(impl):
+    # the "sorted" and "mix" schedules: groups heaviest first (ties in order), and the flag set when at least 1/8 of
+    # the groups have under one reduction step (64 rows) of rows; the Triton launch and its PyTorch reference
+    from moetrain.kernels import schedule
+    from moetrain.kernels.schedule import SKEWED_SHARE
+
+    made = schedule.skew_schedule if impl == "kernel" else schedule.skew_schedule_torch
+
+    def skew_schedule(offs):
+        return made(offs.to(DEVICE)).cpu()
 
     balanced = torch.arange(1, 9, dtype=torch.int32) * 256
     assert skew_schedule(balanced).tolist() == list(range(8)) + [0]
@@ -199,6 +206,19 @@ def test_skew_schedule_orders_groups_and_flags_skew_without_a_sync():
         return skew_schedule(ends.to(torch.int32))[-1].item()
 
     assert SKEWED_SHARE == 8 and (flag(1), flag(2), flag(3)) == (0, 1, 1)  # 1/8 of 16 groups is 2
+
+
+@pytest.mark.parametrize("groups", [1, 7, 16, 300])
+def test_skew_schedule_kernel_matches_torch(groups):
+    # ties (few distinct row counts), empty groups, more groups than one block of places, int32 and int64 ends
+    from moetrain.kernels.schedule import skew_schedule, skew_schedule_torch
+
+    g = torch.Generator().manual_seed(groups)
+    rows = torch.randint(0, 6, (groups,), generator=g) * torch.randint(0, 40, (1,), generator=g)
+    for dtype in (torch.int32, torch.int64):
+        ends = torch.cumsum(rows, 0).to(dtype).to(DEVICE)
+        got, want = skew_schedule(ends), skew_schedule_torch(ends)
+        assert got.dtype == torch.int32 and torch.equal(got, want), (dtype, rows.tolist())
 
 
 MIX_CASES = [
