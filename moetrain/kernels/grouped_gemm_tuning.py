@@ -110,13 +110,16 @@ WGRAD_CONFIGS = (
 # group's rows in L2 (row-major order, g1, lost 20% on skewed routing at DeepSeek-V3's FC1 but won at its FC2);
 # 5 stages won at EP8's long reductions. 64x256 consumer tiles (m64n256 wgmma) were slower everywhere.
 # Groups heaviest first (sorted_groups; session 18): the light groups' store-bound tiles come last, under the tail of
-# the heavy ones: 9.78 -> 8.84 ms at DeepSeek-V3's FC1 on the layer's skewed routing, +0-4% on balanced routing
-# (call I, queued).
+# the heavy ones. Session 19 (schedule.py made by one launch, queued): 6-15% faster on the layers' skewed routing at
+# DeepSeek-V3 and Qwen3, 0-2% slower on balanced routing (once 7%: Qwen3's FC2 with bands of one), so each config is
+# offered both ways and the autotuner, timing the caller's and a skewed routing, decides.
 PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 4, 4, group_m=1, kernel="pingpong"),
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", sorted_groups=True),
+    GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong", sorted_groups=True),
+    GemmConfig(128, 128, 64, 4, 4, group_m=1, kernel="pingpong", sorted_groups=True),
 )
 # The warp-specialized ping-pong forward / data gradient (rowgroup_pingpong.py; session 12, bench/NOTES.md): where it
 # applies (Hopper, bf16, TMA, rows not gathered). Level with torch._grouped_mm on the six GEMMs' sums at Qwen3,
@@ -164,7 +167,7 @@ CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # left them; 5: the ping-pong forward / data gradient joined; 6: candidates timed on a skewed routing too (winners
 # tuned otherwise are re-tuned); 7: the sorted ping-pong weight gradient joined (and each timing round starts at
 # another candidate); 8: the sorted schedule made by one launch (session 19: its winners were judged with a 0.06-0.1
-# ms schedule per call)
+# ms schedule per call), and sorted variants of the other ping-pong weight gradient configs joined
 CONFIG_CACHE_VERSION = 8
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False

@@ -187,7 +187,7 @@ def _trial_cases():
             + [("wgrad_gather", c) for c in tuning.TRIAL_PINGPONG_GATHER_CONFIGS])
 
 
-@pytest.mark.parametrize("cfg_index", range(4))  # (each of tuning.PINGPONG_WGRAD_CONFIGS)
+@pytest.mark.parametrize("cfg_index", range(6))  # (each of tuning.PINGPONG_WGRAD_CONFIGS)
 def test_pingpong_wgrad_in_a_cuda_graph_with_new_routing(cfg_index):
     # the ping-pong weight gradient reads the routing on the device only: one capture, replayed on new routings
     gg = kernels()
@@ -195,6 +195,7 @@ def test_pingpong_wgrad_in_a_cuda_graph_with_new_routing(cfg_index):
 
     if not torch.cuda.get_device_capability()[0] == 9:
         pytest.skip("the ping-pong weight gradient is Hopper-only")
+    assert len(tuning.PINGPONG_WGRAD_CONFIGS) == 6, "cfg_index's range must cover every candidate"
     cfg = tuning.PINGPONG_WGRAD_CONFIGS[cfg_index]
     m, g, n, k = 8192, 32, 1024, 512
     torch.manual_seed(7)
