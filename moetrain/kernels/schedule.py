@@ -20,9 +20,10 @@ wgrad_pingpong._tile (Gluon): the two cannot share a jit function.
 
 One Triton launch (``_skew_schedule_kernel``) makes it on CUDA and in the interpreter: each group's place is the
 count of the groups before it in that order (a [BLOCK_I, G] comparison per program). The PyTorch version
-(``skew_schedule_torch``, the reference) was ~8 operations around a stable argsort; made on every call, its GPU work
-cost the sorted weight gradient 0.06-0.1 ms per call (session 19: Qwen3's FC1 weight gradient 1.34 ms sorted,
-1.26 with the schedule made once, 1.27 plain), which session 18 had read as a per-tile cost of the schedule.
+(``skew_schedule_torch``, the reference) was ~8 operations around a stable argsort; made on every call, it cost the
+sorted weight gradient 0.06-0.1 ms per call timed queued, as in a layer (session 19: Qwen3's FC1 weight gradient
+1.34 ms sorted, 1.26 with the schedule made once, 1.27 plain), which session 18 had read as a per-tile cost of the
+schedule.
 """
 
 from __future__ import annotations
@@ -80,6 +81,6 @@ def skew_schedule(offs: torch.Tensor, step_rows: int = STEP_ROWS) -> torch.Tenso
     block_g = max(16, next_pow2(G))
     block_i = max(1, min(64, 4096 // block_g))  # [BLOCK_I, BLOCK_G] compares: 32 per thread of 4 warps
     sched = torch.empty(G + 1, dtype=torch.int32, device=offs.device)
-    _skew_schedule_kernel[(cdiv(G, block_i),)](offs, sched, G, step_rows, SHARE=SKEWED_SHARE, BLOCK_I=block_i,
+    _skew_schedule_kernel[(cdiv(G, block_i),)](offs.contiguous(), sched, G, step_rows, SHARE=SKEWED_SHARE, BLOCK_I=block_i,
                                                 BLOCK_G=block_g, num_warps=4)
     return sched
