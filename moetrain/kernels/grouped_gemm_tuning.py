@@ -110,9 +110,9 @@ WGRAD_CONFIGS = (
 # group's rows in L2 (row-major order, g1, lost 20% on skewed routing at DeepSeek-V3's FC1 but won at its FC2);
 # 5 stages won at EP8's long reductions. 64x256 consumer tiles (m64n256 wgmma) were slower everywhere.
 # Groups heaviest first (sorted_groups; session 18): the light groups' store-bound tiles come last, under the tail of
-# the heavy ones. Session 19 (schedule.py made by one launch, queued): 6-15% faster on the layers' skewed routing at
-# DeepSeek-V3 and Qwen3, 0-2% slower on balanced routing (once 7%: Qwen3's FC2 with bands of one), so each config is
-# offered both ways and the autotuner, timing the caller's and a skewed routing, decides.
+# the heavy ones. Session 19 (schedule.py made by one launch, queued): 2-15% faster on the layers' skewed routing at
+# DeepSeek-V3 and Qwen3 in 11 of 12 cases, 0-2% slower on balanced routing (once 7%: Qwen3's FC2 with bands of one),
+# so each config is offered both ways and the autotuner, timing the caller's and a skewed routing, decides.
 PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
