@@ -20,20 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-BATCH = 25
-
-
-def per_call_us(fn, batches: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(BATCH):
-            fn()
-        times.append((time.perf_counter() - t0) / BATCH * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+from launch_cost import per_call_us  # (this folder): median us per call over batches of 25, hot
 
 
 def _spin(seconds: float) -> None:
@@ -93,6 +80,11 @@ def main(argv=None) -> int:
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--batches", type=int, default=20)
     args = ap.parse_args(argv)
+    for name in ("tokens", "hidden", "experts", "batches"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} {getattr(args, name)}: at least 1")
+    if not 1 <= args.topk <= args.experts:
+        raise SystemExit(f"--topk {args.topk}: between 1 and --experts ({args.experts})")
     if not torch.cuda.is_available():
         raise SystemExit("scripts/host_op_costs.py: needs a CUDA GPU")
     T, H, E = args.tokens, args.hidden, args.experts
@@ -116,6 +108,7 @@ def main(argv=None) -> int:
     print(f"{'call':40s} {'us/call':>8s} {'after a sync: 1st':>18s} {'2nd':>6s}   (T={T}, H={H}, E={E})", flush=True)
     for name, fn in calls.items():
         try:
+            fn()  # (a first call compiles what it launches)
             us = per_call_us(fn, args.batches)
             first, second = after_sync_us(fn, args.batches)
         except (RuntimeError, TypeError) as err:

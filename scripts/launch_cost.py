@@ -29,7 +29,7 @@ from moetrain.bench import moe_layer as bench
 BATCH = 25
 
 
-def _timed(fn, loops: int) -> float:
+def per_call_us(fn, loops: int) -> float:
     """Median microseconds per fn() over ``loops`` batches of BATCH calls (sync between batches, not timed)."""
     per = []
     for _ in range(loops):
@@ -83,12 +83,12 @@ def _pieces(jit, a, kw, loops: int) -> dict:
     meta = kernel.launch_metadata(grid, stream, *values)
     hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     return {
-        "kernel[grid](...)": _timed(lambda: jit.run(*a, grid=grid, warmup=False, **full), loops),
-        "device + stream": _timed(lambda: driver.active.get_current_stream(driver.active.get_current_device()), loops),
-        "binder": _timed(lambda: binder(*a, **kw), loops),
-        "cache key": _timed(lambda: compute_cache_key(key_cache, spec, options), loops),
-        "launch_metadata": _timed(lambda: kernel.launch_metadata(grid, stream, *values), loops),
-        "C launcher": _timed(lambda: kernel.run(*g, stream, kernel.function, kernel.packed_metadata, meta,
+        "kernel[grid](...)": per_call_us(lambda: jit.run(*a, grid=grid, warmup=False, **full), loops),
+        "device + stream": per_call_us(lambda: driver.active.get_current_stream(driver.active.get_current_device()), loops),
+        "binder": per_call_us(lambda: binder(*a, **kw), loops),
+        "cache key": per_call_us(lambda: compute_cache_key(key_cache, spec, options), loops),
+        "launch_metadata": per_call_us(lambda: kernel.launch_metadata(grid, stream, *values), loops),
+        "C launcher": per_call_us(lambda: kernel.run(*g, stream, kernel.function, kernel.packed_metadata, meta,
                                                 *hooks, *values), loops),
     }
 
@@ -135,7 +135,7 @@ def main() -> None:
             "torch.add(x, x)": lambda: torch.add(x, x),
         }
         for name, f in others.items():
-            print(f"{name:40s} {_timed(f, o.loops):8.1f} us", flush=True)
+            print(f"{name:40s} {per_call_us(f, o.loops):8.1f} us", flush=True)
         del args
         torch.cuda.empty_cache()
 

@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--routing", default="balanced,skewed")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: at least 1")
     shapes, routings = sweep.script_shapes(args.shapes), sweep.script_routings(args.routing)
     sweep.require_cuda("scripts/sorted_schedule_cost.py")
     names = ("plain", "sorted", "sorted, schedule reused", "skew_schedule alone")

@@ -81,6 +81,6 @@ def skew_schedule(offs: torch.Tensor, step_rows: int = STEP_ROWS) -> torch.Tenso
     block_g = max(16, next_pow2(G))
     block_i = max(1, min(64, 4096 // block_g))  # [BLOCK_I, BLOCK_G] compares: 32 per thread of 4 warps
     sched = torch.empty(G + 1, dtype=torch.int32, device=offs.device)
-    _skew_schedule_kernel[(cdiv(G, block_i),)](offs.contiguous(), sched, G, step_rows, SHARE=SKEWED_SHARE, BLOCK_I=block_i,
-                                                BLOCK_G=block_g, num_warps=4)
+    _skew_schedule_kernel[(cdiv(G, block_i),)](offs.contiguous(), sched, G, step_rows, SHARE=SKEWED_SHARE,
+                                                BLOCK_I=block_i, BLOCK_G=block_g, num_warps=4)
     return sched
