@@ -3,8 +3,11 @@ _dgrad as the layer calls them ("tuned": the autotuner's pick among our Triton c
 same routed rows, in turns; outputs checked against torch first.
 
     python scripts/rowgroup_pingpong_bench.py [--shapes dsv3,qwen3,gptoss,mixtral] [--ops fwd,dgrad]
-        [--routing balanced,skewed] [--rounds 5] [--variants 128x128/s4/g8,64x256/s3/g8]
+        [--routing balanced,skewed,layer-skewed] [--rounds 5] [--queued]
+        [--variants 128x128/s4/g8,64x256/s3/g8,128x128/s5/g8/sorted,128x256x64/s3/w8/tma/split/sorted]
 
+A variant is a ping-pong shorthand BMxTN/sSTAGES/gGROUP_M[/sorted], or the name of any forward / data gradient
+config (grouped_gemm.configs_for, trial ones included), run through grouped_gemm_fwd / _dgrad with config=.
 One row per (shape, layer, op, routing): ms and TFLOP/s of each, and torch's time over the best variant's. Then,
 per shape and routing, the sums over the rows: torch, tuned, and the best variant per row.
 """
@@ -17,15 +20,24 @@ import collections
 import torch
 
 
-def parse_variants(text: str, tiles) -> dict:
+def parse_variants(text: str, tiles, configs) -> dict:
+    """name -> the ping-pong's keyword arguments (a shorthand) or a GemmConfig (a config's name)."""
+    named = {str(c): c for c in configs}
     variants = {}
     for v in text.split(","):
+        if v in named:
+            variants[v] = named[v]
+            continue
+        parts = v.split("/")
+        sorted_groups = parts[-1] == "sorted"
         try:
-            tile, stages, group = v.split("/")
+            tile, stages, group = parts[:-1] if sorted_groups else parts
             bm, tn = (int(t) for t in tile.split("x"))
-            variants[v] = dict(tile=(bm, tn), stages=int(stages.removeprefix("s")), group_m=int(group.removeprefix("g")))
+            variants[v] = dict(tile=(bm, tn), stages=int(stages.removeprefix("s")), group_m=int(group.removeprefix("g")),
+                               sorted_groups=sorted_groups)
         except ValueError:
-            raise SystemExit(f"--variants: {v!r} is not BMxTN/sSTAGES/gGROUP_M (e.g. 128x128/s4/g8)") from None
+            raise SystemExit(f"--variants: {v!r} is neither BMxTN/sSTAGES/gGROUP_M[/sorted] (e.g. 128x128/s4/g8) nor a "
+                             "forward config's name (grouped_gemm.configs_for)") from None
         if (bm, tn) not in tiles:
             raise SystemExit(f"--variants: {v!r}: tile one of {tiles}")
     return variants
@@ -35,21 +47,28 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import rowgroup_pingpong as rp
     from moetrain.kernels import sweep_grouped_gemm as sweep
-    from moetrain.kernels.timing import in_turns, median_ms
+    from moetrain.kernels.timing import in_turns, median_ms, queued_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,gptoss,mixtral")
     ap.add_argument("--ops", default="fwd,dgrad")
     ap.add_argument("--layers", default="fc1,fc2")
-    ap.add_argument("--routing", default="balanced", help="balanced and/or skewed (Dirichlet 0.3 shares)")
+    ap.add_argument("--routing", default="balanced",
+                    help="balanced, skewed (Dirichlet 0.3 shares) and/or layer-skewed (bench moe's skewed routing of "
+                         "the same shape)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--queued", action="store_true",
+                    help="time 10 calls back to back (kernels.timing.queued_ms), as a layer's kernels run, instead of "
+                         "each from an idle GPU (a variant's schedule launch then overlaps the previous call)")
     ap.add_argument("--variants", default="128x128/s4/g8,64x256/s3/g8")
     args = ap.parse_args(argv)
-    variants = parse_variants(args.variants, rp.TILES)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds: {args.rounds}: at least 1")
+    variants = parse_variants(args.variants, rp.TILES, gg.configs_for("fwd") + gg.configs_for("dgrad"))
     shapes = sweep.script_shapes(args.shapes)
     if any(o not in ("fwd", "dgrad") for o in args.ops.split(",")):
         raise SystemExit(f"--ops: {args.ops!r}: fwd and/or dgrad")
-    routings = sweep.script_routings(args.routing)
+    routings = sweep.script_routings(args.routing, layer_skewed=True)
     sweep.require_cuda("scripts/rowgroup_pingpong_bench.py")
     print(f"{'shape':8s} {'layer':5s} {'op':5s} {'routing':8s} "
           + " ".join(f"{c:>17s}" for c in ("torch", "tuned", *variants)) + "  torch/best variant", flush=True)
@@ -65,15 +84,19 @@ def main(argv=None) -> int:
                 dgrad = op == "dgrad"
                 a = torch.randn(m, n if dgrad else k, device="cuda", generator=gen).to(torch.bfloat16)
                 for routing in routings:
-                    offs = sweep.group_ends(m, g, routing)
+                    offs = sweep.script_group_ends(shape, routing)
                     if dgrad:
                         runs = {"torch": lambda: torch._grouped_mm(a, w, offs=offs),
                                 "tuned": lambda: gg.grouped_gemm_dgrad(a, w, offs)}
                     else:
                         runs = {"torch": lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs),
                                 "tuned": lambda: gg.grouped_gemm_fwd(a, w, offs)}
+                    ours = gg.grouped_gemm_dgrad if dgrad else gg.grouped_gemm_fwd
                     for v, kw in variants.items():
-                        runs[v] = lambda kw=kw: rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, **kw)
+                        if isinstance(kw, dict):
+                            runs[v] = lambda kw=kw: rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, **kw)
+                        else:  # a config by name
+                            runs[v] = lambda cfg=kw: ours(a, w, offs, config=cfg)
                     want = runs["torch"]()
                     for name in list(runs)[1:]:
                         err = sweep.rel_err(runs[name](), want)
@@ -81,8 +104,13 @@ def main(argv=None) -> int:
                             raise SystemExit(f"{shape} {layer} {op} {routing}: {name} disagrees with torch "
                                              f"(rel err {err:.2e})")
                     want = None
-                    med, failed = in_turns(list(runs), lambda name: median_ms(runs[name], warmup=2, reps=10),
-                                           args.rounds)
+                    if args.queued:
+                        def time_one(name):
+                            return queued_ms(runs[name], reps=10, warmup=2)
+                    else:
+                        def time_one(name):
+                            return median_ms(runs[name], warmup=2, reps=10)
+                    med, failed = in_turns(list(runs), time_one, args.rounds)
                     if failed:
                         raise next(iter(failed.values()))
                     flops = 2.0 * m * n * k

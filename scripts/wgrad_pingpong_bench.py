@@ -19,12 +19,7 @@ import argparse
 import torch
 
 
-LAYER_SHAPES = {"dsv3": "deepseek-v3", "qwen3": "qwen3-30b-a3b", "dsv3-ep8": "deepseek-v3-ep8",
-                "gptoss": "gpt-oss-20b", "mixtral": "mixtral-8x7b"}  # sweep shape -> bench moe shape (same rows)
-
-
 def main(argv=None) -> int:
-    from moetrain.bench import moe_layer
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import sweep_grouped_gemm as sweep
     from moetrain.kernels import wgrad_pingpong as wp
@@ -99,13 +94,13 @@ def main(argv=None) -> int:
             rows = (torch.randperm(m, device="cuda", generator=gen).remainder(m // 8).to(torch.int32) if args.gather
                     else None)
             for routing in args.routing.split(","):
-                if routing == "layer-skewed":
-                    offs = moe_layer.routed_offs(moe_layer.SHAPES[LAYER_SHAPES[shape]], "skewed", torch.device("cuda"))
-                elif routing.startswith("uniform:"):  # the rows past g * R belong to no group
+                if routing.startswith("uniform:"):  # the rows past g * R belong to no group
                     per_group = min(int(routing.removeprefix("uniform:")), m // g)
                     offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * per_group
-                else:
+                elif args.groups:
                     offs = sweep.group_ends(m, g, routing)
+                else:
+                    offs = sweep.script_group_ends(shape, routing)
                 if args.gather:
                     runs = {"torch": lambda: torch._grouped_mm(dy.t(), x[rows.long()], offs=offs),
                             "tuned": lambda: gg.grouped_gemm_wgrad(dy, x[rows.long()], offs),

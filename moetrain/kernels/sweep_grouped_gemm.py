@@ -96,6 +96,22 @@ def group_ends(m: int, g: int, routing: str, seed: int = 0) -> torch.Tensor:
     return torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
 
 
+# sweep shape -> bench moe's shape of the same routed rows (its "skewed" routing: K distinct experts per token)
+LAYER_SHAPES = {"dsv3": "deepseek-v3", "qwen3": "qwen3-30b-a3b", "dsv3-ep8": "deepseek-v3-ep8",
+                "gptoss": "gpt-oss-20b", "mixtral": "mixtral-8x7b"}
+
+
+def script_group_ends(shape: str, routing: str) -> torch.Tensor:
+    """[G] int32 group ends on the GPU for the kernel scripts' --routing: balanced, skewed (``group_ends``) or
+    layer-skewed (bench moe's skewed routing of the same shape: moe_layer.routed_offs)."""
+    m, g = SHAPES[shape][:2]
+    if routing == "layer-skewed":
+        from moetrain.bench import moe_layer
+
+        return moe_layer.routed_offs(moe_layer.SHAPES[LAYER_SHAPES[shape]], "skewed", torch.device("cuda"))
+    return group_ends(m, g, routing)
+
+
 def script_shapes(text: str) -> list:
     """The kernel scripts' --shapes (comma-separated SHAPES names); an unknown one exits with one line."""
     names = text.split(",")
@@ -105,11 +121,13 @@ def script_shapes(text: str) -> list:
     return names
 
 
-def script_routings(text: str) -> list:
-    """The kernel scripts' --routing: balanced and/or skewed; anything else exits with one line."""
+def script_routings(text: str, layer_skewed: bool = False) -> list:
+    """The kernel scripts' --routing: balanced and/or skewed (and layer-skewed where the script takes it: see
+    ``script_group_ends``); anything else exits with one line."""
     names = text.split(",")
-    if any(r not in ("balanced", "skewed") for r in names):
-        raise SystemExit(f"--routing: {text!r}: balanced and/or skewed")
+    known = ("balanced", "skewed", "layer-skewed") if layer_skewed else ("balanced", "skewed")
+    if any(r not in known for r in names):
+        raise SystemExit(f"--routing: {text!r}: any of {', '.join(known)}")
     return names
 
 
