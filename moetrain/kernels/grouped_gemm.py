@@ -262,7 +262,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             DGRAD=dgrad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
             BLOCK_G=_block_g(G), USE_TMA=use_tma,
             FLATTEN=not interpreting(), PRECISION=_precision(a.dtype), GATHER=gather is not None,
-            PART=part, BIG_M=big_m, MIX=cfg.mix, SORTED=cfg.sorted_groups, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PART=part, BIG_M=big_m, MIX=cfg.mix, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
     def run(cfg: GemmConfig, offs: torch.Tensor = offs):
@@ -270,10 +270,9 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             from moetrain.kernels.rowgroup_pingpong import grouped_gemm_rowgroup_pingpong
 
             grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, stages=cfg.num_stages, group_m=cfg.group_m,
-                                           tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs,
-                                           sorted_groups=cfg.sorted_groups)
+                                           tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs)
             return
-        sched = skew_schedule(offs) if cfg.mix or cfg.sorted_groups else offs  # (unused without MIX, SORTED)
+        sched = skew_schedule(offs) if cfg.mix else offs  # (unused without MIX)
         _run_tail_split(cfg, lambda c, part, big_m: launch(c, part, big_m, sched, offs))
 
     op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")

@@ -38,7 +38,7 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
 
             return rowgroup_pingpong.aot_compile(config.num_stages, (config.block_m, config.block_n),
                                                  dgrad=op == "dgrad", capability=capability,
-                                                 group_m=config.group_m, sorted_groups=config.sorted_groups)
+                                                 group_m=config.group_m)
         from moetrain.kernels import wgrad_pingpong
 
         return wgrad_pingpong.aot_compile(config.num_stages, config.group_m, (config.block_m, config.block_n),
@@ -59,8 +59,7 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
         ints = ["M", "OUT", "RED", "G", "stride_am", "stride_wg", "stride_w1", "stride_om", "NUM_PROGS"]
         consts = dict(DGRAD=op == "dgrad", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=True, PRECISION="tf32", GATHER=gather,
-                      PART=part, BIG_M=big_m or bm, MIX=config.mix,
-                      SORTED=config.sorted_groups)
+                      PART=part, BIG_M=big_m or bm, MIX=config.mix)
     elif op in ("wgrad", "wgrad_gather"):
         fn = _wgrad_kernel
         gather = op == "wgrad_gather"

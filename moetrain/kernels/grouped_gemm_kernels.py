@@ -27,14 +27,13 @@ def ragged_geometry(columns: int, row_stride: int) -> tuple[list, list]:
 # Row-group scheduling of the forward / dgrad kernel, as jit helpers.
 @triton.jit
 def _row_tiles(offs_ptr, sched_ptr, M, OUT, G, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_G: tl.constexpr, PART: tl.constexpr, BIG_M: tl.constexpr, MIX: tl.constexpr,
-               SORTED: tl.constexpr):
-    """Per slot of the group order (the groups themselves; MIX, SORTED: sched_ptr's order, see schedule.py)
-    [BLOCK_G]: the group's row end (ends) and start (starts), the group (groups), the cumulative tile count (tile_ends); the tile
+               BLOCK_G: tl.constexpr, PART: tl.constexpr, BIG_M: tl.constexpr, MIX: tl.constexpr):
+    """Per slot of the group order (the groups themselves; MIX: sched_ptr's order, see schedule.py) [BLOCK_G]: the
+    group's row end (ends) and start (starts), the group (groups), the cumulative tile count (tile_ends); the tile
     total and the column tiles per row tile, for this launch's segment of each group (PART, see TAIL SPLIT)."""
     # Row range of every group, in registers. Slots past G repeat the last end (empty groups).
     gi = tl.arange(0, BLOCK_G)
-    if MIX or SORTED:
+    if MIX:
         groups = tl.load(sched_ptr + tl.minimum(gi, G - 1))
         ends = tl.load(offs_ptr + groups)
         ends = tl.minimum(tl.maximum(ends, 0), M)
@@ -69,13 +68,13 @@ def _row_tiles(offs_ptr, sched_ptr, M, OUT, G, BLOCK_M: tl.constexpr, BLOCK_N: t
 @triton.jit
 def _tile_at(tile, ends, starts, groups, tile_ends, M, n_tiles, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, PART: tl.constexpr, BIG_M: tl.constexpr,
-             MIX: tl.constexpr, SORTED: tl.constexpr):
+             MIX: tl.constexpr):
     """(group g, first row m0, first column n0, the group's row end) of work tile ``tile``."""
     # The tile's slot: the number of slots whose tiles all come before it.
     before = tile_ends <= tile
     slot = tl.sum(before.to(tl.int32), 0)
     tile0 = tl.max(tl.where(before, tile_ends, 0), 0)
-    if MIX or SORTED:  # slots in sched order: the group and its rows picked out of the slot vectors
+    if MIX:  # slots in sched order: the group and its rows picked out of the slot vectors
         here = tl.arange(0, ends.shape[0]) == slot
         g = tl.sum(tl.where(here, groups, 0), 0)
         row0 = tl.sum(tl.where(here, starts, 0), 0)
@@ -139,7 +138,7 @@ def _rowgroup_kernel(
     w_ptr, w_desc,  # w [G, D1, D2]; w_desc 3-D, block [1, BLOCK_N, BLOCK_K] (forward) / [1, BLOCK_K, BLOCK_N]
     out_ptr, out_desc,  # out [M, OUT]; out_desc ragged 4-D, block [1, 1, BLOCK_M, BLOCK_N]
     offs_ptr,  # [G] int32
-    sched_ptr,  # MIX, SORTED: [G + 1] int32, schedule.skew_schedule(offs) (else unused)
+    sched_ptr,  # MIX: [G + 1] int32, schedule.skew_schedule(offs) (else unused)
     M, OUT, RED, G,
     stride_am, stride_wg, stride_w1, stride_om,
     NUM_PROGS,
@@ -150,12 +149,11 @@ def _rowgroup_kernel(
     PART: tl.constexpr,  # 0: every row; 1: body (see TAIL SPLIT); 2: tail, with BIG_M the body's BLOCK_M
     BIG_M: tl.constexpr,
     MIX: tl.constexpr,  # groups in sched_ptr's order; on skewed routing half the programs walk backwards
-    SORTED: tl.constexpr,  # groups in sched_ptr's order (heaviest first), every program in step
 ):
     pid = tl.program_id(0)
     out_dtype = out_ptr.dtype.element_ty
     ends, starts, groups, tile_ends, total, n_tiles = _row_tiles(offs_ptr, sched_ptr, M, OUT, G, BLOCK_M, BLOCK_N,
-                                                                 BLOCK_G, PART, BIG_M, MIX, SORTED)
+                                                                 BLOCK_G, PART, BIG_M, MIX)
     k_tiles = (RED + BLOCK_K - 1) // BLOCK_K
     rm = tl.arange(0, BLOCK_M)
     rn = tl.arange(0, BLOCK_N)
@@ -175,7 +173,7 @@ def _rowgroup_kernel(
             q = tl.where(skewed & (j % 2 == 1) & (j < total // NUM_PROGS), NUM_PROGS - 1 - pid, pid)
             tile = j * NUM_PROGS + q
         g, m0, n0, row_end = _tile_at(tile, ends, starts, groups, tile_ends, M, n_tiles, BLOCK_M, BLOCK_N, GROUP_M,
-                                      PART, BIG_M, MIX, SORTED)
+                                      PART, BIG_M, MIX)
         w_base = w_ptr + g.to(tl.int64) * stride_wg
         row_ok = (m0 + rm) < row_end
         a_rows = _a_rows(a_ptr, gather_ptr, m0, rm, row_ok, stride_am, GATHER)

@@ -36,8 +36,7 @@ class GemmConfig:
     cohorts (pingpong): groups of programs that start at different points of the tile order (wgrad_pingpong._tile).
     mix (pingpong, forward / dgrad): groups heaviest first, half the programs walking backwards on skewed routing
     (schedule.py; the kernels' MIX).
-    sorted_groups: groups heaviest first, every program in step (the kernels' SORTED: the ping-pong weight gradient's;
-    on trial, the forward / data gradient's, Triton and ping-pong).
+    sorted_groups (pingpong weight gradient): groups heaviest first, every program in step (wgrad_pingpong SORTED).
     """
 
     block_m: int
@@ -53,7 +52,7 @@ class GemmConfig:
     kernel: str = "triton"
     cohorts: int = 1
     mix: bool = False
-    sorted_groups: bool = False  # groups heaviest first, programs in step (SORTED)
+    sorted_groups: bool = False  # pingpong weight gradient: groups heaviest first, programs in step (SORTED)
 
     def __str__(self) -> str:
         if self.kernel != "triton":
@@ -66,7 +65,7 @@ class GemmConfig:
         split = "/split" if self.tail_split else ""
         band = "" if self.group_m == 8 else f"/g{self.group_m}"
         store = "" if self.tma_store or not self.use_tma else "/rstore"
-        mix = "/mix" if self.mix else "/sorted" if self.sorted_groups else ""
+        mix = "/mix" if self.mix else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}{split}"
                 f"{band}{store}{mix}")
 
@@ -194,15 +193,7 @@ TWO_PER_SM_CONFIGS = (
 )
 # On trial: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested in session 12
 # (call A): level with or slower than the plain schedule at DeepSeek-V3 on both routings (bench gemm's sweep).
-# And "sorted" (session 20): the forward / data gradient with the groups heaviest first, every program in step, as
-# the weight gradient's sorted configs (2-15% faster on skewed routing there), for the usual Triton pick at
-# DeepSeek-V3 and the ping-pong's.
-TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
-    GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),
-    GemmConfig(128, 256, 64, 3, 8, tail_split=True, sorted_groups=True),
-    GemmConfig(128, 256, 64, 3, 8, sorted_groups=True),
-    GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong", sorted_groups=True),
-)
+TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),)
 TRIAL_WGRAD_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
     # (session 6: they lost everywhere; kept as the reference for the next ones). Refuted in session 8 and dropped:
@@ -227,8 +218,8 @@ def configs_for(op: str, trial: bool = True) -> tuple:
                                                          if trial else ())
     if op == "wgrad_gather":
         return WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS + TRIAL_PINGPONG_GATHER_CONFIGS if trial else ())
-    if op == "fwd_gather":  # (the ping-pong kernels load rows by TMA: none gathered)
-        return ROWGROUP_CONFIGS + (tuple(c for c in TRIAL_ROWGROUP_CONFIGS if c.kernel == "triton") if trial else ())
+    if op == "fwd_gather":
+        return ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())
     return ROWGROUP_CONFIGS + PINGPONG_ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())
 
 

@@ -59,7 +59,6 @@ from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
 from moetrain.kernels.host import next_pow2
 from moetrain.kernels.moe_rows import ACTIVATIONS
 from moetrain.kernels.pingpong_epilogues import swiglu_bwd_epilogue, swiglu_fwd_epilogue
-from moetrain.kernels.schedule import skew_schedule
 
 BLOCK_K = 64  # reduction step
 TILES = ((128, 128), (64, 256))  # a consumer's output tile (rows, columns): a 128-register fp32 accumulator either way
@@ -72,17 +71,12 @@ CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup
 
 
 @gluon.jit
-def _advance(tile, slot, g, g_end, row0, row_end, offs_ptr, sched_ptr, M, G, n_tiles, BM: gl.constexpr,
-             SORTED: gl.constexpr):
-    """Moves the cursor (the slot of the group order, its group g, its last tile + 1, its rows [row0, row_end))
-    forward to the slot owning ``tile``. The order is the groups 0..G-1 themselves, or with SORTED sched_ptr[0:G]
-    (schedule.skew_schedule: heaviest first); slot G is group G, the rows past offs[-1]. Each group's row range is
-    clamped as in the tile total (_tile_total), so the two agree on every input."""
-    while (tile >= g_end) & (slot < G):
-        slot += 1
-        g = slot
-        if SORTED:
-            g = gl.where(slot < G, gl.load(sched_ptr + gl.minimum(slot, G - 1)), G)
+def _advance(tile, g, g_end, row0, row_end, offs_ptr, M, G, n_tiles, BM: gl.constexpr):
+    """Moves the group cursor (g, its last tile + 1, its rows [row0, row_end)) forward to the group owning ``tile``.
+    Group G is the rows past offs[-1]. Each group's row range is clamped as in the tile total (_tile_total), so the
+    two agree on every input."""
+    while (tile >= g_end) & (g < G):
+        g += 1
         start = gl.load(offs_ptr + gl.maximum(g - 1, 0))
         start = gl.where(g > 0, gl.minimum(gl.maximum(start, 0), M), 0)
         end = gl.load(offs_ptr + gl.minimum(g, G - 1))
@@ -90,7 +84,7 @@ def _advance(tile, slot, g, g_end, row0, row_end, offs_ptr, sched_ptr, M, G, n_t
         row0 = start
         row_end = gl.maximum(end, start)
         g_end = g_end + (row_end - row0 + BM - 1) // BM * n_tiles
-    return slot, g, g_end, row0, row_end
+    return g, g_end, row0, row_end
 
 
 @gluon.jit
@@ -106,21 +100,19 @@ def _coords(tile, g_end, row0, row_end, n_tiles, BM: gl.constexpr, TN: gl.conste
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, sched_ptr, M, OUT, G, n_tiles, k_tiles, total,
-              NUM_PROGS, BM: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-              DGRAD: gl.constexpr, EPILOGUE: gl.constexpr, SORTED: gl.constexpr):
+def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS,
+              BM: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
+              EPILOGUE: gl.constexpr):
     """TMA loads of each step's A block [BM, BK] and w block ([TN, BK] forward, [BK, TN] data gradient; SWIGLU_FWD:
     the gate rows n0.. and the up rows OUT + n0.. of expert g, CN each, from w viewed as [G * 2 * OUT, K])."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    slot = -1
     g = -1
     g_end = 0
     row0 = 0
     row_end = 0
     it = 0
     for tile in range(gl.program_id(0), total, NUM_PROGS):
-        slot, g, g_end, row0, row_end = _advance(tile, slot, g, g_end, row0, row_end, offs_ptr, sched_ptr, M, G,
-                                                 n_tiles, BM, SORTED)
+        g, g_end, row0, row_end = _advance(tile, g, g_end, row0, row_end, offs_ptr, M, G, n_tiles, BM)
         if g < G:  # (the pseudo-group past offs[-1] loads nothing)
             m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, CN, GROUP_M)
             for step in range(k_tiles):
@@ -149,13 +141,12 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, sched_ptr,
 
 @gluon.jit
 def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr, probs_ptr,
-              parts_ptr, offs_ptr, sched_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, ROLE: gl.constexpr,
+              parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, ROLE: gl.constexpr,
               BM: gl.constexpr, TN: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
               DGRAD: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
-              HAS_PROBS: gl.constexpr, SORTED: gl.constexpr):
+              HAS_PROBS: gl.constexpr):
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TN, 16])
-    slot = -1
     g = -1
     g_end = 0
     row0 = 0
@@ -164,8 +155,7 @@ def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_
     j = 0
     turn_phase = 1 - ROLE  # warpgroup 0 goes first (a fresh barrier passes phase 1); 1 waits for 0's first turn
     for tile in range(gl.program_id(0), total, NUM_PROGS):
-        slot, g, g_end, row0, row_end = _advance(tile, slot, g, g_end, row0, row_end, offs_ptr, sched_ptr, M, G,
-                                                 n_tiles, BM, SORTED)
+        g, g_end, row0, row_end = _advance(tile, g, g_end, row0, row_end, offs_ptr, M, G, n_tiles, BM)
         steps = gl.where(g < G, k_tiles, 0)  # the pseudo-group past offs[-1]: zeros, no MMA
         if j % 2 == ROLE:
             mbarrier.wait(turn.index(ROLE), turn_phase)
@@ -223,10 +213,10 @@ def _tile_total(offs_ptr, M, G, n_tiles, BM: gl.constexpr, BLOCK_G: gl.constexpr
 
 @gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
 def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr, dh_ptr, probs_ptr, parts_ptr,
-                              offs_ptr, sched_ptr, M, OUT, RED, G,
+                              offs_ptr, M, OUT, RED, G,
                               NUM_PROGS, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
                               BLOCK_G: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
-                              HAS_PROBS: gl.constexpr, SORTED: gl.constexpr, num_warps: gl.constexpr):
+                              HAS_PROBS: gl.constexpr, num_warps: gl.constexpr):
     """a_desc: A [M, RED] (x or dy), block [BM, BK]; w_desc: w [G, N, K], block [1, TN, BK] (forward) or [1, BK, TN]
     (DGRAD); out_desc: out [M, OUT] ragged, block [1, 1, BM, TN].
     SWIGLU_BWD (with DGRAD): h_ptr / dh_ptr are h and dh [M, 2I] (gate columns, then up); out_desc is dh's gate half
@@ -234,8 +224,6 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
     SWIGLU_FWD (forward): w_desc is FC1's w [G, 2 OUT, K] viewed as [G * 2 OUT, K], block [TN / 2, BK]; out_desc is
     a [M, OUT] ragged, block [1, 1, BM, TN / 2]; h_desc / h_up_desc the halves of h [M, 2 OUT] (outputs here);
     probs_ptr [M] fp32 with HAS_PROBS.
-    SORTED: the groups in the order sched_ptr[0:G] ([G + 1] int32, schedule.skew_schedule: heaviest first), every
-    program in step, so that the light groups' weight-bound tiles come last, under the heavy groups' tail.
     Unused descriptors and pointers may be any of the others."""
     BM: gl.constexpr = out_desc.block_type.shape[2]
     CN: gl.constexpr = out_desc.block_type.shape[3]  # output columns per tile (of a, with SWIGLU_FWD)
@@ -266,13 +254,13 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
     # (spelled out as in wgrad_pingpong.py: argument tuples held in variables lose their constexprs)
     gl.warp_specialize([
         (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
-                     probs_ptr, parts_ptr, offs_ptr, sched_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM,
-                     TN, CN, BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, SORTED)),
+                     probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM, TN, CN, BK,
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
         (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
-                     probs_ptr, parts_ptr, offs_ptr, sched_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM,
-                     TN, CN, BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, SORTED)),
-        (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, sched_ptr, M, OUT, G, n_tiles, k_tiles,
-                     total, NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE, SORTED)),
+                     probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN, CN, BK,
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
+        (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total,
+                     NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -325,30 +313,26 @@ def _value(epilogue) -> int:
 
 def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad: bool, stages: int, group_m: int,
             num_programs: int | None, h_descs=None, h=None, dh=None, probs=None, parts=None, epilogue: int = PLAIN,
-            act: int = 0, sorted_groups: bool = False):
+            act: int = 0):
     """width: the output columns the tiles cover (OUT: N or K; I with SWIGLU_BWD / SWIGLU_FWD). The kernel's unused
-    descriptors and pointers get out_desc and offs. sorted_groups: the groups heaviest first (SORTED; the schedule
-    made here by one more launch)."""
+    descriptors and pointers get out_desc and offs."""
     nprog = max(1, num_programs or cuda_device.sm_count(a.device))
     h_descs = h_descs or (out_desc, out_desc)
     with cuda_device.on_device(a.device):
-        sched = skew_schedule(offs) if sorted_groups else offs
         _rowgroup_pingpong_kernel[(nprog,)](
             a_desc, w_desc, out_desc, *h_descs, *(t if t is not None else offs for t in (h, dh, probs, parts)), offs,
-            sched, a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages, GROUP_M=group_m, DGRAD=dgrad,
+            a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages, GROUP_M=group_m, DGRAD=dgrad,
             BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS, EPILOGUE=_value(epilogue), ACT=act,
-            HAS_PROBS=probs is not None, SORTED=sorted_groups, num_warps=4, maxnreg=168)
+            HAS_PROBS=probs is not None, num_warps=4, maxnreg=168)
 
 
 def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, dgrad: bool = False,
                                    stages: int = 4, group_m: int = 8, tile: tuple[int, int] = (128, 128),
-                                   out: torch.Tensor | None = None, num_programs: int | None = None,
-                                   sorted_groups: bool = False) -> torch.Tensor:
+                                   out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
     """Forward (y [M, N] = x_g @ w[g]^T, a = x [M, K]) or, with ``dgrad``, data gradient (dx [M, K] = dy_g @ w[g],
     a = dy [M, N]) per group; w [G, N, K]; offs [G] int32; rows past offs[-1] are zeros. bf16 contiguous tensors on
     a Hopper GPU, N and K multiples of 8 (16-byte TMA rows). ``tile``: each consumer's output tile, (128, 128) or
-    (64, 256). ``group_m``: row tiles per band. ``sorted_groups``: the groups heaviest first (the kernel's SORTED).
-    Called by grouped_gemm_fwd / _dgrad for the "pingpong" configs."""
+    (64, 256). ``group_m``: row tiles per band. Called by grouped_gemm_fwd / _dgrad for the "pingpong" configs."""
     _check("grouped_gemm_rowgroup_pingpong", a, w, offs, dgrad, tile)
     a, w = a.contiguous(), w.contiguous()
     offs = offs.to(torch.int32).contiguous()
@@ -365,7 +349,7 @@ def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch
     a_desc, w_desc = _descs(a, w, tile, dgrad)
     out_desc = ragged_desc(out, list(tile))
     _launch(a, offs, w.shape[0], width, a_desc, w_desc, out_desc, dgrad=dgrad, stages=stages, group_m=group_m,
-            num_programs=num_programs, sorted_groups=sorted_groups)
+            num_programs=num_programs)
     return out
 
 
@@ -446,8 +430,7 @@ def _check_probs_activation(name: str, probs: torch.Tensor | None, rows: int, ac
 
 
 def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool = False, epilogue: int = PLAIN,
-                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8,
-                sorted_groups: bool = False):
+                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel. ``epilogue``: PLAIN, SWIGLU_BWD (a data gradient) or SWIGLU_FWD (a forward, 128x128)."""
     from triton.backends.compiler import GPUTarget
@@ -462,15 +445,15 @@ def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool
         w_block = [1, BLOCK_K, tn] if dgrad else [1, tn, BLOCK_K]
     sig = {"a_desc": aot_type([bm, BLOCK_K]), "w_desc": aot_type(w_block),
            "out_desc": out, "h_desc": out, "h_up_desc": out, "h_ptr": "*bf16", "dh_ptr": "*bf16", "probs_ptr": "*fp32",
-           "parts_ptr": "*fp32", "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
+           "parts_ptr": "*fp32", "offs_ptr": "*i32", "M": "i32",
            "OUT": "i32", "RED": "i32", "G": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr",
            "DGRAD": "constexpr", "BLOCK_G": "constexpr", "RAGGED": "constexpr", "EPILOGUE": "constexpr",
-           "ACT": "constexpr", "HAS_PROBS": "constexpr", "SORTED": "constexpr", "num_warps": "constexpr"}
+           "ACT": "constexpr", "HAS_PROBS": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     src = GluonASTSource(_rowgroup_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_M": group_m, "DGRAD": dgrad, "BLOCK_G": 256,
                                      "RAGGED": RAGGED_ROWS, "EPILOGUE": _value(epilogue), "ACT": act,
-                                     "HAS_PROBS": has_probs, "SORTED": sorted_groups,
+                                     "HAS_PROBS": has_probs,
                                      "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]]
                                 for n in ("h_ptr", "dh_ptr", "probs_ptr", "parts_ptr", "offs_ptr", "OUT", "RED")})

@@ -143,36 +143,8 @@ def test_dgrad_with_swiglu_backward_matches_the_separate_kernels_at_qwen3_fc2():
 
 
 @pytest.mark.parametrize("dgrad", [False, True])
-@pytest.mark.parametrize("routing", ["skewed", "balanced"])
-@pytest.mark.parametrize("programs", [None, 7])
-def test_sorted_groups_compute_the_same_tiles_in_another_order(dgrad, routing, programs):
-    # SORTED walks the groups heaviest first (schedule.skew_schedule): each output tile is reduced by the same code
-    # in the same order, so the output is the plain schedule's bit for bit, and every row is written (poisoned first)
-    rp = kernel()
-    if routing == "skewed":
-        offs = skewed_offs_cuda(M, G, seed=25)  # empty groups, rows past offs[-1]
-    else:
-        offs = torch.arange(1, G + 1, device="cuda", dtype=torch.int32) * (M // G)
-    torch.manual_seed(26)
-    a = torch.randn(M, N if dgrad else K, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16)
-    width = K if dgrad else N
-    runs = [rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, stages=5, num_programs=programs,
-                                              sorted_groups=sorted_groups,
-                                              out=torch.full((M, width), float("nan"), device="cuda",
-                                                             dtype=torch.bfloat16))
-            for sorted_groups in (False, True)]
-    torch.cuda.synchronize()
-    assert not torch.isnan(runs[1]).any(), "unwritten (NaN-poisoned) outputs"
-    assert torch.equal(runs[0], runs[1])
-    check_groups_fp64("dgrad" if dgrad else "fwd", runs[1], a, w, offs, range(G))
-
-
-@pytest.mark.parametrize("dgrad", [False, True])
-@pytest.mark.parametrize("sorted_groups", [False, True])
-def test_in_a_cuda_graph_with_new_routing(dgrad, sorted_groups):
-    # the programs find their groups on the device (tile total and cursor; sorted: the schedule launch too): one
-    # capture, replayed on new routings
+def test_in_a_cuda_graph_with_new_routing(dgrad):
+    # the programs find their groups on the device (tile total and cursor): one capture, replayed on new routings
     rp = kernel()
     m, g, n, k = 8192, 32, 1024, 512
     torch.manual_seed(34)
@@ -185,9 +157,8 @@ def test_in_a_cuda_graph_with_new_routing(dgrad, sorted_groups):
         assert not torch.isnan(out).any()
         check_groups_fp64("dgrad" if dgrad else "fwd", out, a, w, offs, range(g))
 
-    check_graph_replays(lambda: rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, out=out,
-                                                                  sorted_groups=sorted_groups),
-                        offs, m, (out,), check)
+    check_graph_replays(lambda: rp.grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, out=out), offs, m, (out,),
+                        check)
 
 
 def fc1_swiglu_fp64(x, w, offs, probs, activation):
