@@ -43,6 +43,14 @@ def parse_variants(text: str, tiles, configs) -> dict:
     return variants
 
 
+def tuned_pick(op: str, red: int, width: int) -> str:
+    """The autotuner's pick for this op's shape in this process (grouped_gemm_tuning._BEST), by name."""
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    picks = [str(cfg) for key, cfg in tuning._BEST.items() if key[0] == op and key[3:5] == (width, red)]
+    return ", ".join(picks) or "?"
+
+
 def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import rowgroup_pingpong as rp
@@ -116,8 +124,8 @@ def main(argv=None) -> int:
                     flops = 2.0 * m * n * k
                     cells = " ".join(f"{med[c]:7.3f} {flops / med[c] / 1e9:5.0f} TF/s" for c in runs)
                     best = min(med[v] for v in variants)
-                    print(f"{shape:8s} {layer:5s} {op:5s} {routing:8s} {cells}  {med['torch'] / best:6.3f}x",
-                          flush=True)
+                    print(f"{shape:8s} {layer:5s} {op:5s} {routing:8s} {cells}  {med['torch'] / best:6.3f}x  "
+                          f"(tuned: {tuned_pick(op, n if dgrad else k, k if dgrad else n)})", flush=True)
                     total = sums[(shape, routing)]
                     total["torch"] += med["torch"]
                     total["tuned"] += med["tuned"]
