@@ -1,8 +1,8 @@
 """Tile configurations and autotuning of the grouped GEMM kernels (grouped_gemm.py).
 
 The first call per (op, dtype, N, K, M/G bucket) times every candidate config with
-median_ms (CUDA events, moetrain.kernels.timing) and keeps the fastest; the CPU interpreter always uses one
-small config. Winners are kept on disk too ($MOETRAIN_CACHE_DIR/grouped_gemm_configs.json, keyed with the
+queued_ms (calls back to back between two CUDA events, as a layer's kernels run: moetrain.kernels.timing) and keeps
+the fastest; the CPU interpreter always uses one small config. Winners are kept on disk too ($MOETRAIN_CACHE_DIR/grouped_gemm_configs.json, keyed with the
 GPU's name and the triton version; moetrain.kernels.disk_cache), so that a later process (a restart, the
 next run) skips the timing; a cached config that is no longer a candidate is timed again.
 """
@@ -16,7 +16,7 @@ import torch
 import triton
 
 from moetrain.kernels import cuda_device, disk_cache
-from moetrain.kernels.timing import in_turns, median_ms
+from moetrain.kernels.timing import in_turns, queued_ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +152,6 @@ TRIAL_PINGPONG_GATHER_CONFIGS = (
 # The interpreter runs every program in Python: small tiles keep the CPU tests fast (tail split on, so
 # that every op test also runs the body and tail launches).
 INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True)
-SPLIT_SLACK = 0.03
 TUNE_ROUNDS = 3
 # The best few of the first pass are timed again, longer: one pass of 4 reps over 13 configs left the
 # layer's kernel 5-9% slower than the sweep's best on some hosts (bench/NOTES.md, session 7).
@@ -167,8 +166,9 @@ CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # left them; 5: the ping-pong forward / data gradient joined; 6: candidates timed on a skewed routing too (winners
 # tuned otherwise are re-tuned); 7: the sorted ping-pong weight gradient joined (and each timing round starts at
 # another candidate); 8: the sorted schedule made by one launch (session 19: its winners were judged with a 0.06-0.1
-# ms schedule per call), and sorted variants of the other ping-pong weight gradient configs joined
-CONFIG_CACHE_VERSION = 8
+# ms schedule per call), and sorted variants of the other ping-pong weight gradient configs joined; 9: candidates timed
+# queued, and no preference for tail-split configs
+CONFIG_CACHE_VERSION = 9
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 
@@ -308,9 +308,12 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None):
     if torch.cuda.is_current_stream_capturing():
         return candidates[0]  # cannot time inside a graph capture; warm up before capturing
 
+    # Queued, not each call from an idle GPU (median_ms): from idle a call's time includes its host-side launch
+    # (descriptors, Gluon's launcher), which a layer's queued kernels hide; timed so, the autotuner passed over the
+    # ping-pong where it was 5-13% faster in the layer's order (bench/NOTES.md, session 20)
     def timed(cfg, reps: int) -> float:
-        ms = median_ms(lambda: run(cfg), warmup=1, reps=reps)
-        return ms if run_skewed is None else ms + median_ms(lambda: run_skewed(cfg), warmup=1, reps=reps)
+        ms = queued_ms(lambda: run(cfg), reps=reps, warmup=1)
+        return ms if run_skewed is None else ms + queued_ms(lambda: run_skewed(cfg), reps=reps, warmup=1)
 
     # a config that does not fit (shared memory, registers) is dropped
     times, failed = in_turns(candidates, lambda cfg: timed(cfg, 4), TUNE_ROUNDS)
@@ -321,13 +324,10 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None):
         again, _ = in_turns(finalists, lambda cfg: timed(cfg, FINAL_REPS), FINAL_ROUNDS)
         times.update(again)
         finalists = [c for c in finalists if c in again] or finalists
+    # The fastest on the sum, tail-split or not: the skewed routing in the sum measures what the split saves on
+    # uneven routing (a 3% preference for split configs, from before that, cost DeepSeek-V3's FC1 forward 1-3% on
+    # both routings; bench/NOTES.md, session 20).
     best = min(finalists, key=times.get)
-    # The first call's routing decides for every later routing of this shape: a tail-split config
-    # within SPLIT_SLACK of the best is taken (balanced routing costs it one empty launch; uneven
-    # routing saves it up to half the partial-tile waste).
-    split = [c for c in finalists if c.tail_split and times[c] <= times[best] * (1 + SPLIT_SLACK)]
-    if split:
-        best = min(split, key=times.get)
     _BEST[key] = best
     _to_disk(key, best, times)
     return best

@@ -62,7 +62,8 @@ GPU_VALIDATED = {
 FALLBACK = {"moe_fc1_fwd": "gather", "moe_fc1_wgrad": "copy", "moe_fc1_swiglu": "separate"}
 
 CACHE_FILE = "grouped_gemm_backends.json"
-VERSION = 3  # 2: grouped GEMMs timed on the caller's and a skewed routing; 3: the fused path's on relabeled tokens too
+VERSION = 4  # 2: grouped GEMMs timed on the caller's and a skewed routing; 3: the fused path's on relabeled tokens too;
+# 4: candidates timed queued (time_backend)
 
 _memory: dict | None = None  # key -> {"backend": str, "ms": {backend: ms}}; loaded lazily
 # The answers ``choose`` gave, by its arguments (no key string built): about 20 us of host time per lookup on the
@@ -96,10 +97,12 @@ ROUNDS = 5  # with 3, auto timed our Qwen3 dgrad 5-9% apart in two runs (bench/N
 
 
 def time_backend(backend: str, run) -> float:
-    """Median milliseconds of ``run()`` (a callable that runs the op once with ``backend``), one round."""
-    from moetrain.kernels.timing import median_ms
+    """Milliseconds per call of ``run()`` (a callable that runs the op once with ``backend``), one round: 5 calls
+    queued back to back, as a layer runs them (timed each from an idle GPU, a call also counts its host-side launch
+    work, which a layer's queued kernels hide: kernels.grouped_gemm_tuning.pick_config)."""
+    from moetrain.kernels.timing import queued_ms
 
-    return median_ms(run, warmup=2, reps=5)
+    return queued_ms(run, reps=5, warmup=2)
 
 
 def _valid(entry: dict) -> bool:

@@ -320,18 +320,20 @@ def test_ops_import_does_not_import_triton():
     script_result(code)  # fails the test unless the script exits 0
 
 
-def test_autotuner_prefers_a_tail_split_config_within_the_slack(monkeypatch):
-    # The first call's routing decides for later ones: a split config within SPLIT_SLACK of the best wins.
+def test_autotuner_takes_the_fastest_whether_tail_split_or_not(monkeypatch):
+    # No preference for tail-split configs (session 20: a 3% one cost DeepSeek-V3's FC1 forward 1-3%): the skewed
+    # routing in the timed sum measures what the split saves on uneven routing
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
     monkeypatch.setattr(tuning, "interpreting", lambda: False)
     monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(tuning, "_BEST", {})
-    monkeypatch.setattr(tuning, "median_ms", lambda run, **kw: run())  # the "run" below returns its time
+    monkeypatch.setattr(tuning, "_to_disk", lambda *a: None)
+    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())  # the "run" below returns its time
     plain, split, other = (gg.GemmConfig(128, 256, 64, 3, 8), gg.GemmConfig(128, 256, 64, 3, 8, tail_split=True),
                            gg.GemmConfig(128, 128, 64, 4, 4, tail_split=True))
-    for times, want in (({plain: 1.00, split: 1.02, other: 1.5}, split),   # within 3%: the split one
-                        ({plain: 1.00, split: 1.05, other: 1.5}, plain)):  # beyond: the fastest
+    for times, want in (({plain: 1.00, split: 1.02, other: 1.5}, plain),
+                        ({plain: 1.02, split: 1.00, other: 1.5}, split)):
         assert tuning.pick_config(("fwd", str(want)), (plain, split, other), None, lambda cfg: times[cfg]) == want
 
 
@@ -344,7 +346,7 @@ def test_autotuner_judges_candidates_on_both_routings(monkeypatch):
     monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(tuning, "_BEST", {})
     monkeypatch.setattr(tuning, "_to_disk", lambda *a: None)
-    monkeypatch.setattr(tuning, "median_ms", lambda run, **kw: run())  # the "run" below returns its time
+    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())  # the "run" below returns its time
     fast, steady = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
     balanced, skewed = {fast: 7.5, steady: 8.9}, {fast: 10.3, steady: 9.7}
     assert tuning.pick_config(("wgrad", 1), (fast, steady), None, lambda c: balanced[c]) == fast
@@ -393,12 +395,12 @@ def test_autotuner_times_its_finalists_again_and_takes_the_second_verdict(monkey
     second = dict(zip(configs, (1.3, 1.05, 1.2, 0.5)))  # the long pass: configs[1] is; configs[3] is no finalist
     calls = []
 
-    def fake_median(run, warmup, reps):
+    def fake_queued(run, reps, warmup):
         cfg = run()
         calls.append((cfg, reps))
         return (first if reps < tuning.FINAL_REPS else second)[cfg]
 
-    monkeypatch.setattr(tuning, "median_ms", fake_median)
+    monkeypatch.setattr(tuning, "queued_ms", fake_queued)
     assert tuning.pick_config(("fwd", "finalists"), tuple(configs), None, lambda cfg: cfg) == configs[1]
     retimed = {cfg for cfg, reps in calls if reps == tuning.FINAL_REPS}
     assert retimed == set(configs[:tuning.FINALISTS])
@@ -412,7 +414,7 @@ def test_tuned_configs_persist_on_disk_for_the_next_process(monkeypatch):
     monkeypatch.setattr(tuning, "interpreting", lambda: False)
     monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(tuning, "_BEST", {})
-    monkeypatch.setattr(tuning, "median_ms", lambda run, **kw: run())
+    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())
     fast, slow = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
     key = ("wgrad", torch.bfloat16, 4096, 7168, 256, True)
     assert tuning.pick_config(key, (slow, fast), None, {fast: 1.0, slow: 2.0}.get) == fast
@@ -424,11 +426,11 @@ def test_tuned_configs_persist_on_disk_for_the_next_process(monkeypatch):
 
     monkeypatch.setattr(tuning, "_BEST", {})  # a new process: memory empty, the file read again
     monkeypatch.setattr(tuning, "_DISK", None)
-    monkeypatch.setattr(tuning, "median_ms", no_timing)
+    monkeypatch.setattr(tuning, "queued_ms", no_timing)
     assert tuning.pick_config(key, (slow, fast), None, None) == fast
     # a cached config that is no longer a candidate is timed again
     monkeypatch.setattr(tuning, "_BEST", {})
-    monkeypatch.setattr(tuning, "median_ms", lambda run, **kw: run())
+    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())
     assert tuning.pick_config(key, (slow,), None, {slow: 2.0}.get) == slow
 
 
