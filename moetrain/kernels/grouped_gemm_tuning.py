@@ -308,9 +308,9 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None):
     if torch.cuda.is_current_stream_capturing():
         return candidates[0]  # cannot time inside a graph capture; warm up before capturing
 
-    # Queued, not each call from an idle GPU (median_ms): from idle a call's time includes its host-side launch
-    # (descriptors, Gluon's launcher), which a layer's queued kernels hide; timed so, the autotuner passed over the
-    # ping-pong where it was 5-13% faster in the layer's order (bench/NOTES.md, session 20)
+    # Queued, not each call from an idle GPU (median_ms): from idle each call carries its launch (host work, GPU
+    # start-up: 0.03-0.21 ms, differing between candidates), which a layer's queued kernels hide; timed so, the
+    # autotuner's picks ran 2-16% slower in the layer's order than the best candidate (bench/NOTES.md, session 20)
     def timed(cfg, reps: int) -> float:
         ms = queued_ms(lambda: run(cfg), reps=reps, warmup=1)
         return ms if run_skewed is None else ms + queued_ms(lambda: run_skewed(cfg), reps=reps, warmup=1)
