@@ -45,3 +45,11 @@ run_bench() {
     --routing "$routing" --reps "$reps" --warmup "$warmup" --json "$out/$shape.json" "$@" > "$out/$shape.log" 2>&1
   filter < "$out/$shape.log" | grep -E "^(deep|gpt|qwen|mix)|Error" | grep -v per-expert | tail -24
 }
+# The six GEMMs' sweep: `run_gemm_bench SHAPE ROUTING BUDGET SECONDS`; the log goes to $out/gemm_SHAPE.log, auto's
+# picks and the table rows to stdout.
+run_gemm_bench() {
+  local shape=$1 routing=$2 budget=$3 limit=$4
+  timeout -k 10 "$limit" python3 -m moetrain bench gemm --shapes "$shape" --routing "$routing" --budget "$budget" \
+    > "$out/gemm_$shape.log" 2>&1
+  echo "rc $?"; filter < "$out/gemm_$shape.log" | grep -E "^$shape|^layer|auto picked" | tail -16
+}

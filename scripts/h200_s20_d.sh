@@ -6,9 +6,7 @@
 source scripts/device_common.sh "$@"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 echo "== bench gemm, DeepSeek-V3, balanced"
-timeout -k 10 270 python3 -m moetrain bench gemm --shapes dsv3 --routing balanced --budget 120 \
-  > "$out/gemm_dsv3.log" 2>&1
-echo "rc $?"; filter < "$out/gemm_dsv3.log" | grep -E "^dsv3|^layer|^deepseek|auto picked|ratio" | tail -16
+run_gemm_bench dsv3 balanced 120 270
 echo "== Qwen3 layer, balanced and skewed"
 run_bench qwen3-30b-a3b balanced,skewed 5 2 220
 grep -E "tuned (wgrad|fwd|dgrad)" "$out/qwen3-30b-a3b.log" | head -12

@@ -8,6 +8,4 @@ echo "== mixtral-8x7b"
 run_bench mixtral-8x7b balanced,skewed 3 1 240
 grep -E "tuned (wgrad|fwd|dgrad)" "$out/mixtral-8x7b.log" | head -12
 echo "== bench gemm, Qwen3, balanced"
-timeout -k 10 200 python3 -m moetrain bench gemm --shapes qwen3 --routing balanced --budget 80 \
-  > "$out/gemm_qwen3.log" 2>&1
-echo "rc $?"; filter < "$out/gemm_qwen3.log" | grep -E "^qwen3|^layer|auto picked|ratio" | tail -16
+run_gemm_bench qwen3 balanced 80 200

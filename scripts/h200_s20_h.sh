@@ -5,7 +5,5 @@ source scripts/device_common.sh "$@"
 for shape in dsv3 qwen3; do
   echo "== bench gemm, $shape, skewed"
   budget=90; [ "$shape" = qwen3 ] && budget=50
-  timeout -k 10 200 python3 -m moetrain bench gemm --shapes $shape --routing skewed --budget $budget \
-    > "$out/gemm_$shape.log" 2>&1
-  echo "rc $?"; filter < "$out/gemm_$shape.log" | grep -E "^$shape|^layer|auto picked" | tail -14
+  run_gemm_bench $shape skewed $budget 200
 done

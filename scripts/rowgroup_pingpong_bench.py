@@ -55,7 +55,6 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import rowgroup_pingpong as rp
     from moetrain.kernels import sweep_grouped_gemm as sweep
-    from moetrain.kernels.timing import in_turns, median_ms, queued_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,gptoss,mixtral")
@@ -112,15 +111,7 @@ def main(argv=None) -> int:
                             raise SystemExit(f"{shape} {layer} {op} {routing}: {name} disagrees with torch "
                                              f"(rel err {err:.2e})")
                     want = None
-                    if args.queued:
-                        def time_one(name):
-                            return queued_ms(runs[name], reps=10, warmup=2)
-                    else:
-                        def time_one(name):
-                            return median_ms(runs[name], warmup=2, reps=10)
-                    med, failed = in_turns(list(runs), time_one, args.rounds)
-                    if failed:
-                        raise next(iter(failed.values()))
+                    med = sweep.script_times(runs, args.rounds, args.queued)
                     flops = 2.0 * m * n * k
                     cells = " ".join(f"{med[c]:7.3f} {flops / med[c] / 1e9:5.0f} TF/s" for c in runs)
                     best = min(med[v] for v in variants)

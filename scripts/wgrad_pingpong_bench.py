@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     from moetrain.kernels import grouped_gemm as gg
     from moetrain.kernels import sweep_grouped_gemm as sweep
     from moetrain.kernels import wgrad_pingpong as wp
-    from moetrain.kernels.timing import in_turns, median_ms, profiled_once, queued_ms
+    from moetrain.kernels.timing import profiled_once
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,dsv3-ep8")
@@ -126,15 +126,7 @@ def main(argv=None) -> int:
                     profiled_once(*runs.values())
                     print(f"{shape:10s} {layer:5s} {routing:8s} profiled (M={m} G={g} N={n} K={k})", flush=True)
                     continue
-                if args.queued:
-                    def time_one(name):
-                        return queued_ms(runs[name], reps=10, warmup=2)
-                else:
-                    def time_one(name):
-                        return median_ms(runs[name], warmup=2, reps=10)
-                med, failed = in_turns(list(runs), time_one, args.rounds)
-                if failed:
-                    raise next(iter(failed.values()))
+                med = sweep.script_times(runs, args.rounds, args.queued)
                 flops = 2.0 * int(offs[-1]) * n * k  # the grouped rows' MMAs (uniform:R leaves rows out)
                 dw_bytes = 2.0 * g * n * k
                 cells = " ".join(f"{med[c]:7.3f} {flops / med[c] / 1e9:5.0f} TF/s" if c != "dw fill" else

@@ -112,6 +112,23 @@ def script_group_ends(shape: str, routing: str) -> torch.Tensor:
     return group_ends(m, g, routing)
 
 
+def script_times(runs: dict, rounds: int, queued: bool) -> dict:
+    """The kernel scripts' timing: name -> median ms of ``runs[name]()`` over ``rounds`` rounds in turns, each round
+    10 calls queued back to back (``queued``: timing.queued_ms, as a layer runs them) or timed each from an idle GPU
+    (timing.median_ms); the first failure is raised."""
+    from moetrain.kernels.timing import median_ms, queued_ms
+
+    def time_one(name):
+        if queued:
+            return queued_ms(runs[name], reps=10, warmup=2)
+        return median_ms(runs[name], warmup=2, reps=10)
+
+    med, failed = in_turns(list(runs), time_one, rounds)
+    if failed:
+        raise next(iter(failed.values()))
+    return med
+
+
 def script_shapes(text: str) -> list:
     """The kernel scripts' --shapes (comma-separated SHAPES names); an unknown one exits with one line."""
     names = text.split(",")
