@@ -4,11 +4,12 @@ same routed rows, in turns; outputs checked against torch first.
 
     python scripts/rowgroup_pingpong_bench.py [--shapes dsv3,qwen3,gptoss,mixtral] [--ops fwd,dgrad]
         [--routing balanced,skewed,layer-skewed] [--rounds 5] [--queued]
-        [--variants 128x128/s4/g8,64x256/s3/g8,128x128/s5/g8/sorted,128x256x64/s3/w8/tma/split/sorted]
+        [--variants 128x128/s4/g8,64x256/s3/g8,pingpong/128x128x64/s5/g8,128x256x64/s3/w8/tma/split]
 
-A variant is a ping-pong shorthand BMxTN/sSTAGES/gGROUP_M[/sorted], or the name of any forward / data gradient
-config (grouped_gemm.configs_for, trial ones included), run through grouped_gemm_fwd / _dgrad with config=.
-One row per (shape, layer, op, routing): ms and TFLOP/s of each, and torch's time over the best variant's. Then,
+A variant is a ping-pong shorthand BMxTN/sSTAGES/gGROUP_M, or the name of any forward / data gradient config
+(grouped_gemm.configs_for, trial ones included), run through grouped_gemm_fwd / _dgrad with config=.
+One row per (shape, layer, op, routing): ms and TFLOP/s of each, torch's time over the best variant's, and the
+autotuner's pick ("tuned"). Then,
 per shape and routing, the sums over the rows: torch, tuned, and the best variant per row.
 """
 
@@ -28,16 +29,13 @@ def parse_variants(text: str, tiles, configs) -> dict:
         if v in named:
             variants[v] = named[v]
             continue
-        parts = v.split("/")
-        sorted_groups = parts[-1] == "sorted"
         try:
-            tile, stages, group = parts[:-1] if sorted_groups else parts
+            tile, stages, group = v.split("/")
             bm, tn = (int(t) for t in tile.split("x"))
-            variants[v] = dict(tile=(bm, tn), stages=int(stages.removeprefix("s")), group_m=int(group.removeprefix("g")),
-                               sorted_groups=sorted_groups)
+            variants[v] = dict(tile=(bm, tn), stages=int(stages.removeprefix("s")), group_m=int(group.removeprefix("g")))
         except ValueError:
-            raise SystemExit(f"--variants: {v!r} is neither BMxTN/sSTAGES/gGROUP_M[/sorted] (e.g. 128x128/s4/g8) nor a "
-                             "forward config's name (grouped_gemm.configs_for)") from None
+            raise SystemExit(f"--variants: {v!r} is neither BMxTN/sSTAGES/gGROUP_M (e.g. 128x128/s4/g8) nor a forward "
+                             "config's name (grouped_gemm.configs_for)") from None
         if (bm, tn) not in tiles:
             raise SystemExit(f"--variants: {v!r}: tile one of {tiles}")
     return variants

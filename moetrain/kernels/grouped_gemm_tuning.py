@@ -2,9 +2,10 @@
 
 The first call per (op, dtype, N, K, M/G bucket) times every candidate config with
 queued_ms (calls back to back between two CUDA events, as a layer's kernels run: moetrain.kernels.timing) and keeps
-the fastest; the CPU interpreter always uses one small config. Winners are kept on disk too ($MOETRAIN_CACHE_DIR/grouped_gemm_configs.json, keyed with the
-GPU's name and the triton version; moetrain.kernels.disk_cache), so that a later process (a restart, the
-next run) skips the timing; a cached config that is no longer a candidate is timed again.
+the fastest; the CPU interpreter always uses one small config. Winners are kept on disk too
+($MOETRAIN_CACHE_DIR/grouped_gemm_configs.json, keyed with the GPU's name and the triton version;
+moetrain.kernels.disk_cache), so that a later process (a restart, the next run) skips the timing; a cached config that
+is no longer a candidate is timed again.
 """
 
 from __future__ import annotations
@@ -310,7 +311,7 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None):
 
     # Queued, not each call from an idle GPU (median_ms): from idle each call carries its launch (host work, GPU
     # start-up: 0.03-0.21 ms, differing between candidates), which a layer's queued kernels hide; timed so, the
-    # autotuner's picks ran 2-16% slower in the layer's order than the best candidate (bench/NOTES.md, session 20)
+    # autotuner's picks ran 1-16% slower in the layer's order than the best candidate (bench/NOTES.md, session 20)
     def timed(cfg, reps: int) -> float:
         ms = queued_ms(lambda: run(cfg), reps=reps, warmup=1)
         return ms if run_skewed is None else ms + queued_ms(lambda: run_skewed(cfg), reps=reps, warmup=1)
