@@ -42,10 +42,10 @@ def parse_variants(text: str, tiles, configs) -> dict:
 
 
 def tuned_pick(op: str, red: int, width: int) -> str:
-    """The autotuner's pick for this op's shape in this process (grouped_gemm_tuning._BEST), by name."""
-    from moetrain.kernels import grouped_gemm_tuning as tuning
+    """The autotuner's pick for this op's shape in this process (grouped_gemm_tuning.tuned_configs), by name."""
+    from moetrain.kernels.grouped_gemm_tuning import tuned_configs
 
-    picks = [str(cfg) for key, cfg in tuning._BEST.items() if key[0] == op and key[3:5] == (width, red)]
+    picks = [str(cfg) for key, cfg in tuned_configs().items() if key[0] == op and key[3:5] == (width, red)]
     return ", ".join(picks) or "?"
 
 

@@ -291,7 +291,8 @@ def tuned_configs() -> dict:
 
 def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None):
     """Explicit config, cached winner (this process, then the disk cache), or time the candidates in turns
-    (median of CUDA-event timings; the FINALISTS fastest again over FINAL_ROUNDS longer rounds) and record
+    (per round the mean of calls queued back to back, median over the rounds; the FINALISTS fastest again over
+    FINAL_ROUNDS longer rounds) and record
     the winner in both. ``run_skewed(cfg)``: the same op on a skewed routing of the same rows; each candidate is
     then judged by the sum of both times, as auto's torch-or-triton choice is (ops/autoselect.py): the key cannot
     see skew without a host sync, the first call's routing is near-uniform and training's skews later, and a config
