@@ -253,21 +253,16 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             a_desc = a if gather is not None else TensorDescriptor(a, [M, RED], [RED, 1], [bm, bk])
             w_desc = TensorDescriptor(w, [G, D1, D2], [D1 * D2, D2, 1], [1, bk, bn] if dgrad else [1, bn, bk])
             out_desc = _ragged_desc(out, [bm, bn])
-            a_half = a_desc
-            if cfg.half_tails and gather is None:
-                a_half = TensorDescriptor(a, [M, RED], [RED, 1], [bm // 2, bk])
         else:
             a_desc, w_desc, out_desc = a, w, out
-            a_half = a
         nprog = _row_programs(a.device, cfg, M, G, OUT, bn, part, num_programs)
         _rowgroup_kernel[(nprog,)](
-            a, a_desc, a_half, offs if gather is None else gather, w, w_desc, out, out_desc, offs, sched,
-            M, OUT, RED, G, a.stride(0), w.stride(0), w.stride(1), out.stride(0), nprog,
+            a, a_desc, offs if gather is None else gather, w, w_desc, out, out_desc, offs, sched, M, OUT, RED, G,
+            a.stride(0), w.stride(0), w.stride(1), out.stride(0), nprog,
             DGRAD=dgrad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
             BLOCK_G=_block_g(G), USE_TMA=use_tma,
             FLATTEN=not interpreting(), PRECISION=_precision(a.dtype), GATHER=gather is not None,
-            PART=part, BIG_M=big_m, MIX=cfg.mix, HALF=cfg.half_tails, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            PART=part, BIG_M=big_m, MIX=cfg.mix, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
     def run(cfg: GemmConfig, offs: torch.Tensor = offs):

@@ -129,62 +129,11 @@ def _zero_rows_past_groups(out_ptr, ends, M, OUT, stride_om, pid, NUM_PROGS, BLO
         tl.store(o_ptrs, zeros, mask=((m0 + rm) < M)[:, None] & ((n0 + rn) < OUT)[None, :])
 
 
-@triton.jit
-def _row_tile(a_ptr, a_desc, gather_ptr, w_ptr, w_desc, out_ptr, out_desc, g, m0, n0, row_end, OUT, RED,
-              stride_am, stride_wg, stride_w1, stride_om, DGRAD: tl.constexpr, TILE_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr,
-              GATHER: tl.constexpr, TMA_STORE: tl.constexpr):
-    """One TILE_M x BLOCK_N output tile of group g at rows m0.. (rows from row_end on are dropped), columns n0..:
-    the reduction over RED and the store (TMA_STORE: by out_desc, else from registers). a_desc has TILE_M-row
-    blocks."""
-    out_dtype = out_ptr.dtype.element_ty
-    rm = tl.arange(0, TILE_M)
-    rn = tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    k_tiles = (RED + BLOCK_K - 1) // BLOCK_K
-    w_base = w_ptr + g.to(tl.int64) * stride_wg
-    row_ok = (m0 + rm) < row_end
-    a_rows = _a_rows(a_ptr, gather_ptr, m0, rm, row_ok, stride_am, GATHER)
-    acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
-    for ki in range(k_tiles):
-        k0 = ki * BLOCK_K
-        k_ok = (k0 + rk) < RED
-        if USE_TMA and not GATHER:
-            # Rows past the group's end belong to the next group: they only feed output rows
-            # that the ragged store drops. TMA zero-fills past M, RED and w's extents.
-            a = a_desc.load([m0, k0])
-        else:
-            a = tl.load(a_rows + (k0 + rk)[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if USE_TMA:
-            if DGRAD:
-                b = w_desc.load([g, k0, n0]).reshape(BLOCK_K, BLOCK_N)
-            else:
-                b = w_desc.load([g, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
-        else:
-            n_ok = (n0 + rn) < OUT
-            if DGRAD:
-                b = tl.load(w_base + (k0 + rk)[:, None] * stride_w1 + (n0 + rn)[None, :],
-                            mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            else:
-                b = tl.load(w_base + (n0 + rn)[None, :] * stride_w1 + (k0 + rk)[:, None],
-                            mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-
-    c = acc.to(out_dtype)
-    if TMA_STORE:
-        out_desc.store([RAGGED, row_end, RAGGED - row_end + m0, n0], c.reshape(1, 1, TILE_M, BLOCK_N))
-    else:
-        o_ptrs = out_ptr + m0.to(tl.int64) * stride_om + rm[:, None] * stride_om + (n0 + rn)[None, :]
-        tl.store(o_ptrs, c, mask=row_ok[:, None] & ((n0 + rn) < OUT)[None, :])
-
-
 # Row counts, group counts and the grid size change with routing and shape but not the code:
 # leave them unspecialized so that they do not multiply compilations.
 @triton.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
 def _rowgroup_kernel(
     a_ptr, a_desc,  # A [M, RED]: x (forward) or dy (dgrad); a_desc 2-D, block [BLOCK_M, BLOCK_K]
-    a_half_desc,  # HALF: a_desc with [BLOCK_M // 2, BLOCK_K] blocks (else unused; half tiles store from registers:
-    # a TMA store buffer of their own did not fit beside the full tiles' in shared memory)
     gather_ptr,  # GATHER: [M] int32 source row of each A row (A is then [T, RED], rows gathered)
     w_ptr, w_desc,  # w [G, D1, D2]; w_desc 3-D, block [1, BLOCK_N, BLOCK_K] (forward) / [1, BLOCK_K, BLOCK_N]
     out_ptr, out_desc,  # out [M, OUT]; out_desc ragged 4-D, block [1, 1, BLOCK_M, BLOCK_N]
@@ -200,11 +149,15 @@ def _rowgroup_kernel(
     PART: tl.constexpr,  # 0: every row; 1: body (see TAIL SPLIT); 2: tail, with BIG_M the body's BLOCK_M
     BIG_M: tl.constexpr,
     MIX: tl.constexpr,  # groups in sched_ptr's order; on skewed routing half the programs walk backwards
-    HALF: tl.constexpr,  # a group's last row tile with <= BLOCK_M // 2 rows runs BLOCK_M // 2-row MMAs (HALF TILES)
 ):
     pid = tl.program_id(0)
+    out_dtype = out_ptr.dtype.element_ty
     ends, starts, groups, tile_ends, total, n_tiles = _row_tiles(offs_ptr, sched_ptr, M, OUT, G, BLOCK_M, BLOCK_N,
                                                                  BLOCK_G, PART, BIG_M, MIX)
+    k_tiles = (RED + BLOCK_K - 1) // BLOCK_K
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
     skewed = False
     count = 0
     if MIX:  # where the routing is skewed (schedule.py): half the programs walk their tiles in reverse (light groups
@@ -221,14 +174,40 @@ def _rowgroup_kernel(
             tile = j * NUM_PROGS + q
         g, m0, n0, row_end = _tile_at(tile, ends, starts, groups, tile_ends, M, n_tiles, BLOCK_M, BLOCK_N, GROUP_M,
                                       PART, BIG_M, MIX)
-        if HALF and row_end - m0 <= BLOCK_M // 2:
-            _row_tile(a_ptr, a_half_desc, gather_ptr, w_ptr, w_desc, out_ptr, out_desc, g, m0, n0, row_end, OUT,
-                      RED, stride_am, stride_wg, stride_w1, stride_om, DGRAD, BLOCK_M // 2, BLOCK_N, BLOCK_K, USE_TMA,
-                      PRECISION, GATHER, False)
+        w_base = w_ptr + g.to(tl.int64) * stride_wg
+        row_ok = (m0 + rm) < row_end
+        a_rows = _a_rows(a_ptr, gather_ptr, m0, rm, row_ok, stride_am, GATHER)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            k0 = ki * BLOCK_K
+            k_ok = (k0 + rk) < RED
+            if USE_TMA and not GATHER:
+                # Rows past the group's end belong to the next group: they only feed output rows
+                # that the ragged store drops. TMA zero-fills past M, RED and w's extents.
+                a = a_desc.load([m0, k0])
+            else:
+                a = tl.load(a_rows + (k0 + rk)[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            if USE_TMA:
+                if DGRAD:
+                    b = w_desc.load([g, k0, n0]).reshape(BLOCK_K, BLOCK_N)
+                else:
+                    b = w_desc.load([g, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
+            else:
+                n_ok = (n0 + rn) < OUT
+                if DGRAD:
+                    b = tl.load(w_base + (k0 + rk)[:, None] * stride_w1 + (n0 + rn)[None, :],
+                                mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                else:
+                    b = tl.load(w_base + (n0 + rn)[None, :] * stride_w1 + (k0 + rk)[:, None],
+                                mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+
+        c = acc.to(out_dtype)
+        if USE_TMA:
+            out_desc.store([RAGGED, row_end, RAGGED - row_end + m0, n0], c.reshape(1, 1, BLOCK_M, BLOCK_N))
         else:
-            _row_tile(a_ptr, a_desc, gather_ptr, w_ptr, w_desc, out_ptr, out_desc, g, m0, n0, row_end, OUT, RED,
-                      stride_am, stride_wg, stride_w1, stride_om, DGRAD, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA, PRECISION,
-                      GATHER, USE_TMA)
+            o_ptrs = out_ptr + m0.to(tl.int64) * stride_om + rm[:, None] * stride_om + (n0 + rn)[None, :]
+            tl.store(o_ptrs, c, mask=row_ok[:, None] & ((n0 + rn) < OUT)[None, :])
 
     _zero_rows_past_groups(out_ptr, ends, M, OUT, stride_om, pid, NUM_PROGS, BLOCK_M, BLOCK_N, PART)
 

@@ -54,11 +54,6 @@ class GemmConfig:
     cohorts: int = 1
     mix: bool = False
     sorted_groups: bool = False  # pingpong weight gradient: groups heaviest first, programs in step (SORTED)
-    half_tails: bool = False  # forward / dgrad (Triton): a group's last tile with <= half its rows runs half-height
-
-    def __post_init__(self):
-        if self.half_tails and (self.tail_split or self.kernel != "triton"):
-            raise ValueError("half_tails is for the Triton forward / dgrad kernel without tail_split (its own tail)")
 
     def __str__(self) -> str:
         if self.kernel != "triton":
@@ -72,9 +67,8 @@ class GemmConfig:
         band = "" if self.group_m == 8 else f"/g{self.group_m}"
         store = "" if self.tma_store or not self.use_tma else "/rstore"
         mix = "/mix" if self.mix else ""
-        half = "/half" if self.half_tails else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}{split}"
-                f"{band}{store}{mix}{half}")
+                f"{band}{store}{mix}")
 
 
 @functools.cache  # every tail-split launch asks (dataclasses.replace: ~35 us of host time per layer call)
@@ -200,9 +194,7 @@ TWO_PER_SM_CONFIGS = (
 )
 # On trial: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested in session 12
 # (call A): level with or slower than the plain schedule at DeepSeek-V3 on both routings (bench gemm's sweep).
-TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),
-                                                      GemmConfig(128, 256, 64, 3, 8, half_tails=True),
-                                                      GemmConfig(128, 128, 64, 4, 4, half_tails=True))
+TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),)
 TRIAL_WGRAD_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
     # (session 6: they lost everywhere; kept as the reference for the next ones). Refuted in session 8 and dropped:

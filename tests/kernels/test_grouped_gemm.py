@@ -39,9 +39,6 @@ CONFIGS = [
     gg.GemmConfig(16, 32, 16, 1, 4, use_tma=True, group_m=2),  # several row tiles per band
     gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True, tail_split=True),  # remainders <= 16 rows: a 16-row launch
     gg.GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True, group_m=2),
-    # a group's last tile with <= 16 rows: 16-row MMAs in the same launch (full tiles store by TMA, half by pointers)
-    gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True, half_tails=True),
-    gg.GemmConfig(32, 32, 16, 1, 4, use_tma=False, half_tails=True, group_m=2),
 ]
 
 
@@ -106,7 +103,7 @@ def test_wgrad_tile_bands_cover_every_tile(band, tma_store):
     assert torch.equal(dw[1], torch.zeros_like(dw[1]))  # the empty group
 
 
-@pytest.mark.parametrize("cfg", CONFIGS[:2] + CONFIGS[-2:-1], ids=str)
+@pytest.mark.parametrize("cfg", CONFIGS[:2], ids=str)
 def test_forward_gather_rows_matches_permuted_copy(cfg):
     # The fused-expert forward: A rows read through an index array (repeats: top-k copies).
     offs, m, t, n, k = [9, 9, 30, 44], 47, 20, 40, 20
