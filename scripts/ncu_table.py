@@ -4,7 +4,7 @@
     python scripts/ncu_table.py RAW.csv
 
 Columns (whichever the report has): duration, DRAM bytes read / written and throughput, L2 throughput and hit rate,
-L2->SM bytes, the tensor pipe's (wgmma) active cycles, SM throughput. One row per kernel launch in the report.
+L2->SM bytes, the tensor pipe's active cycles (of elapsed), SM throughput. One row per kernel launch in the report.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ METRICS = (
     ("ms", "gpu__time_duration.sum", 1e-6, "ns"),
     ("dram rd GB", "dram__bytes_read.sum", 1e-9, "byte"),
     ("dram wr GB", "dram__bytes_write.sum", 1e-9, "byte"),
-    ("dram %", "dram__throughput.avg.pct_of_peak_sustained_elapsed", 1.0, "%"),
+    ("dram %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1.0, "%"),
     ("L2 %", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1.0, "%"),
     ("L2 hit %", "lts__t_sector_hit_rate.pct", 1.0, "%"),
     ("L2->SM GB", "l1tex__m_xbar2l1tex_read_bytes.sum", 1e-9, "byte"),
-    ("gmma %", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", 1.0, "%"),
+    ("tensor %", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", 1.0, "%"),
     ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", 1.0, "%"),
 )
-UNIT_SCALE = {"ns": 1.0, "usecond": 1e3, "msecond": 1e6, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
+UNIT_SCALE = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
               "%": 1.0}
 
 
