@@ -250,12 +250,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         if use_tma:
             from triton.tools.tensor_descriptor import TensorDescriptor
-            if gather is not None:
-                a_desc = a
-            elif cfg.zero_pad:
-                a_desc = _ragged_desc(a, [bm, bk])
-            else:
-                a_desc = TensorDescriptor(a, [M, RED], [RED, 1], [bm, bk])
+            a_desc = a if gather is not None else TensorDescriptor(a, [M, RED], [RED, 1], [bm, bk])
             w_desc = TensorDescriptor(w, [G, D1, D2], [D1 * D2, D2, 1], [1, bk, bn] if dgrad else [1, bn, bk])
             out_desc = _ragged_desc(out, [bm, bn])
         else:
@@ -267,8 +262,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             DGRAD=dgrad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
             BLOCK_G=_block_g(G), USE_TMA=use_tma,
             FLATTEN=not interpreting(), PRECISION=_precision(a.dtype), GATHER=gather is not None,
-            PART=part, BIG_M=big_m, MIX=cfg.mix, ZERO_PAD=cfg.zero_pad and use_tma and gather is None,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PART=part, BIG_M=big_m, MIX=cfg.mix, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
     def run(cfg: GemmConfig, offs: torch.Tensor = offs):
@@ -276,8 +270,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             from moetrain.kernels.rowgroup_pingpong import grouped_gemm_rowgroup_pingpong
 
             grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, stages=cfg.num_stages, group_m=cfg.group_m,
-                                           tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs,
-                                           zero_pad=cfg.zero_pad)
+                                           tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs)
             return
         sched = skew_schedule(offs) if cfg.mix else offs  # (unused without MIX)
         _run_tail_split(cfg, lambda c, part, big_m: launch(c, part, big_m, sched, offs))

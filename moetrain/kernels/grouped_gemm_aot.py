@@ -38,7 +38,7 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
 
             return rowgroup_pingpong.aot_compile(config.num_stages, (config.block_m, config.block_n),
                                                  dgrad=op == "dgrad", capability=capability,
-                                                 group_m=config.group_m, zero_pad=config.zero_pad)
+                                                 group_m=config.group_m)
         from moetrain.kernels import wgrad_pingpong
 
         return wgrad_pingpong.aot_compile(config.num_stages, config.group_m, (config.block_m, config.block_n),
@@ -53,15 +53,13 @@ def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: in
     if op in ("fwd", "fwd_gather", "dgrad"):
         fn = _rowgroup_kernel
         gather = op == "fwd_gather"
-        zero = config.zero_pad and tma and not gather
-        sig = {"a_ptr": ptr, "a_desc": ptr if gather else desc(1, 1, bm, bk) if zero else desc(bm, bk),
-               "gather_ptr": "*i32", "w_ptr": ptr,
+        sig = {"a_ptr": ptr, "a_desc": ptr if gather else desc(bm, bk), "gather_ptr": "*i32", "w_ptr": ptr,
                "w_desc": desc(1, bk, bn) if op == "dgrad" else desc(1, bn, bk),
                "out_ptr": ptr, "out_desc": desc(1, 1, bm, bn), "offs_ptr": "*i32", "sched_ptr": "*i32"}
         ints = ["M", "OUT", "RED", "G", "stride_am", "stride_wg", "stride_w1", "stride_om", "NUM_PROGS"]
         consts = dict(DGRAD=op == "dgrad", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config.group_m,
                       BLOCK_G=_block_g(num_groups), USE_TMA=tma, FLATTEN=True, PRECISION="tf32", GATHER=gather,
-                      PART=part, BIG_M=big_m or bm, MIX=config.mix, ZERO_PAD=zero)
+                      PART=part, BIG_M=big_m or bm, MIX=config.mix)
     elif op in ("wgrad", "wgrad_gather"):
         fn = _wgrad_kernel
         gather = op == "wgrad_gather"

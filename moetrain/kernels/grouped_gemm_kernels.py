@@ -133,8 +133,7 @@ def _zero_rows_past_groups(out_ptr, ends, M, OUT, stride_om, pid, NUM_PROGS, BLO
 # leave them unspecialized so that they do not multiply compilations.
 @triton.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
 def _rowgroup_kernel(
-    a_ptr, a_desc,  # A [M, RED]: x (forward) or dy (dgrad); a_desc 2-D, block [BLOCK_M, BLOCK_K] (ZERO_PAD: ragged
-    # 4-D, block [1, 1, BLOCK_M, BLOCK_K])
+    a_ptr, a_desc,  # A [M, RED]: x (forward) or dy (dgrad); a_desc 2-D, block [BLOCK_M, BLOCK_K]
     gather_ptr,  # GATHER: [M] int32 source row of each A row (A is then [T, RED], rows gathered)
     w_ptr, w_desc,  # w [G, D1, D2]; w_desc 3-D, block [1, BLOCK_N, BLOCK_K] (forward) / [1, BLOCK_K, BLOCK_N]
     out_ptr, out_desc,  # out [M, OUT]; out_desc ragged 4-D, block [1, 1, BLOCK_M, BLOCK_N]
@@ -150,7 +149,6 @@ def _rowgroup_kernel(
     PART: tl.constexpr,  # 0: every row; 1: body (see TAIL SPLIT); 2: tail, with BIG_M the body's BLOCK_M
     BIG_M: tl.constexpr,
     MIX: tl.constexpr,  # groups in sched_ptr's order; on skewed routing half the programs walk backwards
-    ZERO_PAD: tl.constexpr,  # TMA: A's rows past the group's end read as zeros (else the next group's rows)
 ):
     pid = tl.program_id(0)
     out_dtype = out_ptr.dtype.element_ty
@@ -183,9 +181,7 @@ def _rowgroup_kernel(
         for ki in range(k_tiles):
             k0 = ki * BLOCK_K
             k_ok = (k0 + rk) < RED
-            if USE_TMA and not GATHER and ZERO_PAD:
-                a = a_desc.load([RAGGED, row_end, RAGGED - row_end + m0, k0]).reshape(BLOCK_M, BLOCK_K)
-            elif USE_TMA and not GATHER:
+            if USE_TMA and not GATHER:
                 # Rows past the group's end belong to the next group: they only feed output rows
                 # that the ragged store drops. TMA zero-fills past M, RED and w's extents.
                 a = a_desc.load([m0, k0])

@@ -54,24 +54,21 @@ class GemmConfig:
     cohorts: int = 1
     mix: bool = False
     sorted_groups: bool = False  # pingpong weight gradient: groups heaviest first, programs in step (SORTED)
-    zero_pad: bool = False  # forward / dgrad with TMA: A's rows past the group's end read as zeros (ragged descriptor)
 
     def __str__(self) -> str:
         if self.kernel != "triton":
             cohorts = "" if self.cohorts == 1 else f"/c{self.cohorts}"
             mix = "/mix" if self.mix else "/sorted" if self.sorted_groups else ""
-            zero = "/z" if self.zero_pad else ""
             return (f"{self.kernel}/{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/g{self.group_m}"
-                    f"{cohorts}{mix}{zero}")
+                    f"{cohorts}{mix}")
         kind = "tma" if self.use_tma else "ptr"
         two = "/x2" if self.programs_per_sm == 2 else ""
         split = "/split" if self.tail_split else ""
         band = "" if self.group_m == 8 else f"/g{self.group_m}"
         store = "" if self.tma_store or not self.use_tma else "/rstore"
         mix = "/mix" if self.mix else ""
-        zero = "/z" if self.zero_pad else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/w{self.num_warps}/{kind}{two}{split}"
-                f"{band}{store}{mix}{zero}")
+                f"{band}{store}{mix}")
 
 
 @functools.cache  # every tail-split launch asks (dataclasses.replace: ~35 us of host time per layer call)
@@ -197,11 +194,7 @@ TWO_PER_SM_CONFIGS = (
 )
 # On trial: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested in session 12
 # (call A): level with or slower than the plain schedule at DeepSeek-V3 on both routings (bench gemm's sweep).
-# On trial (session 21): A's padding rows (a group's last tile past its end) read as zeros instead of the next group's
-# rows: the padded MMAs then multiply zeros (less power under the board's cap) and the TMA reads no bytes for them.
-TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),
-                                                      GemmConfig(128, 256, 64, 3, 8, zero_pad=True))
-TRIAL_PINGPONG_ROWGROUP_CONFIGS = (GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong", zero_pad=True),)
+TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),)
 TRIAL_WGRAD_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
     # (session 6: they lost everywhere; kept as the reference for the next ones). Refuted in session 8 and dropped:
@@ -228,8 +221,7 @@ def configs_for(op: str, trial: bool = True) -> tuple:
         return WGRAD_CONFIGS + (TRIAL_WGRAD_CONFIGS + TRIAL_PINGPONG_GATHER_CONFIGS if trial else ())
     if op == "fwd_gather":
         return ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())
-    return ROWGROUP_CONFIGS + PINGPONG_ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS + TRIAL_PINGPONG_ROWGROUP_CONFIGS
-                                                          if trial else ())
+    return ROWGROUP_CONFIGS + PINGPONG_ROWGROUP_CONFIGS + (TRIAL_ROWGROUP_CONFIGS if trial else ())
 
 
 def interpreter_numpy_shim() -> None:

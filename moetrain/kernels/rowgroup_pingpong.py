@@ -102,12 +102,10 @@ def _coords(tile, g_end, row0, row_end, n_tiles, BM: gl.constexpr, TN: gl.conste
 @gluon.jit
 def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS,
               BM: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
-              EPILOGUE: gl.constexpr, RAGGED: gl.constexpr):
+              EPILOGUE: gl.constexpr):
     """TMA loads of each step's A block [BM, BK] and w block ([TN, BK] forward, [BK, TN] data gradient; SWIGLU_FWD:
-    the gate rows n0.. and the up rows OUT + n0.. of expert g, CN each, from w viewed as [G * 2 * OUT, K]). A ragged
-    a_desc (block [1, 1, BM, BK]) reads the rows past the group's end as zeros."""
+    the gate rows n0.. and the up rows OUT + n0.. of expert g, CN each, from w viewed as [G * 2 * OUT, K])."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    ZERO_PAD: gl.constexpr = len(a_desc.block_type.shape) == 4
     g = -1
     g_end = 0
     row0 = 0
@@ -117,7 +115,6 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G,
         g, g_end, row0, row_end = _advance(tile, g, g_end, row0, row_end, offs_ptr, M, G, n_tiles, BM)
         if g < G:  # (the pseudo-group past offs[-1] loads nothing)
             m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, CN, GROUP_M)
-            a_at = [RAGGED, row_end, RAGGED - row_end + m0] if ZERO_PAD else [m0]
             for step in range(k_tiles):
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: ring empty
@@ -126,7 +123,7 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G,
                     # Past OUT the gate box reads up rows and the up box the next expert's: they only feed output
                     # columns >= OUT, which the stores drop.
                     mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + 2 * w_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(a_desc, a_at + [k0], ready.index(s), a_bufs.index(s))
+                    tma.async_copy_global_to_shared(a_desc, [m0, k0], ready.index(s), a_bufs.index(s))
                     first = g * 2 * OUT + n0
                     tma.async_copy_global_to_shared(w_desc, [first, k0], ready.index(s),
                                                     w_bufs.index(s).slice(0, CN))
@@ -134,7 +131,7 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G,
                                                     w_bufs.index(s).slice(CN, CN))
                 else:
                     mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(a_desc, a_at + [k0], ready.index(s), a_bufs.index(s))
+                    tma.async_copy_global_to_shared(a_desc, [m0, k0], ready.index(s), a_bufs.index(s))
                     if DGRAD:
                         tma.async_copy_global_to_shared(w_desc, [g, k0, n0], ready.index(s), w_bufs.index(s))
                     else:
@@ -167,7 +164,7 @@ def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_
             for step in range(steps):
                 s = (it + step) % STAGES
                 mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
-                a = a_bufs.index(s).reshape([BM, BK])  # [BM, BK] (a ragged A block is [1, 1, BM, BK])
+                a = a_bufs.index(s)  # [BM, BK]
                 if EPILOGUE == SWIGLU_FWD:
                     b = w_bufs.index(s).permute((1, 0))  # [TN, BK]: gate rows then up rows
                 elif DGRAD:
@@ -220,9 +217,8 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
                               NUM_PROGS, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
                               BLOCK_G: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
                               HAS_PROBS: gl.constexpr, num_warps: gl.constexpr):
-    """a_desc: A [M, RED] (x or dy), block [BM, BK], or ragged (block [1, 1, BM, BK]: the rows past a group's end
-    read as zeros); w_desc: w [G, N, K], block [1, TN, BK] (forward) or [1, BK, TN] (DGRAD); out_desc: out [M, OUT]
-    ragged, block [1, 1, BM, TN].
+    """a_desc: A [M, RED] (x or dy), block [BM, BK]; w_desc: w [G, N, K], block [1, TN, BK] (forward) or [1, BK, TN]
+    (DGRAD); out_desc: out [M, OUT] ragged, block [1, 1, BM, TN].
     SWIGLU_BWD (with DGRAD): h_ptr / dh_ptr are h and dh [M, 2I] (gate columns, then up); out_desc is dh's gate half
     as a ragged [M, I] (its block gives the tile); probs_ptr [M] fp32 and parts_ptr [M, n_tiles] fp32 with HAS_PROBS.
     SWIGLU_FWD (forward): w_desc is FC1's w [G, 2 OUT, K] viewed as [G * 2 OUT, K], block [TN / 2, BK]; out_desc is
@@ -232,7 +228,7 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
     BM: gl.constexpr = out_desc.block_type.shape[2]
     CN: gl.constexpr = out_desc.block_type.shape[3]  # output columns per tile (of a, with SWIGLU_FWD)
     TN: gl.constexpr = 2 * CN if EPILOGUE == SWIGLU_FWD else CN  # accumulator columns
-    BK: gl.constexpr = a_desc.block_type.shape[len(a_desc.block_type.shape) - 1]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
     n_tiles = (OUT + CN - 1) // CN
     k_tiles = (RED + BK - 1) // BK
     total = _tile_total(offs_ptr, M, G, n_tiles, BM, BLOCK_G)
@@ -264,17 +260,16 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
                      probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN, CN, BK,
                      GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
         (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total,
-                     NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE, RAGGED)),
+                     NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def _descs(a: torch.Tensor, w: torch.Tensor, tile: tuple[int, int], dgrad: bool, zero_pad: bool = False):
+def _descs(a: torch.Tensor, w: torch.Tensor, tile: tuple[int, int], dgrad: bool):
     bm, tn = tile
     a_block = [bm, BLOCK_K]
     w_block = [1, BLOCK_K, tn] if dgrad else [1, tn, BLOCK_K]
     g, n, k = w.shape
-    a_desc = ragged_desc(a, a_block) if zero_pad else descriptor(a, list(a.shape), [a.stride(0), 1], a_block)
-    return a_desc, descriptor(w, [g, n, k], [n * k, k, 1], w_block)
+    return (descriptor(a, list(a.shape), [a.stride(0), 1], a_block), descriptor(w, [g, n, k], [n * k, k, 1], w_block))
 
 
 def _ragged_halves(t: torch.Tensor, block: list):
@@ -333,14 +328,11 @@ def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad
 
 def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, dgrad: bool = False,
                                    stages: int = 4, group_m: int = 8, tile: tuple[int, int] = (128, 128),
-                                   out: torch.Tensor | None = None, num_programs: int | None = None,
-                                   zero_pad: bool = False) -> torch.Tensor:
+                                   out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
     """Forward (y [M, N] = x_g @ w[g]^T, a = x [M, K]) or, with ``dgrad``, data gradient (dx [M, K] = dy_g @ w[g],
     a = dy [M, N]) per group; w [G, N, K]; offs [G] int32; rows past offs[-1] are zeros. bf16 contiguous tensors on
     a Hopper GPU, N and K multiples of 8 (16-byte TMA rows). ``tile``: each consumer's output tile, (128, 128) or
-    (64, 256). ``group_m``: row tiles per band. ``zero_pad``: a's rows past a group's end read as zeros (the padded
-    MMAs of its last tile multiply zeros; else the next group's rows, whose outputs the store drops). Called by
-    grouped_gemm_fwd / _dgrad for the "pingpong" configs."""
+    (64, 256). ``group_m``: row tiles per band. Called by grouped_gemm_fwd / _dgrad for the "pingpong" configs."""
     _check("grouped_gemm_rowgroup_pingpong", a, w, offs, dgrad, tile)
     a, w = a.contiguous(), w.contiguous()
     offs = offs.to(torch.int32).contiguous()
@@ -354,7 +346,7 @@ def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch
         return out
     if w.shape[0] == 0:
         return out.zero_()
-    a_desc, w_desc = _descs(a, w, tile, dgrad, zero_pad)
+    a_desc, w_desc = _descs(a, w, tile, dgrad)
     out_desc = ragged_desc(out, list(tile))
     _launch(a, offs, w.shape[0], width, a_desc, w_desc, out_desc, dgrad=dgrad, stages=stages, group_m=group_m,
             num_programs=num_programs)
@@ -438,10 +430,9 @@ def _check_probs_activation(name: str, probs: torch.Tensor | None, rows: int, ac
 
 
 def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool = False, epilogue: int = PLAIN,
-                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8, zero_pad: bool = False):
+                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
-    triton CompiledKernel. ``epilogue``: PLAIN, SWIGLU_BWD (a data gradient) or SWIGLU_FWD (a forward, 128x128);
-    ``zero_pad``: a ragged A descriptor."""
+    triton CompiledKernel. ``epilogue``: PLAIN, SWIGLU_BWD (a data gradient) or SWIGLU_FWD (a forward, 128x128)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -452,7 +443,7 @@ def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool
         w_block = [tn // 2, BLOCK_K]
     else:
         w_block = [1, BLOCK_K, tn] if dgrad else [1, tn, BLOCK_K]
-    sig = {"a_desc": aot_type([1, 1, bm, BLOCK_K] if zero_pad else [bm, BLOCK_K]), "w_desc": aot_type(w_block),
+    sig = {"a_desc": aot_type([bm, BLOCK_K]), "w_desc": aot_type(w_block),
            "out_desc": out, "h_desc": out, "h_up_desc": out, "h_ptr": "*bf16", "dh_ptr": "*bf16", "probs_ptr": "*fp32",
            "parts_ptr": "*fp32", "offs_ptr": "*i32", "M": "i32",
            "OUT": "i32", "RED": "i32", "G": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr",

@@ -39,9 +39,6 @@ CONFIGS = [
     gg.GemmConfig(16, 32, 16, 1, 4, use_tma=True, group_m=2),  # several row tiles per band
     gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True, tail_split=True),  # remainders <= 16 rows: a 16-row launch
     gg.GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True, group_m=2),
-    # rows past a group's end read as zeros (a ragged A descriptor), with and without the tail split
-    gg.GemmConfig(32, 32, 16, 1, 4, use_tma=True, zero_pad=True),
-    gg.GemmConfig(16, 32, 16, 1, 4, use_tma=True, tail_split=True, group_m=2, zero_pad=True),
 ]
 
 
