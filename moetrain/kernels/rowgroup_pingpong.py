@@ -144,7 +144,7 @@ def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_
               parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, ROLE: gl.constexpr,
               BM: gl.constexpr, TN: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
               DGRAD: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
-              HAS_PROBS: gl.constexpr, EARLY_TURN: gl.constexpr):
+              HAS_PROBS: gl.constexpr):
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TN, 16])
     g = -1
@@ -175,13 +175,10 @@ def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
                 if step > 0:  # the previous step's MMA is done: its stage can be refilled
                     mbarrier.arrive(empty.index((it + step - 1) % STAGES), count=1)
-            if EARLY_TURN:  # the other warpgroup's MMAs queue behind this tile's last ones, which are still running
-                mbarrier.arrive(turn.index(1 - ROLE), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             if steps > 0:
                 mbarrier.arrive(empty.index((it + steps - 1) % STAGES), count=1)
-            if not EARLY_TURN:  # the other warpgroup's MMAs run under this epilogue
-                mbarrier.arrive(turn.index(1 - ROLE), count=1)
+            mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
             m0, n0 = _coords(tile, g_end, row0, row_end, n_tiles, BM, CN, GROUP_M)
             if EPILOGUE == SWIGLU_BWD:
                 swiglu_bwd_epilogue(acc, h_ptr, dh_ptr, probs_ptr, parts_ptr, m0, n0, row_end, OUT, n_tiles, BM, TN,
@@ -219,7 +216,7 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
                               offs_ptr, M, OUT, RED, G,
                               NUM_PROGS, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
                               BLOCK_G: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
-                              HAS_PROBS: gl.constexpr, EARLY_TURN: gl.constexpr, num_warps: gl.constexpr):
+                              HAS_PROBS: gl.constexpr, num_warps: gl.constexpr):
     """a_desc: A [M, RED] (x or dy), block [BM, BK]; w_desc: w [G, N, K], block [1, TN, BK] (forward) or [1, BK, TN]
     (DGRAD); out_desc: out [M, OUT] ragged, block [1, 1, BM, TN].
     SWIGLU_BWD (with DGRAD): h_ptr / dh_ptr are h and dh [M, 2I] (gate columns, then up); out_desc is dh's gate half
@@ -258,10 +255,10 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
     gl.warp_specialize([
         (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
                      probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM, TN, CN, BK,
-                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, EARLY_TURN)),
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
         (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
                      probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN, CN, BK,
-                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, EARLY_TURN)),
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
         (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total,
                      NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -316,7 +313,7 @@ def _value(epilogue) -> int:
 
 def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad: bool, stages: int, group_m: int,
             num_programs: int | None, h_descs=None, h=None, dh=None, probs=None, parts=None, epilogue: int = PLAIN,
-            act: int = 0, early_turn: bool = True):
+            act: int = 0):
     """width: the output columns the tiles cover (OUT: N or K; I with SWIGLU_BWD / SWIGLU_FWD). The kernel's unused
     descriptors and pointers get out_desc and offs."""
     nprog = max(1, num_programs or cuda_device.sm_count(a.device))
@@ -326,13 +323,12 @@ def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad
             a_desc, w_desc, out_desc, *h_descs, *(t if t is not None else offs for t in (h, dh, probs, parts)), offs,
             a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages, GROUP_M=group_m, DGRAD=dgrad,
             BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS, EPILOGUE=_value(epilogue), ACT=act,
-            HAS_PROBS=probs is not None, EARLY_TURN=early_turn, num_warps=4, maxnreg=168)
+            HAS_PROBS=probs is not None, num_warps=4, maxnreg=168)
 
 
 def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, dgrad: bool = False,
                                    stages: int = 4, group_m: int = 8, tile: tuple[int, int] = (128, 128),
-                                   out: torch.Tensor | None = None, num_programs: int | None = None,
-                                   early_turn: bool = True) -> torch.Tensor:
+                                   out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
     """Forward (y [M, N] = x_g @ w[g]^T, a = x [M, K]) or, with ``dgrad``, data gradient (dx [M, K] = dy_g @ w[g],
     a = dy [M, N]) per group; w [G, N, K]; offs [G] int32; rows past offs[-1] are zeros. bf16 contiguous tensors on
     a Hopper GPU, N and K multiples of 8 (16-byte TMA rows). ``tile``: each consumer's output tile, (128, 128) or
@@ -353,7 +349,7 @@ def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch
     a_desc, w_desc = _descs(a, w, tile, dgrad)
     out_desc = ragged_desc(out, list(tile))
     _launch(a, offs, w.shape[0], width, a_desc, w_desc, out_desc, dgrad=dgrad, stages=stages, group_m=group_m,
-            num_programs=num_programs, early_turn=early_turn)
+            num_programs=num_programs)
     return out
 
 
@@ -434,8 +430,7 @@ def _check_probs_activation(name: str, probs: torch.Tensor | None, rows: int, ac
 
 
 def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool = False, epilogue: int = PLAIN,
-                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8,
-                early_turn: bool = True):
+                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel. ``epilogue``: PLAIN, SWIGLU_BWD (a data gradient) or SWIGLU_FWD (a forward, 128x128)."""
     from triton.backends.compiler import GPUTarget
@@ -453,12 +448,12 @@ def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool
            "parts_ptr": "*fp32", "offs_ptr": "*i32", "M": "i32",
            "OUT": "i32", "RED": "i32", "G": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr",
            "DGRAD": "constexpr", "BLOCK_G": "constexpr", "RAGGED": "constexpr", "EPILOGUE": "constexpr",
-           "ACT": "constexpr", "HAS_PROBS": "constexpr", "EARLY_TURN": "constexpr", "num_warps": "constexpr"}
+           "ACT": "constexpr", "HAS_PROBS": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     src = GluonASTSource(_rowgroup_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_M": group_m, "DGRAD": dgrad, "BLOCK_G": 256,
                                      "RAGGED": RAGGED_ROWS, "EPILOGUE": _value(epilogue), "ACT": act,
-                                     "HAS_PROBS": has_probs, "EARLY_TURN": early_turn,
+                                     "HAS_PROBS": has_probs,
                                      "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]]
                                 for n in ("h_ptr", "dh_ptr", "probs_ptr", "parts_ptr", "offs_ptr", "OUT", "RED")})

@@ -182,7 +182,7 @@ def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M,
 def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M, tiles_n,
               tiles_k, total, NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
               GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, SORTED: gl.constexpr,
-              GATHER: gl.constexpr, EARLY_TURN: gl.constexpr):
+              GATHER: gl.constexpr):
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
     out = out_bufs.index(ROLE).reshape([TN, TK])
@@ -208,12 +208,9 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
                 if step > 0:  # the previous step's MMA is done: its stage can be refilled
                     mbarrier.arrive(empty.index((it + step - 1) % STAGES), count=1)
-            if EARLY_TURN:  # the other warpgroup's MMAs queue behind this tile's last ones, which are still running
-                mbarrier.arrive(turn.index(1 - ROLE), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(empty.index((it + steps - 1) % STAGES), count=1)
-            if not EARLY_TURN:  # the other warpgroup's MMAs run under this epilogue
-                mbarrier.arrive(turn.index(1 - ROLE), count=1)
+            mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
             tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffer
             out.store(acc.to(dw_desc.dtype))
             fence_async_shared()
@@ -227,7 +224,7 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
 def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr, sched_ptr, M, N, K, G, stride_xm,
                            NUM_PROGS, STAGES: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr,
                            MIX: gl.constexpr, SORTED: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr,
-                           EARLY_TURN: gl.constexpr, num_warps: gl.constexpr):
+                           num_warps: gl.constexpr):
     """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused).
     MIX or SORTED: sched_ptr [G + 1] int32 (schedule.skew_schedule); else unused."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
@@ -258,11 +255,9 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     if GATHER:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER,
-                         EARLY_TURN)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER,
-                         EARLY_TURN)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
                          total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER)),
             (_gatherer, (x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n,
@@ -271,11 +266,9 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     else:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER,
-                         EARLY_TURN)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER,
-                         EARLY_TURN)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
                          total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -291,7 +284,7 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
                                 group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
                                 gather_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
                                 num_programs: int | None = None, cohorts: int = 1, mix: bool = False,
-                                sorted_groups: bool = False, early_turn: bool = True) -> torch.Tensor:
+                                sorted_groups: bool = False) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
@@ -346,14 +339,13 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         _wgrad_pingpong_kernel[(nprog,)](
             dy_desc, x_desc, x, gather_arg, dw_desc, offs, sched, M, N, K, G, x.stride(0), nprog, STAGES=stages,
             GROUP_N=group_n, COHORTS=cohorts, MIX=mix, SORTED=sorted_groups, RAGGED=RAGGED_ROWS, GATHER=gather,
-            EARLY_TURN=early_turn, num_warps=4,
+            num_warps=4,
             maxnreg=_maxnreg(gather))
     return out
 
 
 def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90,
-                gather: bool = False, cohorts: int = 1, mix: bool = False, sorted_groups: bool = False,
-                early_turn: bool = True):
+                gather: bool = False, cohorts: int = 1, mix: bool = False, sorted_groups: bool = False):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel."""
     from triton.backends.compiler import GPUTarget
@@ -365,13 +357,13 @@ def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOC
            "gather_ptr": "*i32", "dw_desc": aot_type([1, tn, tk]), "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
            "N": "i32", "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
            "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "SORTED": "constexpr",
-           "RAGGED": "constexpr", "GATHER": "constexpr", "EARLY_TURN": "constexpr", "num_warps": "constexpr"}
+           "RAGGED": "constexpr", "GATHER": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     aligned = ["x_ptr", "gather_ptr", "offs_ptr", "sched_ptr", "stride_xm"]
     src = GluonASTSource(_wgrad_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_N": group_n, "COHORTS": cohorts, "MIX": mix,
                                      "SORTED": sorted_groups, "RAGGED": RAGGED_ROWS, "GATHER": gather,
-                                     "EARLY_TURN": early_turn, "num_warps": 4},
+                                     "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": 4, "maxnreg": _maxnreg(gather)})
