@@ -4,6 +4,6 @@
 source scripts/device_common.sh "$@"
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 echo "== DeepSeek-V3"
-run_bench deepseek-v3 balanced,skewed 3 1 170 --no-compile
+run_bench deepseek-v3 balanced,skewed 3 1 220 --no-compile
 echo "== Qwen3"
 run_bench qwen3-30b-a3b balanced,skewed 5 2 170
