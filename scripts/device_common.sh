@@ -37,6 +37,23 @@ ncu_profile() {
   grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Hit Rate |Warp Cycles Per Issued|Issued Warp|No Eligible|Registers Per" \
     "$out/${name}_details.txt" | head -40
 }
+# `ncu_table NAME`: scripts/ncu_table.py's metrics per kernel of $out/NAME.ncu-rep (its raw page, then deleted: the
+# run tool brings back a limited number of files).
+ncu_table() {
+  [ -n "$NCU" ] && [ -f "$out/$1.ncu-rep" ] || return 0
+  "$NCU" -i "$out/$1.ncu-rep" --page raw --csv > "$out/$1_raw.csv" 2>&1
+  python3 scripts/ncu_table.py "$out/$1_raw.csv"
+  rm -f "$out/$1_raw.csv"
+}
+# `ncu_gemm NAME SHAPE LAYER OP ROUTING CONFIG`: one launch of ours (CONFIG) and one of torch._grouped_mm under
+# ncu_profile (scripts/gemm_anatomy.py --profile), the headline page to $out/NAME_headline.txt, then ncu_table.
+ncu_gemm() {
+  local name=$1
+  ncu_profile "$name" python3 scripts/gemm_anatomy.py --shape "$2" --layer "$3" --op "$4" --routing "$5" --config "$6" \
+    --profile > "$out/${name}_headline.txt"
+  grep -E "rel err" "$out/${name}_headline.txt" | head -2
+  ncu_table "$name"
+}
 # The layer benchmark with every peer: `run_bench SHAPE ROUTING REPS WARMUP SECONDS [MORE BENCH ARGS...]`; JSON and log
 # go to $out/SHAPE.json / .log, the table rows to stdout. (Session 15 and 16 scripts define their own copy.)
 run_bench() {

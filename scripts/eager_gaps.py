@@ -14,14 +14,12 @@ Recording an event costs the host a few microseconds, so the eager call runs a l
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
-import sys
 import time
 
 import torch
 
-from host_breakdown import WRAPPED  # (this folder)
+from host_breakdown import install_wrappers  # (this folder)
 
 from moetrain.bench import layer_ab
 from moetrain.bench import moe_layer as bench
@@ -31,7 +29,6 @@ class Marks:
     def __init__(self):
         self.on = False
         self.marks: list = []  # (label, host seconds, event)
-        self.depth = 0
 
     def mark(self, label: str) -> None:
         if self.on:
@@ -44,25 +41,6 @@ class Marks:
             self.mark(name)
             return fn(*args, **kwargs)
         return marked
-
-
-def install(marks: Marks) -> None:
-    for spec in WRAPPED:
-        modname, attr = spec.split(":")
-        orig = getattr(importlib.import_module(modname), attr)
-        wrapped = marks.wrap(attr, orig)
-        for m in list(sys.modules.values()):  # every module that imported the function by name
-            if m is not None and getattr(m, attr, None) is orig:
-                setattr(m, attr, wrapped)
-    from triton.runtime.jit import JITFunction
-
-    run = JITFunction.run
-
-    def marked_run(self, *args, **kwargs):
-        marks.mark("launch " + self.fn.__name__)
-        return run(self, *args, **kwargs)
-    JITFunction.run = marked_run
-    torch._grouped_mm = marks.wrap("torch._grouped_mm", torch._grouped_mm)
 
 
 def one_call(fn, args, marks: Marks, lead_in=None) -> list:
@@ -95,7 +73,7 @@ def main() -> None:
     p.add_argument("--min-idle", type=float, default=0.02, help="ms: segments idling less are summed, not listed")
     a = p.parse_args()
     marks = Marks()
-    install(marks)
+    install_wrappers(marks.wrap)
     for shape in layer_ab.gpu_shapes(a.shapes, "scripts/eager_gaps.py"):
         s = bench.shape_at(shape, a.tokens)
         args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))

@@ -4,19 +4,9 @@
 # and skewed routing, the ping-pong s5 on balanced. Then every forward / data-gradient config at DeepSeek-V3 on both
 # routings (bench gemm), for auto's choice between routings (FC2's forward and data gradient at 0.99x torch).
 source scripts/device_common.sh "$@"
-ncu_table() {
-  [ -f "$out/$1.ncu-rep" ] || return 0
-  "$NCU" -i "$out/$1.ncu-rep" --page raw --csv > "$out/$1_raw.csv" 2>&1
-  python3 scripts/ncu_table.py "$out/$1_raw.csv"
-}
-for spec in "fwd_bal_t256 balanced 128x256x64/s3/w8/tma" "fwd_skew_t256 skewed 128x256x64/s3/w8/tma" \
-            "fwd_bal_pp5 balanced pingpong/128x128x64/s5/g8"; do
-  set -- $spec
-  ncu_profile "$1" python3 scripts/gemm_anatomy.py --shape dsv3 --layer fc1 --op fwd --routing "$2" --config "$3" \
-    --profile > "$out/$1_headline.txt"
-  grep -E "rel err|Duration|DRAM Throughput|L2 Hit Rate " "$out/$1_headline.txt" | head -8
-  ncu_table "$1"
-done
+ncu_gemm fwd_bal_t256 dsv3 fc1 fwd balanced 128x256x64/s3/w8/tma
+ncu_gemm fwd_skew_t256 dsv3 fc1 fwd skewed 128x256x64/s3/w8/tma
+ncu_gemm fwd_bal_pp5 dsv3 fc1 fwd balanced pingpong/128x128x64/s5/g8
 echo "== bench gemm, DeepSeek-V3, forward and data gradient, both routings"
 timeout -k 10 300 python3 -m moetrain bench gemm --shapes dsv3 --ops fwd,dgrad --routing balanced,skewed --budget 200 \
   > "$out/gemm_dsv3.log" 2>&1

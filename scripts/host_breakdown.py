@@ -77,27 +77,38 @@ class Timers:
         self.calls.clear()
 
 
-def install(timers: Timers) -> None:
+def install_wrappers(wrap) -> None:
+    """Replace each WRAPPED function (in every module that imported it by name), torch._grouped_mm and every Triton /
+    Gluon launch (JITFunction.run, named "launch KERNEL") by ``wrap(name, fn)``."""
     for spec in WRAPPED:
         modname, attr = spec.split(":")
         orig = getattr(importlib.import_module(modname), attr)
-        wrapped = timers.wrap(attr, orig)
-        for m in list(sys.modules.values()):  # every module that imported the function by name
+        wrapped = wrap(attr, orig)
+        for m in list(sys.modules.values()):
             if m is not None and getattr(m, attr, None) is orig:
                 setattr(m, attr, wrapped)
     from triton.runtime.jit import JITFunction
 
     run = JITFunction.run
 
-    def timed_run(self, *args, **kwargs):
-        name = "launch " + self.fn.__name__
-        t0 = time.perf_counter()
-        try:
-            return run(self, *args, **kwargs)
-        finally:
-            timers.add(name, time.perf_counter() - t0)
-    JITFunction.run = timed_run
-    torch._grouped_mm = timers.wrap("torch._grouped_mm", torch._grouped_mm)
+    def wrapped_run(self, *args, **kwargs):
+        return wrap("launch " + self.fn.__name__, lambda: run(self, *args, **kwargs))()
+    JITFunction.run = wrapped_run
+    torch._grouped_mm = wrap("torch._grouped_mm", torch._grouped_mm)
+
+
+def install(timers: Timers) -> None:
+    def wrap(name, fn):
+        if name.startswith("launch "):  # every launch counts (a launch inside a launch does not happen)
+            def timed(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    timers.add(name, time.perf_counter() - t0)
+            return timed
+        return timers.wrap(name, fn)
+    install_wrappers(wrap)
 
 
 def main() -> None:
