@@ -21,12 +21,10 @@ import torch
 
 
 def main(argv=None) -> int:
-    from moetrain.bench import moe_layer
     from moetrain.kernels import cuda_device
     from moetrain.kernels import sweep_grouped_gemm as sweep
     from moetrain.kernels import wgrad_pingpong as wp
     from moetrain.kernels.timing import in_turns, queued_ms
-    from wgrad_pingpong_bench import LAYER_SHAPES  # (scripts/ is on the path when run as a script)
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3")
@@ -44,7 +42,7 @@ def main(argv=None) -> int:
     side = torch.cuda.Stream()
     for shape in shapes:
         m, g, h, i = sweep.SHAPES[shape]
-        offs = moe_layer.routed_offs(moe_layer.SHAPES[LAYER_SHAPES[shape]], "skewed", dev)
+        offs = sweep.script_group_ends(shape, "layer-skewed")
         counts = torch.diff(offs, prepend=offs.new_zeros(1)).tolist()
         for layer, (n, k) in sweep.layer_gemms(h, i).items():
             gen = torch.Generator(device="cuda").manual_seed(0)
