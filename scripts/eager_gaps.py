@@ -72,6 +72,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--min-idle", type=float, default=0.02, help="ms: segments idling less are summed, not listed")
     a = p.parse_args()
+    if a.calls < 1 or (a.tokens is not None and a.tokens < 1):
+        raise SystemExit(f"--calls {a.calls}, --tokens {a.tokens}: each at least 1")
     marks = Marks()
     install_wrappers(marks.wrap)
     for shape in layer_ab.gpu_shapes(a.shapes, "scripts/eager_gaps.py"):

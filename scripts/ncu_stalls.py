@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import os
 
 
 def column(names: list, *words: str) -> int | None:
@@ -26,6 +27,8 @@ def main() -> int:
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=30)
     a = ap.parse_args()
+    if not os.path.isfile(a.csv):
+        raise SystemExit(f"{a.csv}: no such file (a CSV of `ncu -i REPORT --page source --csv --print-source sass`)")
     with open(a.csv, newline="") as f:
         rows = [r for r in csv.reader(f) if r]
     header = next((i for i, r in enumerate(rows) if column(r, "Source") is not None and column(r, "Address") is not None),

@@ -10,6 +10,7 @@ L2->SM bytes, the tensor pipe's active cycles (of elapsed), SM throughput. One r
 from __future__ import annotations
 
 import csv
+import os
 import sys
 
 # (label, metric name, scale, unit)
@@ -29,6 +30,8 @@ UNIT_SCALE = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "
 
 
 def main(path: str) -> int:
+    if not os.path.isfile(path):
+        raise SystemExit(f"{path}: no such file (a CSV of `ncu -i REPORT --page raw --csv`)")
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f) if r]
     header = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
@@ -58,6 +61,6 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         raise SystemExit(__doc__)
     raise SystemExit(main(sys.argv[1]))
