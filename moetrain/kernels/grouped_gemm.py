@@ -341,7 +341,7 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
             grouped_gemm_wgrad_pingpong(dy, x, offs, stages=cfg.num_stages, group_n=cfg.group_m,
                                         tile=(cfg.block_m, cfg.block_n), gather_rows=gather_rows, out=out,
                                         num_programs=num_programs, cohorts=cfg.cohorts, mix=cfg.mix,
-                                        sorted_groups=cfg.sorted_groups, dy_stages=cfg.dy_stages)
+                                        sorted_groups=cfg.sorted_groups)
             return
         use_tma = cfg.use_tma and tma_ok
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k

@@ -38,8 +38,6 @@ class GemmConfig:
     mix (pingpong, forward / dgrad): groups heaviest first, half the programs walking backwards on skewed routing
     (schedule.py; the kernels' MIX).
     sorted_groups (pingpong weight gradient): groups heaviest first, every program in step (wgrad_pingpong SORTED).
-    dy_stages (pingpong weight gradient): > 0, the tiles in pairs sharing their dy blocks through a ring of that many
-    (wgrad_pairs.py); num_stages is then its x ring.
     """
 
     block_m: int
@@ -56,15 +54,13 @@ class GemmConfig:
     cohorts: int = 1
     mix: bool = False
     sorted_groups: bool = False  # pingpong weight gradient: groups heaviest first, programs in step (SORTED)
-    dy_stages: int = 0  # pingpong weight gradient: tile pairs sharing dy through a ring of this many (0: off)
 
     def __str__(self) -> str:
         if self.kernel != "triton":
             cohorts = "" if self.cohorts == 1 else f"/c{self.cohorts}"
             mix = "/mix" if self.mix else "/sorted" if self.sorted_groups else ""
-            pairs = f"/p{self.dy_stages}" if self.dy_stages else ""
             return (f"{self.kernel}/{self.block_m}x{self.block_n}x{self.block_k}/s{self.num_stages}/g{self.group_m}"
-                    f"{cohorts}{mix}{pairs}")
+                    f"{cohorts}{mix}")
         kind = "tma" if self.use_tma else "ptr"
         two = "/x2" if self.programs_per_sm == 2 else ""
         split = "/split" if self.tail_split else ""

@@ -284,7 +284,7 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
                                 group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
                                 gather_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
                                 num_programs: int | None = None, cohorts: int = 1, mix: bool = False,
-                                sorted_groups: bool = False, dy_stages: int = 0) -> torch.Tensor:
+                                sorted_groups: bool = False) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
@@ -293,8 +293,6 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     ``cohorts``: groups of programs that start at different points of the tile order (_tile; 1: all together).
     ``mix``: groups heaviest first, half the programs walking backwards when the routing is skewed (_tile, MIX).
     ``sorted_groups``: groups heaviest first, every program in step (_tile, SORTED).
-    ``dy_stages`` > 0: the tiles in pairs that share their dy blocks, a ring of that many (wgrad_pairs.py; 128x128
-    tiles, rows not gathered, no cohorts or mix); ``stages`` is then its x ring.
     Called by grouped_gemm_wgrad for the "pingpong" configs."""
     gather = gather_rows is not None
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
@@ -309,9 +307,6 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         raise ValueError(f"grouped_gemm_wgrad_pingpong: cohorts={cohorts} is not one of {COHORT_CHOICES}")
     if (cohorts != 1) + mix + sorted_groups > 1:
         raise ValueError("grouped_gemm_wgrad_pingpong: cohorts, mix and sorted_groups are schedules; choose one")
-    if dy_stages and (gather or tuple(tile) != (BLOCK_N, BLOCK_K) or cohorts != 1 or mix):
-        raise ValueError("grouped_gemm_wgrad_pingpong: dy_stages (tile pairs sharing dy) needs 128x128 tiles, rows not "
-                         "gathered, and neither cohorts nor mix")
     if cuda_device.capability_major(dy.device) != 9:
         raise ValueError("grouped_gemm_wgrad_pingpong: Hopper (sm_90) only")
     dy, x = dy.contiguous(), x.contiguous()
@@ -328,11 +323,6 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         out = torch.empty(G, N, K, dtype=dy.dtype, device=dy.device)
     if G == 0 or N == 0 or K == 0:
         return out
-    if dy_stages:
-        from moetrain.kernels.wgrad_pairs import grouped_gemm_wgrad_pairs
-
-        return grouped_gemm_wgrad_pairs(dy, x, offs, out, x_stages=stages, dy_stages=dy_stages, group_n=group_n,
-                                        num_programs=num_programs, sorted_groups=sorted_groups)
     tn, tk = tile
     dw_block = [1, tn, tk]
     dw_desc = descriptor(out, [G, N, K], [N * K, K, 1], dw_block)

@@ -86,18 +86,6 @@ def test_sorted_groups_compute_the_same_tiles_in_another_order(routing, programs
     check_same_tiles_as_plain(routed_ends(routing), 18, programs, sorted_groups=True)
 
 
-@pytest.mark.parametrize("routing", ["skewed", "balanced"])
-@pytest.mark.parametrize("programs", [None, 7])
-@pytest.mark.parametrize("dy_stages, sorted_groups", [(6, False), (4, False), (5, True)])
-def test_tile_pairs_sharing_dy_compute_the_same_tiles(routing, programs, dy_stages, sorted_groups):
-    # wgrad_pairs.py: the same MMAs over the same blocks, dy read once per pair where the reduction fits the dy ring.
-    # Skewed routing mixes groups that share (<= dy_stages steps) with longer ones that do not, and empty groups;
-    # balanced routing here is 375 rows a group (6 steps): shared with 6 dy stages, not with 4 or 5. K's 9 column
-    # tiles leave the last pair's second tile past K (its store clipped).
-    kernel()
-    check_same_tiles_as_plain(routed_ends(routing), 19, programs, dy_stages=dy_stages, sorted_groups=sorted_groups)
-
-
 def test_cohorts_outside_the_choices_are_refused():
     wp = kernel()
     dy = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16)
@@ -108,22 +96,17 @@ def test_cohorts_outside_the_choices_are_refused():
         wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, cohorts=2, mix=True)
     with pytest.raises(ValueError, match="choose one"):
         wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, mix=True, sorted_groups=True)
-    with pytest.raises(ValueError, match="dy_stages"):
-        wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, mix=True, dy_stages=6)
-    with pytest.raises(ValueError, match="dy_stages=3"):
-        wp.grouped_gemm_wgrad_pingpong(dy, dy, offs, dy_stages=3)
 
 
 @pytest.mark.parametrize("m, g, n, k", [(65536 // 8, 32, 4096, 7168), (131072 // 8, 16, 1536, 2048)],
                          ids=["dsv3_fc1", "qwen3_fc1"])
-@pytest.mark.parametrize("dy_stages", [0, 6])
-def test_matches_torch_at_the_expert_shapes(m, g, n, k, dy_stages):
+def test_matches_torch_at_the_expert_shapes(m, g, n, k):
     wp = kernel()
     offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * (m // g)
     torch.manual_seed(13)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, dy_stages=dy_stages)
+    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs)
     want = torch._grouped_mm(dy.t(), x, offs=offs)
     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
     assert err < BF16_BOUND, err

@@ -32,20 +32,3 @@ def test_compiles_for_sm90_and_fits():
         check_pingpong_compiled(row)
         if row["gather"]:  # 16-byte copies (8 per thread per step), each thread's arrival tracking its own
             assert row["cp_async"] == 8 and row["noinc"], row
-
-
-_PAIRS_SCRIPT = r"""
-import json
-from moetrain.kernels import wgrad_pairs as wp
-from moetrain.kernels.grouped_gemm_aot import compiled_facts
-rows = [dict(dy_stages=d, **compiled_facts(wp.aot_compile(4, d, sorted_groups=s))) for d, s in ((6, False), (4, True))]
-print(json.dumps(rows))
-"""
-
-
-def test_tile_pairs_sharing_dy_compile_for_sm90_and_fit():
-    # wgrad_pairs.py: 6 dy + 4 x stages and two store buffers are 224 KB, the most that fits
-    rows = json.loads(script_result(_PAIRS_SCRIPT))
-    assert [r["dy_stages"] for r in rows] == [6, 4]
-    for row in rows:
-        check_pingpong_compiled(row)
