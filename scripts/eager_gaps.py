@@ -4,7 +4,7 @@ list), in a call from an idle GPU (as `bench moe` times "ours") and in the same 
 ("host-ahead"). Matched marker by marker, each segment's GPU time eager minus host-ahead is what the GPU idled there
 waiting for the host.
 
-    python scripts/eager_gaps.py [--shapes qwen3-30b-a3b,gpt-oss-20b] [--calls 7] [--tokens N]
+    python scripts/eager_gaps.py [--shapes qwen3-30b-a3b,gpt-oss-20b] [--calls 7] [--tokens N] [--routing skewed]
 
 Printed per marker (medians over the calls): the host's time since the call began, the GPU's (the event's
 timestamp), the segment to the next marker on the GPU eager and host-ahead, and their difference (the idle).
@@ -70,6 +70,7 @@ def main() -> None:
     p.add_argument("--backend", default="auto")
     p.add_argument("--calls", type=int, default=7)
     p.add_argument("--tokens", type=int, default=None)
+    p.add_argument("--routing", default="balanced", choices=("balanced", "skewed"))
     p.add_argument("--min-idle", type=float, default=0.02, help="ms: segments idling less are summed, not listed")
     a = p.parse_args()
     if a.calls < 1 or (a.tokens is not None and a.tokens < 1):
@@ -78,7 +79,7 @@ def main() -> None:
     install_wrappers(marks.wrap)
     for shape in layer_ab.gpu_shapes(a.shapes, "scripts/eager_gaps.py"):
         s = bench.shape_at(shape, a.tokens)
-        args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
+        args = bench.layer_inputs(s, a.routing, torch.Generator(device="cuda").manual_seed(0))
         fn = bench.ours(a.backend)
         lead = bench.HostAhead(fn)
         for _ in range(3):  # autotuning, auto's measurement and the allocator settle in the first calls
@@ -99,7 +100,7 @@ def main() -> None:
             return statistics.median(r[i + 1][2] - r[i][2] for r in runs[mode])
 
         total_e, total_a = med("eager", len(labels) - 1, 2), med("ahead", len(labels) - 1, 2)
-        print(f"== {shape} at {s.T} tokens, ours ({a.backend}): GPU start->end eager {total_e:.3f} ms, host-ahead "
+        print(f"== {shape} {a.routing} at {s.T} tokens, ours ({a.backend}): GPU start->end eager {total_e:.3f} ms, host-ahead "
               f"{total_a:.3f} ms (medians of {a.calls} calls, {len(labels)} markers)", flush=True)
         print(f"{'#':>3s} {'marker (next segment: up to the next marker)':46s} {'host ms':>8s} {'GPU ms':>8s} "
               f"{'seg eager':>9s} {'seg ahead':>9s} {'idle':>7s}")
