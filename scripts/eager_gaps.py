@@ -100,8 +100,8 @@ def main() -> None:
             return statistics.median(r[i + 1][2] - r[i][2] for r in runs[mode])
 
         total_e, total_a = med("eager", len(labels) - 1, 2), med("ahead", len(labels) - 1, 2)
-        print(f"== {shape} {a.routing} at {s.T} tokens, ours ({a.backend}): GPU start->end eager {total_e:.3f} ms, host-ahead "
-              f"{total_a:.3f} ms (medians of {a.calls} calls, {len(labels)} markers)", flush=True)
+        print(f"== {shape} {a.routing} at {s.T} tokens, ours ({a.backend}): GPU start->end eager {total_e:.3f} ms, "
+              f"host-ahead {total_a:.3f} ms (medians of {a.calls} calls, {len(labels)} markers)", flush=True)
         print(f"{'#':>3s} {'marker (next segment: up to the next marker)':46s} {'host ms':>8s} {'GPU ms':>8s} "
               f"{'seg eager':>9s} {'seg ahead':>9s} {'idle':>7s}")
         small = 0.0

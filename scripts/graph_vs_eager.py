@@ -1,6 +1,7 @@
-"""Our layer eager against the same forward + backward replayed from a CUDA graph, kernel by kernel: where the
-graphed call's GPU time goes faster (bench moe's "graph" column ran 0.2-0.8 ms under host-ahead at DeepSeek-V3,
-sessions 20-21), beside the wall times of the three ways of running it, timed in turns.
+"""Our layer eager against the same forward + backward replayed from a CUDA graph, kernel by kernel: which kernels'
+GPU time differs between the two (bench moe's "graph" column ran 0.2-0.8 ms under host-ahead at DeepSeek-V3 in
+sessions 20-21; session 22 found no kernel faster graphed), beside the wall times of the three ways of running it,
+timed in turns.
 
     python scripts/graph_vs_eager.py [--shapes deepseek-v3] [--routing skewed] [--calls 3] [--reps 5]
 
