@@ -6,7 +6,8 @@ again hot:
 
 probes: pure Python (no CUDA: 2,000 dict lookups), torch.empty on the GPU (the caching allocator, no CUDA call when
 cached), a small torch.add on the GPU (one kernel launch; host time only).
-waits: "gpu sync" (the host blocks in torch.cuda.synchronize while ~WAIT ms of GEMMs run), "sleep" (time.sleep, GPU
+waits: "gpu sync" (the host blocks in torch.cuda.synchronize while ~WAIT ms of GEMMs run), "event sync" (the same
+behind a timing event's synchronize(), as bench moe waits), "sleep" (time.sleep, GPU
 idle), "spin" (a Python busy loop, GPU idle), "gpu spin" (the same GEMMs queued, the host spinning in Python on
 event.query() until they finish).
 Prints the median us of each probe per wait, first after the wait and hot (the third repeat).
@@ -62,6 +63,13 @@ def main() -> None:
         while time.perf_counter() < end:
             pass
 
+    def event_sync():  # as bench moe waits after each timed call
+        for _ in range(gemms):
+            torch.mm(m, m)
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        ev.synchronize()
+
     def gpu_spin():
         for _ in range(gemms):
             torch.mm(m, m)
@@ -70,7 +78,11 @@ def main() -> None:
         while not ev.query():
             pass
 
-    waits = {"gpu sync": gpu_sync, "sleep": sleep, "spin": spin, "gpu spin": gpu_spin}
+    waits = {"gpu sync": gpu_sync, "event sync": event_sync, "sleep": sleep, "spin": spin, "gpu spin": gpu_spin}
+    for wait in waits.values():  # one untimed pass: the first timed wait ran at half speed without it
+        for probe in probes.values():
+            wait()
+            probe()
     print(f"{'wait':10s} " + " ".join(f"{name + ' first':>13s} {name + ' hot':>11s}" for name in probes))
     for wname, wait in waits.items():
         times = {(name, rep): [] for name in probes for rep in (0, 2)}
