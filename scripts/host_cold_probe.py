@@ -1,5 +1,5 @@
 """What makes the host slow right after it waited on the GPU (bench/NOTES.md sessions 19-22: every host step of an
-eager layer call runs 3-15x its hot cost after the sync)? Times three probes right after four kinds of wait, then
+eager layer call runs 3-15x its hot cost after the sync)? Times three probes right after five kinds of wait, then
 again hot:
 
     python scripts/host_cold_probe.py [--wait-ms 5] [--rounds 50]
@@ -7,9 +7,8 @@ again hot:
 probes: pure Python (no CUDA: 2,000 dict lookups), torch.empty on the GPU (the caching allocator, no CUDA call when
 cached), a small torch.add on the GPU (one kernel launch; host time only).
 waits: "gpu sync" (the host blocks in torch.cuda.synchronize while ~WAIT ms of GEMMs run), "event sync" (the same
-behind a timing event's synchronize(), as bench moe waits), "sleep" (time.sleep, GPU
-idle), "spin" (a Python busy loop, GPU idle), "gpu spin" (the same GEMMs queued, the host spinning in Python on
-event.query() until they finish).
+behind a timing event's synchronize(), as bench moe waits), "sleep" (time.sleep, GPU idle), "spin" (a Python busy
+loop, GPU idle), "gpu spin" (the same GEMMs queued, the host spinning in Python on event.query() until they finish).
 Prints the median us of each probe per wait, first after the wait and hot (the third repeat).
 """
 
