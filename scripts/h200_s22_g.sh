@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 22, call G (< 2 min): what is cold right after the host waited on the GPU: pure Python, the caching
-# allocator, or a kernel launch; after a sync, a sleep, a Python spin, and a Python spin on event.query()
-# (scripts/host_cold_probe.py, new).
+# allocator, or a kernel launch; after a sync, a timing event's sync, a sleep, a Python spin, and a Python spin on
+# event.query() (scripts/host_cold_probe.py, new).
 source scripts/device_common.sh "$@"
 for ms in 5 20; do
   echo "== wait ${ms} ms"
