@@ -5,7 +5,7 @@ again hot:
     python scripts/host_cold_probe.py [--wait-ms 5] [--rounds 50]
 
 probes: pure Python (no CUDA: 2,000 dict lookups), torch.empty on the GPU (the caching allocator, no CUDA call when
-cached), a small torch.add on the GPU (one kernel launch; host time only).
+cached), a small torch.add on the GPU (one kernel launch and its output's allocation; host time only).
 waits: "gpu sync" (the host blocks in torch.cuda.synchronize while ~WAIT ms of GEMMs run), "event sync" (the same
 behind a timing event's synchronize(), as bench moe waits), "sleep" (time.sleep, GPU idle), "spin" (a Python busy
 loop, GPU idle), "gpu spin" (the same GEMMs queued, the host spinning in Python on event.query() until they finish).
