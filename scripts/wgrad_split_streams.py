@@ -24,7 +24,6 @@ def main(argv=None) -> int:
     from moetrain.kernels import cuda_device
     from moetrain.kernels import sweep_grouped_gemm as sweep
     from moetrain.kernels import wgrad_pingpong as wp
-    from moetrain.kernels.timing import in_turns, queued_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3")
@@ -87,10 +86,7 @@ def main(argv=None) -> int:
                         "sequential": lambda: both(None)}
                 for p in splits:
                     runs[f"streams {p}"] = lambda p=p: both(p)
-                med, failed = in_turns(list(runs), lambda name: queued_ms(runs[name], reps=10, warmup=2),
-                                       args.rounds)
-                if failed:
-                    raise next(iter(failed.values()))
+                med = sweep.script_times(runs, args.rounds, queued=True)
                 best = min((name for name in runs if name.startswith("streams")), key=med.get)
                 print(f"{shape} {layer} light<={light_rows}: {len(offs_l)} light groups ({int(offs_l[-1])} rows), "
                       f"{len(offs_h)} heavy; " + ", ".join(f"{name} {ms:.3f}" for name, ms in med.items())
