@@ -49,9 +49,12 @@ def main() -> None:
     probes = {"python": python_work, "empty": lambda: torch.empty(1024, device="cuda"),
               "launch": lambda: torch.add(small, 1.0)}
 
-    def gpu_sync():
+    def queue_gemms():  # ~WAIT ms of GPU work
         for _ in range(gemms):
             torch.mm(m, m)
+
+    def gpu_sync():
+        queue_gemms()
         torch.cuda.synchronize()
 
     def sleep():
@@ -63,15 +66,13 @@ def main() -> None:
             pass
 
     def event_sync():  # as bench moe waits after each timed call
-        for _ in range(gemms):
-            torch.mm(m, m)
+        queue_gemms()
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         ev.synchronize()
 
     def gpu_spin():
-        for _ in range(gemms):
-            torch.mm(m, m)
+        queue_gemms()
         ev = torch.cuda.Event()
         ev.record()
         while not ev.query():
