@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--variants", default="128x128/s3/g8,128x128/s4/g8",
                     help="ping-pong variants: TNxTK/sSTAGES/gGROUP_N[/cCOHORTS, /mix or /sorted (groups heaviest "
-                         "first, programs in step)][/trim (last partial steps over their rows only)], comma-separated")
+                         "first, programs in step)], comma-separated")
     ap.add_argument("--gather", action="store_true",
                     help="FC1's case: x is [M/8, K] token rows read through a top-8 index. Every contender but "
                          "'triton gather' and the ping-pong variants pays for the permuted copy x[rows] (timed with "
@@ -56,9 +56,6 @@ def main(argv=None) -> int:
             tn, tk = (int(t) for t in tile.split("x"))
             variants[v] = dict(tile=(tn, tk), stages=int(stages.removeprefix("s")),
                                group_n=int(group.removeprefix("g")))
-            if schedule[-1:] == ["trim"]:  # each group's last partial step over its rows only
-                variants[v]["trim"] = True
-                schedule = schedule[:-1]
             if schedule == ["mix"]:
                 variants[v]["mix"] = True
             elif schedule == ["sorted"]:  # groups heaviest first, every program in step
@@ -68,9 +65,8 @@ def main(argv=None) -> int:
                 if len(schedule) > 1 or variants[v]["cohorts"] not in wp.COHORT_CHOICES:
                     raise ValueError
         except ValueError:
-            raise SystemExit(f"--variants: {v!r} is not TNxTK/sSTAGES/gGROUP_N[/cCOHORTS, /mix or /sorted][/trim] (e.g. "
-                             "128x128/s4/g8, 128x128/s4/g8/c2, 128x128/s4/g8/sorted/trim; cohorts one of "
-                             f"{wp.COHORT_CHOICES})") from None
+            raise SystemExit(f"--variants: {v!r} is not TNxTK/sSTAGES/gGROUP_N[/cCOHORTS or /mix] (e.g. 128x128/s4/g8,"
+                             f" 128x128/s4/g8/c2, 128x128/s4/g8/mix; cohorts one of {wp.COHORT_CHOICES})") from None
         if args.gather and (tn, tk) != (128, 128):
             raise SystemExit(f"--variants: {v!r}: gathered rows need 128x128 tiles")
     bad = [r for r in args.routing.split(",") if r not in ("balanced", "skewed", "layer-skewed")

@@ -179,37 +179,10 @@ def _gatherer(x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M,
 
 
 @gluon.jit
-def _wait_step(ready, ready_x, s, lap, GATHER: gl.constexpr):
-    """Wait until stage s holds this step's operands (lap: how often the ring went round before it)."""
-    mbarrier.wait(ready.index(s), lap & 1)
-    if GATHER:
-        mbarrier.wait(ready_x.index(s), lap & 1)
-        fence_async_shared()  # cp.async wrote x's rows through the generic proxy; wgmma reads the async one
-
-
-@gluon.jit
-def _tail_mma(dy_rows, x_rows, acc, rows, use_acc):
-    """acc (+)= dy_rows[:r]^T @ x_rows[:r] over the step's first r of its BR rows, r = rows rounded up to 16, 32 or BR
-    (memory descriptors are power-of-two shaped), synchronously: a group's last step holds 1..BR-1 of its rows (the
-    rest read as zeros), an empty group's one step none (acc stays the zeros it starts from). dy_rows [BR, TN],
-    x_rows [BR, TK] in shared memory. Skipped zero rows are MMAs saved: with 64-row steps, skewed routing at
-    DeepSeek-V3 ran 12.6% more MMA steps than its rows fill (bench/NOTES.md, session 23)."""
-    BR: gl.constexpr = dy_rows.type.shape[0]
-    if rows > 32:
-        acc = warpgroup_mma(dy_rows.permute((1, 0)), x_rows, acc, use_acc=use_acc)
-    elif rows > 16:
-        acc = warpgroup_mma(dy_rows.slice(0, 32).permute((1, 0)), x_rows.slice(0, 32), acc, use_acc=use_acc)
-    elif rows > 0:
-        acc = warpgroup_mma(dy_rows.slice(0, 16).permute((1, 0)), x_rows.slice(0, 16), acc, use_acc=use_acc)
-    gl.static_assert(BR == 64, "_tail_mma's depths are 16, 32 and 64 rows")
-    return acc
-
-
-@gluon.jit
 def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M, tiles_n,
               tiles_k, total, NUM_PROGS, ROLE: gl.constexpr, TN: gl.constexpr, TK: gl.constexpr, BR: gl.constexpr,
               GROUP_N: gl.constexpr, COHORTS: gl.constexpr, MIX: gl.constexpr, SORTED: gl.constexpr,
-              GATHER: gl.constexpr, TRIM: gl.constexpr):
+              GATHER: gl.constexpr):
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TK, 16])
     out = out_bufs.index(ROLE).reshape([TN, TK])
@@ -223,14 +196,12 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
             mbarrier.wait(turn.index(ROLE), turn_phase)
             turn_phase ^= 1
             acc = gl.zeros((TN, TK), dtype=gl.float32, layout=acc_layout)
-            # TRIM: the full steps here, the group's last partial step (or an empty group's one step) below with
-            # only the MMAs over its rows
-            full = steps
-            if TRIM:
-                full = (row_end - row0) // BR
-            for step in range(full):
+            for step in range(steps):
                 s = (it + step) % STAGES
-                _wait_step(ready, ready_x, s, (it + step) // STAGES, GATHER)
+                mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
+                if GATHER:
+                    mbarrier.wait(ready_x.index(s), ((it + step) // STAGES) & 1)
+                    fence_async_shared()  # cp.async wrote x's rows through the generic proxy; wgmma reads the async one
                 a = dy_bufs.index(s).reshape([BR, TN]).permute((1, 0))  # dy_g^T block [TN, BR]
                 b = x_bufs.index(s).reshape([BR, TK])  # x_g block [BR, TK]
                 acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
@@ -238,15 +209,7 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
                 if step > 0:  # the previous step's MMA is done: its stage can be refilled
                     mbarrier.arrive(empty.index((it + step - 1) % STAGES), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            if full > 0:
-                mbarrier.arrive(empty.index((it + full - 1) % STAGES), count=1)
-            if TRIM:
-                if full < steps:
-                    s = (it + full) % STAGES
-                    _wait_step(ready, ready_x, s, (it + full) // STAGES, GATHER)
-                    acc = _tail_mma(dy_bufs.index(s).reshape([BR, TN]), x_bufs.index(s).reshape([BR, TK]), acc,
-                                    row_end - row0 - full * BR, full > 0)
-                    mbarrier.arrive(empty.index(s), count=1)
+            mbarrier.arrive(empty.index((it + steps - 1) % STAGES), count=1)
             mbarrier.arrive(turn.index(1 - ROLE), count=1)  # the other warpgroup's MMAs run under this epilogue
             tma.store_wait(pendings=0)  # this warpgroup's previous tile has left its store buffer
             out.store(acc.to(dw_desc.dtype))
@@ -261,7 +224,7 @@ def _consumer(dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, o
 def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr, sched_ptr, M, N, K, G, stride_xm,
                            NUM_PROGS, STAGES: gl.constexpr, GROUP_N: gl.constexpr, COHORTS: gl.constexpr,
                            MIX: gl.constexpr, SORTED: gl.constexpr, RAGGED: gl.constexpr, GATHER: gl.constexpr,
-                           TRIM: gl.constexpr, num_warps: gl.constexpr):
+                           num_warps: gl.constexpr):
     """GATHER: x_ptr [T, K] token rows, gather_ptr [M] int32 (x_desc unused); else x_desc (x_ptr, gather_ptr unused).
     MIX or SORTED: sched_ptr [G + 1] int32 (schedule.skew_schedule); else unused."""
     TN: gl.constexpr = dw_desc.block_type.shape[1]
@@ -292,11 +255,9 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     if GATHER:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER,
-                         TRIM)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER,
-                         TRIM)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
                          total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER)),
             (_gatherer, (x_ptr, gather_ptr, x_bufs, ready_x, empty, offs_ptr, sched_ptr, M, K, stride_xm, tiles_n,
@@ -305,11 +266,9 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     else:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER,
-                         TRIM)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 0, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
-                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER,
-                         TRIM)),
+                         tiles_n, tiles_k, total, NUM_PROGS, 1, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, GATHER)),
             (_producer, (dy_desc, x_desc, dy_bufs, x_bufs, ready, empty, offs_ptr, sched_ptr, M, tiles_n, tiles_k,
                          total, NUM_PROGS, TN, TK, BR, GROUP_N, COHORTS, MIX, SORTED, RAGGED, GATHER)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -325,7 +284,7 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
                                 group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K),
                                 gather_rows: torch.Tensor | None = None, out: torch.Tensor | None = None,
                                 num_programs: int | None = None, cohorts: int = 1, mix: bool = False,
-                                sorted_groups: bool = False, trim: bool = False) -> torch.Tensor:
+                                sorted_groups: bool = False) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
@@ -334,7 +293,6 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     ``cohorts``: groups of programs that start at different points of the tile order (_tile; 1: all together).
     ``mix``: groups heaviest first, half the programs walking backwards when the routing is skewed (_tile, MIX).
     ``sorted_groups``: groups heaviest first, every program in step (_tile, SORTED).
-    ``trim``: each group's last partial step runs its MMAs over its rows only, rounded up to 16 (_tail_mma).
     Called by grouped_gemm_wgrad for the "pingpong" configs."""
     gather = gather_rows is not None
     if dy.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or dy.device.type != "cuda":
@@ -381,14 +339,13 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         _wgrad_pingpong_kernel[(nprog,)](
             dy_desc, x_desc, x, gather_arg, dw_desc, offs, sched, M, N, K, G, x.stride(0), nprog, STAGES=stages,
             GROUP_N=group_n, COHORTS=cohorts, MIX=mix, SORTED=sorted_groups, RAGGED=RAGGED_ROWS, GATHER=gather,
-            TRIM=trim, num_warps=4,
+            num_warps=4,
             maxnreg=_maxnreg(gather))
     return out
 
 
 def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOCK_N, BLOCK_K), capability: int = 90,
-                gather: bool = False, cohorts: int = 1, mix: bool = False, sorted_groups: bool = False,
-                trim: bool = False):
+                gather: bool = False, cohorts: int = 1, mix: bool = False, sorted_groups: bool = False):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel."""
     from triton.backends.compiler import GPUTarget
@@ -400,13 +357,13 @@ def aot_compile(stages: int = 4, group_n: int = 8, tile: tuple[int, int] = (BLOC
            "gather_ptr": "*i32", "dw_desc": aot_type([1, tn, tk]), "offs_ptr": "*i32", "sched_ptr": "*i32", "M": "i32",
            "N": "i32", "K": "i32", "G": "i32", "stride_xm": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr",
            "GROUP_N": "constexpr", "COHORTS": "constexpr", "MIX": "constexpr", "SORTED": "constexpr",
-           "RAGGED": "constexpr", "GATHER": "constexpr", "TRIM": "constexpr", "num_warps": "constexpr"}
+           "RAGGED": "constexpr", "GATHER": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     aligned = ["x_ptr", "gather_ptr", "offs_ptr", "sched_ptr", "stride_xm"]
     src = GluonASTSource(_wgrad_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_N": group_n, "COHORTS": cohorts, "MIX": mix,
                                      "SORTED": sorted_groups, "RAGGED": RAGGED_ROWS, "GATHER": gather,
-                                     "TRIM": trim, "num_warps": 4},
+                                     "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": 4, "maxnreg": _maxnreg(gather)})

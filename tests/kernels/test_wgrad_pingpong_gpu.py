@@ -86,62 +86,6 @@ def test_sorted_groups_compute_the_same_tiles_in_another_order(routing, programs
     check_same_tiles_as_plain(routed_ends(routing), 18, programs, sorted_groups=True)
 
 
-# Group sizes whose last 64-row step holds every kind of tail the trimmed step handles: none (an empty group, whole
-# steps), 1-16 rows (one 16-deep MMA), 17-32 (32-deep), 33-63 (the whole step), around longer reductions too
-TAIL_SIZES = [0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 80, 96, 97, 127, 128, 129, 0, 200, 257, 300, 5, 40, 0]
-
-
-def tail_ends() -> torch.Tensor:
-    return torch.cumsum(torch.tensor(TAIL_SIZES), 0).to(torch.int32).cuda()
-
-
-@pytest.mark.parametrize("stages, programs, schedule", [(4, None, {}), (3, 7, {}), (5, None, {"sorted_groups": True}),
-                                                         (4, 3, {"sorted_groups": True})])
-def test_trimmed_tail_steps_match_float64(stages, programs, schedule):
-    # trim: a group's last partial step multiplies only its rows (rounded up to 16 or 32), an empty group's none
-    wp = kernel()
-    offs = tail_ends()
-    m = int(offs[-1]) + 37  # trailing rows in no group
-    torch.manual_seed(24)
-    dy = torch.randn(m, N, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
-    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, stages=stages, num_programs=programs, trim=True, **schedule,
-                                         out=torch.full((len(TAIL_SIZES), N, K), float("nan"), device="cuda",
-                                                        dtype=torch.bfloat16))
-    torch.cuda.synchronize()
-    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    check_groups_fp64("wgrad", got, dy, x, offs, range(len(TAIL_SIZES)))
-
-
-def test_trimmed_tail_steps_only_drop_zero_terms():
-    # the skipped rows read as zeros in the untrimmed kernel: the same sums, bit for bit
-    wp = kernel()
-    offs = tail_ends()
-    m = int(offs[-1])
-    torch.manual_seed(25)
-    dy = torch.randn(m, N, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
-    assert torch.equal(wp.grouped_gemm_wgrad_pingpong(dy, x, offs, trim=True),
-                       wp.grouped_gemm_wgrad_pingpong(dy, x, offs))
-
-
-def test_trimmed_tail_steps_with_gathered_rows_match_float64():
-    wp = kernel()
-    offs = tail_ends()
-    t, n, k = 400, 768 + 64, 1024  # x's 400 token rows, read through an index with repeats
-    m = int(offs[-1])
-    torch.manual_seed(26)
-    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    rows = torch.randint(0, t, (m,), device="cuda", dtype=torch.int32)
-    got = wp.grouped_gemm_wgrad_pingpong(dy, x, offs, gather_rows=rows, trim=True,
-                                         out=torch.full((len(TAIL_SIZES), n, k), float("nan"), device="cuda",
-                                                        dtype=torch.bfloat16))
-    torch.cuda.synchronize()
-    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
-    check_groups_fp64("wgrad", got, dy, x[rows.long()], offs, range(len(TAIL_SIZES)))
-
-
 def test_cohorts_outside_the_choices_are_refused():
     wp = kernel()
     dy = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16)
