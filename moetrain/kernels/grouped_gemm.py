@@ -58,6 +58,7 @@ import torch
 from moetrain.kernels import cuda_device
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS, _rowgroup_kernel, _wgrad_kernel, ragged_geometry
 from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
+from moetrain.kernels.launch import launch
 from moetrain.kernels.schedule import skew_schedule
 
 from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
@@ -165,14 +166,14 @@ def _row_programs(device: torch.device, cfg: GemmConfig, M: int, G: int, OUT: in
     return max(1, min(num_programs or _num_programs(device) * cfg.programs_per_sm, bound))
 
 
-def _run_tail_split(cfg: GemmConfig, launch, tail=tail_config) -> None:
-    """``launch(config, part, big_m)`` once (PART 0), or for a tail-split config the body (PART 1) and then the
+def _run_tail_split(cfg: GemmConfig, launch_part, tail=tail_config) -> None:
+    """``launch_part(config, part, big_m)`` once (PART 0), or for a tail-split config the body (PART 1) and then the
     half-height tail (PART 2, ``tail(cfg)``): see TAIL SPLIT."""
     if not cfg.tail_split:
-        launch(cfg, 0, cfg.block_m)
+        launch_part(cfg, 0, cfg.block_m)
         return
-    launch(cfg, 1, cfg.block_m)
-    launch(tail(cfg), 2, cfg.block_m)
+    launch_part(cfg, 1, cfg.block_m)
+    launch_part(tail(cfg), 2, cfg.block_m)
 
 
 def _output(out, shape, like: torch.Tensor) -> torch.Tensor:
@@ -245,7 +246,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         raise ValueError(f"grouped GEMM: config {config} needs a Hopper GPU, bf16, TMA-aligned tensors and rows not "
                          "gathered")
 
-    def launch(cfg: GemmConfig, part: int, big_m: int, sched: torch.Tensor, offs: torch.Tensor):
+    def launch_part(cfg: GemmConfig, part: int, big_m: int, sched: torch.Tensor, offs: torch.Tensor):
         use_tma = cfg.use_tma and tma_ok
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         if use_tma:
@@ -256,7 +257,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         else:
             a_desc, w_desc, out_desc = a, w, out
         nprog = _row_programs(a.device, cfg, M, G, OUT, bn, part, num_programs)
-        _rowgroup_kernel[(nprog,)](
+        launch(_rowgroup_kernel, (nprog,),
             a, a_desc, offs if gather is None else gather, w, w_desc, out, out_desc, offs, sched, M, OUT, RED, G,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0), nprog,
             DGRAD=dgrad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
@@ -273,7 +274,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
                                            tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs)
             return
         sched = skew_schedule(offs) if cfg.mix else offs  # (unused without MIX)
-        _run_tail_split(cfg, lambda c, part, big_m: launch(c, part, big_m, sched, offs))
+        _run_tail_split(cfg, lambda c, part, big_m: launch_part(c, part, big_m, sched, offs))
 
     op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
     key = (op, a.dtype, a.device, OUT, RED, rows_bucket(M, G), tma_ok)
@@ -354,7 +355,7 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
             dy_desc, x_desc, dw_desc = dy, x, out
         nprog = max(1, min(num_programs or _num_programs(dy.device) * cfg.programs_per_sm,
                            G * cdiv(N, bm) * cdiv(K, bn)))
-        _wgrad_kernel[(nprog,)](
+        launch(_wgrad_kernel, (nprog,),
             dy, dy_desc, x, x_desc, gather_rows if gather_rows is not None else offs, out, dw_desc, offs, M, N, K, G,
             dy.stride(0), x.stride(0), out.stride(0), out.stride(1), nprog,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=cfg.group_m, BLOCK_G=_block_g(G),

@@ -28,6 +28,7 @@ import triton.language as tl
 from moetrain.kernels.host import cdiv, next_pow2
 
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
+from moetrain.kernels.launch import launch
 from moetrain.ops import moe_rows as _ops
 
 ACTIVATIONS = {"swiglu": 0, "swiglu_clamped": 1}
@@ -197,7 +198,7 @@ def combine(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None,
     out = torch.empty(tokens, H, dtype=y.dtype, device=y.device)
     block = _block(H)
     with _on_device(y.device):
-        _combine_kernel[(tokens, cdiv(H, block))](
+        launch(_combine_kernel, (tokens, cdiv(H, block)),
             y, inverse, weight if weight is not None else y, out, H, TOPK=topk,
             HAS_WEIGHT=weight is not None, BLOCK_H=block, num_warps=4)
     return out
@@ -227,7 +228,7 @@ def combine_bwd(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tenso
     with _on_device(dout.device):
         block = _block(H)
         grid = (tokens,) if weight is not None else (tokens, cdiv(H, block))
-        _combine_bwd_kernel[grid](
+        launch(_combine_bwd_kernel, grid,
             dout, y, inverse, weight if weight is not None else dout, dy, dweight if weight is not None else dout, H,
             TOPK=topk, HAS_WEIGHT=weight is not None, BLOCK_H=block, num_warps=4)
     return dy, dweight
@@ -280,7 +281,7 @@ def swiglu_fwd(h: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor 
         return a
     rows, block = _swiglu_tile_shape(inter)
     with _on_device(h.device):
-        _swiglu_fwd_kernel[(cdiv(h.shape[0], rows), cdiv(inter, block))](
+        launch(_swiglu_fwd_kernel, (cdiv(h.shape[0], rows), cdiv(inter, block)),
             h, probs if probs is not None else h, a, h.shape[0], inter, ACT=ACTIVATIONS[activation],
             HAS_PROBS=probs is not None, BLOCK_R=rows, BLOCK_I=block, num_warps=4)
     return a
@@ -301,7 +302,7 @@ def swiglu_bwd(h: torch.Tensor, da: torch.Tensor, activation: str = "swiglu", pr
     col_blocks = cdiv(inter, block)
     parts = torch.empty(h.shape[0], col_blocks, dtype=torch.float32, device=h.device) if probs is not None else None
     with _on_device(h.device):
-        _swiglu_bwd_kernel[(cdiv(h.shape[0], rows), col_blocks)](
+        launch(_swiglu_bwd_kernel, (cdiv(h.shape[0], rows), col_blocks),
             h, probs if probs is not None else h, da, dh, parts if parts is not None else dh, h.shape[0], inter,
             ACT=ACTIVATIONS[activation], HAS_PROBS=probs is not None, BLOCK_R=rows, BLOCK_I=block, num_warps=4)
     return dh, None if parts is None else parts.sum(dim=1)

@@ -40,6 +40,7 @@ import triton.language as tl
 from moetrain.kernels.host import cdiv, next_pow2
 
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
+from moetrain.kernels.launch import launch
 
 
 def route_ref(logits: torch.Tensor, topk: int, **kw):
@@ -210,7 +211,7 @@ def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, t
     programs = cdiv(T, block_t)
     parts = torch.empty(programs, E, dtype=torch.float32, device=logits.device) if prob_sums else counts
     with _on_device(logits.device):
-        _route_kernel[(programs,)](
+        launch(_route_kernel, (programs,),
             logits, bias, idx, weight, counts, parts, T, E, float(scaling_factor),
             TOPK=topk, BLOCK_K=next_pow2(topk), GROUPS=groups, GROUP_SIZE=group_size,
             BLOCK_T=block_t, BLOCK_G=block_g, BLOCK_GS=block_gs,
@@ -246,7 +247,7 @@ def route_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.
     block_t = _tokens_per_program(block_e, T)
     dw = dweight if dweight is not None else topk_idx  # (unread without HAS_DWEIGHT)
     with _on_device(logits.device):
-        _route_bwd_kernel[(cdiv(T, block_t),)](
+        launch(_route_bwd_kernel, (cdiv(T, block_t),),
             logits, topk_idx, dw, dpsum.float().contiguous() if dpsum is not None else logits, dlogits, T, E,
             float(scaling_factor), logits.stride(0), logits.stride(1), topk_idx.stride(0), topk_idx.stride(1),
             dw.stride(0), dw.stride(1),

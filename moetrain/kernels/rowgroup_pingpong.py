@@ -57,6 +57,7 @@ from moetrain.kernels import cuda_device
 from moetrain.kernels.gluon_descs import aot_type, descriptor, ragged_desc
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
 from moetrain.kernels.host import next_pow2
+from moetrain.kernels.launch import launch
 from moetrain.kernels.moe_rows import ACTIVATIONS
 from moetrain.kernels.pingpong_epilogues import swiglu_bwd_epilogue, swiglu_fwd_epilogue
 
@@ -319,7 +320,7 @@ def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad
     nprog = max(1, num_programs or cuda_device.sm_count(a.device))
     h_descs = h_descs or (out_desc, out_desc)
     with cuda_device.on_device(a.device):
-        _rowgroup_pingpong_kernel[(nprog,)](
+        launch(_rowgroup_pingpong_kernel, (nprog,),
             a_desc, w_desc, out_desc, *h_descs, *(t if t is not None else offs for t in (h, dh, probs, parts)), offs,
             a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages, GROUP_M=group_m, DGRAD=dgrad,
             BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS, EPILOGUE=_value(epilogue), ACT=act,

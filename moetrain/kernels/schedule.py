@@ -34,6 +34,7 @@ import triton.language as tl
 
 from moetrain.kernels.grouped_gemm_tuning import interpreting
 from moetrain.kernels.host import cdiv, next_pow2
+from moetrain.kernels.launch import launch
 
 SKEWED_SHARE = 8  # routing is skewed when at least 1/SKEWED_SHARE of the groups have under one step of rows
 STEP_ROWS = 64  # one reduction step of the weight gradient; half a 128-row tile of the forward
@@ -81,6 +82,6 @@ def skew_schedule(offs: torch.Tensor, step_rows: int = STEP_ROWS) -> torch.Tenso
     block_g = max(16, next_pow2(G))
     block_i = max(1, min(64, 4096 // block_g))  # [BLOCK_I, BLOCK_G] compares: 32 per thread of 4 warps
     sched = torch.empty(G + 1, dtype=torch.int32, device=offs.device)
-    _skew_schedule_kernel[(cdiv(G, block_i),)](offs.contiguous(), sched, G, step_rows, SHARE=SKEWED_SHARE,
-                                                BLOCK_I=block_i, BLOCK_G=block_g, num_warps=4)
+    launch(_skew_schedule_kernel, (cdiv(G, block_i),), offs.contiguous(), sched, G, step_rows, SHARE=SKEWED_SHARE,
+           BLOCK_I=block_i, BLOCK_G=block_g, num_warps=4)
     return sched

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
 from moetrain.kernels.host import cdiv, next_pow2
+from moetrain.kernels.launch import launch
 
 SUB = 128  # assignments placed at once: a [SUB, SUB] comparison for the ranks inside the sub-block
 MAX_CHUNKS = 256  # chunks per sort at most (each program reads every chunk's counts once)
@@ -135,13 +136,11 @@ def sort_rows(topk_idx: torch.Tensor, num_experts: int, weights: torch.Tensor | 
     block_e = next_pow2(E)
     counts = torch.empty(n_chunks, E, dtype=torch.int32, device=dev)
     with _on_device(dev):
-        _chunk_counts_kernel[(n_chunks,)](idx, counts, M, E, CHUNK=chunk, BLOCK_E=block_e, num_warps=4)
-        _place_rows_kernel[(n_chunks,)](idx, counts, offs, row_map, inverse, token_of_row,
-                                        idx if weights is None else weights.contiguous(),
-                                        offs if probs is None else probs, M, E, K, n_chunks,
-                                        CHUNK=chunk, SUB=SUB, BLOCK_E=block_e,
-                                        BLOCK_C=max(1, min(16, 4096 // block_e)), HAS_WEIGHTS=probs is not None,
-                                        num_warps=8)
+        launch(_chunk_counts_kernel, (n_chunks,), idx, counts, M, E, CHUNK=chunk, BLOCK_E=block_e, num_warps=4)
+        launch(_place_rows_kernel, (n_chunks,), idx, counts, offs, row_map, inverse, token_of_row,
+               idx if weights is None else weights.contiguous(), offs if probs is None else probs, M, E, K, n_chunks,
+               CHUNK=chunk, SUB=SUB, BLOCK_E=block_e, BLOCK_C=max(1, min(16, 4096 // block_e)),
+               HAS_WEIGHTS=probs is not None, num_warps=8)
     return out
 
 
@@ -156,6 +155,6 @@ def routing_weight_grad(dprobs: torch.Tensor, inverse: torch.Tensor, topk_idx: t
     if M:
         block = 1024
         with _on_device(dprobs.device):
-            _weight_grad_kernel[(cdiv(M, block),)](dprobs.contiguous(), inverse, topk_idx.contiguous(), out, M,
-                                                    BLOCK=block, num_warps=4)
+            launch(_weight_grad_kernel, (cdiv(M, block),), dprobs.contiguous(), inverse, topk_idx.contiguous(), out,
+                   M, BLOCK=block, num_warps=4)
     return out

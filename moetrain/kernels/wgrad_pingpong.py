@@ -45,6 +45,7 @@ from moetrain.kernels import cuda_device
 from moetrain.kernels.gluon_descs import aot_type, descriptor, ragged_desc
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
 from moetrain.kernels.host import cdiv
+from moetrain.kernels.launch import launch
 from moetrain.kernels.schedule import skew_schedule
 
 BLOCK_N = 128  # dw tile rows (over N), by default
@@ -336,7 +337,7 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
         x_desc, gather_arg = ragged_desc(x, [BLOCK_R, tk]), offs  # gather_ptr unused
     with cuda_device.on_device(dy.device):
         sched = skew_schedule(offs) if mix or sorted_groups else offs  # (unused without MIX or SORTED)
-        _wgrad_pingpong_kernel[(nprog,)](
+        launch(_wgrad_pingpong_kernel, (nprog,),
             dy_desc, x_desc, x, gather_arg, dw_desc, offs, sched, M, N, K, G, x.stride(0), nprog, STAGES=stages,
             GROUP_N=group_n, COHORTS=cohorts, MIX=mix, SORTED=sorted_groups, RAGGED=RAGGED_ROWS, GATHER=gather,
             num_warps=4,
