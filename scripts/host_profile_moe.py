@@ -23,12 +23,16 @@ from moetrain.bench import layer_ab
 from moetrain.bench import moe_layer as bench
 
 
-def _call(fn, args, phase=lambda name: None) -> tuple[float, float, torch.cuda.Event, torch.cuda.Event]:
+def _call(fn, args, phase=lambda name: None, lead: bool = True) -> tuple[float, float, torch.cuda.Event,
+                                                                          torch.cuda.Event]:
     """One forward + backward as `bench moe` runs it: (host seconds to issue the forward, then the backward; start
     and end events). ``phase("forward")`` / ``phase("backward")`` is called as each begins (host_breakdown.py's
-    timers name their pieces by it)."""
+    timers name their pieces by it). A host-ahead contender (bench.HostAhead) first queues its lead-in GEMMs, unless
+    ``lead`` is False (the caller queued them)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     x, router_w, forcing, w1, w2, K, grad_out = args
+    if lead and isinstance(fn, bench.HostAhead):
+        fn.lead_in()
     for t in (x, w1, w2):
         t.grad = None
     start.record()
@@ -49,12 +53,18 @@ def main() -> None:
     p.add_argument("--backend", default="auto")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--queued", action="store_true",
+                   help="each call behind ~20 ms of queued GEMMs (bench moe's host-ahead lead-in): the host's hot cost, "
+                        "with the GPU busy, instead of each call from an idle GPU")
+    p.add_argument("--tokens", type=int, default=None, help="tokens per call (default: the shape's)")
     a = p.parse_args()
     for shape in layer_ab.gpu_shapes(a.shapes, "scripts/host_profile_moe.py"):
-        s = bench.SHAPES[shape]
+        s = bench.shape_at(shape, a.tokens)
         args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
         contenders = {f"ours ({a.backend})": bench.ours(a.backend), "reference eager": bench.reference_layer}
         for name, fn in contenders.items():
+            if a.queued:
+                fn = bench.HostAhead(fn)
             _report(shape, name, fn, args, a.calls, a.top)
         del args
         torch.cuda.empty_cache()
@@ -73,13 +83,16 @@ def _report(shape: str, name: str, fn, args, calls: int, top: int) -> None:
         gpus.append(start.elapsed_time(end))
     prof = cProfile.Profile()
     for _ in range(calls):
+        if isinstance(fn, bench.HostAhead):
+            fn.lead_in()  # outside the profile
         prof.enable()
-        _call(fn, args)
+        _call(fn, args, lead=False)
         prof.disable()
         torch.cuda.synchronize()
     print(f"== {shape} {name}: host issue time forward {statistics.median(fwd):.2f} ms + backward "
           f"{statistics.median(bwd):.2f} ms, GPU start->end {statistics.median(gpus):.2f} ms per call "
-          f"(medians of {calls})", flush=True)
+          f"(medians of {calls}{', each behind queued GEMMs' if isinstance(fn, bench.HostAhead) else ''})",
+          flush=True)
     for order, restrict in (("tottime", ()), ("cumulative", ("moetrain",))):
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats(order).print_stats(*restrict, top)
