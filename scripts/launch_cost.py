@@ -43,8 +43,11 @@ def per_call_us(fn, loops: int) -> float:
 
 
 def _record(fn, args) -> list:
-    """Every JITFunction.run of one layer call: (jit function, args, kwargs)."""
+    """Every JITFunction.run of one layer call: (jit function, args, kwargs). The call launches through Triton
+    (kernels.launch's direct launches off), so that every launch passes JITFunction.run."""
     from triton.runtime.jit import JITFunction
+
+    from moetrain.kernels import launch as kernel_launch
 
     seen, run = [], JITFunction.run
 
@@ -52,11 +55,13 @@ def _record(fn, args) -> list:
         seen.append((self, a, dict(kw)))
         return run(self, *a, **kw)
     JITFunction.run = recording
+    kernel_launch.use_direct(False)
     try:
         _call(fn, args)
         torch.cuda.synchronize()
     finally:
         JITFunction.run = run
+        kernel_launch.use_direct(True)
     return seen
 
 
