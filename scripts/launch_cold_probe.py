@@ -20,14 +20,12 @@ Python spin: the gaps inside an eager layer call). Prints the median us per prob
 
 from __future__ import annotations
 
-import argparse
 import ctypes
-import statistics
-import time
 
 import torch
 import triton
 import triton.language as tl
+from host_cold_probe import Waits, first_and_hot, probe_args  # (this folder)
 
 
 @triton.jit
@@ -47,19 +45,11 @@ def _eight_ptrs(p0, p1, p2, p3, p4, p5, p6, p7, n):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--wait-ms", type=float, default=5.0)
-    p.add_argument("--rounds", type=int, default=40)
-    a = p.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts/launch_cold_probe.py probes the host of a CUDA machine: no GPU visible")
-    if a.rounds < 1 or a.wait_ms <= 0:
-        raise SystemExit(f"--rounds {a.rounds} must be >= 1 and --wait-ms {a.wait_ms} > 0")
-    m = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    a = probe_args(__doc__, "scripts/launch_cold_probe.py", rounds=40)
     bufs = [torch.zeros(1024, device="cuda") for _ in range(8)]
     addrs = [b.data_ptr() for b in bufs]
     n = 16
-    one = _one_ptr[(1,)](bufs[0], n)
+    _one_ptr[(1,)](bufs[0], n)  # compiled before the timing
     eight = _eight_ptrs[(1,)](*bufs, n)
     stream = torch.cuda.current_stream().cuda_stream
     libcuda = ctypes.CDLL("libcuda.so.1")
@@ -81,52 +71,16 @@ def main() -> None:
                                           *addrs, n),
         "8 ptr checks": pointer_checks,
     }
-    del one
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        torch.mm(m, m)
-    torch.cuda.synchronize()
-    gemms = max(1, round(a.wait_ms / ((time.perf_counter() - t0) * 1e3 / 10)))
+    w = Waits(a.wait_ms)
 
-    def spin(seconds):
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
-
-    def event_sync():
-        for _ in range(gemms):
-            torch.mm(m, m)
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        ev.synchronize()
-
-    def short_idle():
+    def short_idle():  # the gaps inside an eager layer call: a small kernel, then 0.1 ms of host work
         torch.add(bufs[2], 1.0)
-        spin(1e-4)
+        w.spin(1e-4)
 
-    waits = {"event sync": event_sync, "spin": lambda: spin(a.wait_ms / 1e3), "short idle": short_idle}
-    for wait in waits.values():  # one untimed pass
-        for probe in probes.values():
-            wait()
-            probe()
-    torch.cuda.synchronize()
+    waits = {"event sync": w.event_sync, "spin": w.spin, "short idle": short_idle}
     print(f"{'wait':10s} " + " ".join(f"{name:>14s}" for name in probes) + "   (us: first / hot)")
-    for wname, wait in waits.items():
-        times = {(name, rep): [] for name in probes for rep in (0, 2)}
-        for _ in range(a.rounds):
-            for name, probe in probes.items():
-                wait()
-                for rep in range(3):
-                    t = time.perf_counter()
-                    probe()
-                    dt = (time.perf_counter() - t) * 1e6
-                    if rep in (0, 2):
-                        times[(name, rep)].append(dt)
-            torch.cuda.synchronize()
-        print(f"{wname:10s} " + " ".join(f"{statistics.median(times[(k, 0)]):6.1f} / {statistics.median(times[(k, 2)]):5.1f}"
-                                          for k in probes), flush=True)
-
+    for wname, row in first_and_hot(waits, probes, a.rounds):
+        print(f"{wname:10s} " + " ".join(f"{first:6.1f} / {hot:5.1f}" for first, hot in row.values()), flush=True)
 
 if __name__ == "__main__":
     main()
