@@ -10,8 +10,8 @@ kernel with the pointers as integers skips all of that: 7-8 us against 24-30 for
 the launches' host time fell from ~1.7 to ~1.3 ms per forward + backward at Qwen3 and GPT-OSS.
 
 How: the first call with a given specialization launches through Triton (which compiles or finds the kernel) and
-keeps the compiled kernel under a key made of what Triton specializes on, conservatively: each tensor's dtype and
-16-byte alignment, each integer's equality with 0 and 1, divisibility by 16 and 32-bit range, each TensorDescriptor's
+keeps the compiled kernel under a key made of what Triton specializes on, conservatively: each tensor's dtype, device
+kind and 16-byte alignment, each integer's equality with 0 and 1, divisibility by 16 and 32-bit range, each TensorDescriptor's
 dtype, block shape, layout, padding and alignments, every keyword argument's value (constexprs and launch options),
 and the current device. A key finer than Triton's only costs an extra cache entry. The GPU tests check that the kept
 kernel is the one Triton's own binder picks, over aligned and misaligned tensors and every integer class, and that a
@@ -67,8 +67,8 @@ def _hooked(*hooks) -> bool:
 
 def _arg_spec(arg):
     """What Triton may specialize a kernel on in one positional argument (a superset of it)."""
-    if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, torch.Tensor):  # (is_cuda: a CPU tensor goes through Triton, which refuses it clearly)
+        return arg.dtype, arg.is_cuda, arg.data_ptr() % 16 == 0
     if isinstance(arg, bool) or arg is None or isinstance(arg, float):
         return type(arg), arg if isinstance(arg, bool) else None
     if isinstance(arg, int):

@@ -15,6 +15,7 @@ def test_tensors_differ_by_dtype_and_16_byte_alignment():
     assert L._arg_spec(base[4:]) == L._arg_spec(base)  # 16 bytes in: still aligned
     assert L._arg_spec(base[1:]) != L._arg_spec(base)  # 4 bytes in
     assert L._arg_spec(base.to(torch.bfloat16)) != L._arg_spec(base)
+    assert L._arg_spec(base)[1] is False  # the device kind: a CPU tensor never shares a CUDA one's key
 
 
 @pytest.mark.parametrize("a, b, same", [(32, 48, True), (32, 33, False), (1, 2, False), (17, 33, True),

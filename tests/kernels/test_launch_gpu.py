@@ -48,6 +48,17 @@ def test_direct_launches_match_triton_and_keep_its_kernel(offset, n, block):
                                                                 num_warps=4)
 
 
+def test_a_cpu_tensor_after_cuda_ones_is_refused_not_launched():
+    # the key tells a CPU tensor from a CUDA one, so Triton's own launcher sees it and refuses it
+    needs_compiled_kernels()
+    x = torch.zeros(16, device="cuda")
+    for _ in range(2):
+        L.launch(_scaled_add_kernel, (1,), x, x, x, 16, 1.0, BLOCK=16)
+    with pytest.raises(ValueError, match="cpu tensor"):
+        L.launch(_scaled_add_kernel, (1,), x, torch.zeros(16), x, 16, 1.0, BLOCK=16)
+    torch.cuda.synchronize()
+
+
 def test_runtime_arguments_by_keyword_are_refused():
     needs_compiled_kernels()
     x = torch.zeros(16, device="cuda")
