@@ -20,7 +20,8 @@ kernel's launcher the tensors' addresses.
 
 Triton's path is taken as is under the interpreter (TRITON_INTERPRET), when a launch hook is set (profilers such as
 proton), and with a Triton other than 3.6 (the launcher's calling convention is Triton's internal one; a warning
-says so once).
+says so once). Not seen after a kernel's first launch: Triton knobs that change how it compiles (triton.knobs
+runtime.debug, the instrumentation mode) set later in the process; set them before the first launch.
 """
 
 from __future__ import annotations
