@@ -10,13 +10,13 @@ kernel with the pointers as integers skips all of that: 7-8 us against 24-30 for
 the launches' host time fell from ~1.7 to ~1.3 ms per forward + backward at Qwen3 and GPT-OSS.
 
 How: the first call with a given specialization launches through Triton (which compiles or finds the kernel) and
-keeps the compiled kernel under a key made of what Triton specializes on, conservatively: each tensor's dtype, device
-kind and 16-byte alignment, each integer's equality with 0 and 1, divisibility by 16 and 32-bit range, each TensorDescriptor's
-dtype, block shape, layout, padding and alignments, every keyword argument's value (constexprs and launch options),
-and the current device. A key finer than Triton's only costs an extra cache entry. The GPU tests check that the kept
-kernel is the one Triton's own binder picks, over aligned and misaligned tensors and every integer class, and that a
-layer call computes the same bits launched either way (tests/kernels/test_launch_gpu.py). Later calls hand the
-kernel's launcher the tensors' addresses.
+keeps the compiled kernel under a key made of what Triton specializes on, conservatively: each tensor's dtype,
+device kind and 16-byte alignment, each integer's equality with 0 and 1, divisibility by 16 and 32-bit range, each
+TensorDescriptor's dtype, block shape, layout, padding and alignments, every keyword argument's value (constexprs
+and launch options), and the current device. A key finer than Triton's only costs an extra cache entry. The GPU
+tests check that the kept kernel is the one Triton's own binder picks, over aligned and misaligned tensors and every
+integer class, and that a layer call computes the same bits launched either way (tests/kernels/test_launch_gpu.py).
+Later calls hand the kernel's launcher the tensors' addresses.
 
 Triton's path is taken as is under the interpreter (TRITON_INTERPRET), when a launch hook is set (profilers such as
 proton), and with a Triton other than 3.6 (the launcher's calling convention is Triton's internal one; a warning
@@ -106,13 +106,17 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         if runtime:  # a tensor's identity in the key: every call a new entry
             raise ValueError(f"moetrain.kernels.launch: {kernel.__name__}'s runtime arguments {runtime} must be "
                              "positional (keywords are for constexprs and launch options)")
+        missing = [p.name for p in kernel.params[len(args):] if p.name not in kwargs]
+        if missing:  # the direct launches pass every parameter; a default would be Triton's to fill in
+            raise ValueError(f"moetrain.kernels.launch: {kernel.__name__}'s parameters {missing} must be passed "
+                             "(constexprs by keyword, defaults included)")
         _kernels[key] = kernel[grid](*args, **kwargs)
         return
     names = _params.get(kernel)
     if names is None:
         names = _params[kernel] = tuple(kernel.arg_names)
     values = [_launch_value(a) for a in args]
-    for name in names[len(args):]:  # the constexprs, by name (a missing one is a caller's bug, as in Triton)
+    for name in names[len(args):]:  # the constexprs, by name (all there: checked on the first call)
         values.append(kwargs[name])
     g = tuple(grid) + (1, 1)
     compiled.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,

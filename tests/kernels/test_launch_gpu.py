@@ -59,6 +59,13 @@ def test_a_cpu_tensor_after_cuda_ones_is_refused_not_launched():
     torch.cuda.synchronize()
 
 
+def test_a_parameter_left_to_its_default_is_refused():
+    needs_compiled_kernels()
+    x = torch.zeros(16, device="cuda")
+    with pytest.raises(ValueError, match="parameters \\['BLOCK'\\] must be passed"):
+        L.launch(_scaled_add_kernel, (1,), x, x, x, 16, 1.0)
+
+
 def test_runtime_arguments_by_keyword_are_refused():
     needs_compiled_kernels()
     x = torch.zeros(16, device="cuda")
