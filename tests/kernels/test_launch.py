@@ -67,3 +67,21 @@ def test_a_launch_hook_is_seen_only_when_one_is_set():
             assert L._hooked(chain)
         finally:
             chain.remove(print)
+
+
+def test_every_kernel_launch_of_the_package_goes_through_launch():
+    # a `kernel[grid](...)` left in the package would take Triton's slower path on every call (session 23: ~25% of
+    # the launches' host time); aot_compile's and the references' code launch nothing
+    import ast
+    from pathlib import Path
+
+    import moetrain
+
+    stray = []
+    for path in Path(moetrain.__file__).parent.rglob("*.py"):
+        if path.name == "launch.py" and path.parent.name == "kernels":  # the launcher itself
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+                stray.append(f"{path.name}:{node.lineno}")
+    assert not stray, f"launch these through moetrain.kernels.launch.launch: {stray}"
