@@ -32,8 +32,9 @@ import torch
 
 SUPPORTED_TRITON = "3.6."  # the launcher calling convention this module was written against
 
-_kernels: dict = {}  # (kernel, device, spec of the arguments, keyword arguments) -> CompiledKernel
-_params: dict = {}  # kernel -> its parameter names, in order
+# (kernel, device, spec of the arguments, keyword arguments) -> (CompiledKernel, the values of the parameters after
+# the positional ones: the keywords are in the key, so they are the same for every call under it)
+_kernels: dict = {}
 _direct: bool | None = None  # whether direct launches apply (decided on the first launch)
 _runtime_knobs = None  # triton.knobs.runtime (its launch hooks), once triton is imported
 _enabled = True  # use_direct(False): every launch through Triton (A/B timing of the host's launch cost)
@@ -100,8 +101,8 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         return
     device = torch.cuda.current_device()
     key = kernel_key(kernel, device, args, kwargs)
-    compiled = _kernels.get(key)
-    if compiled is None:  # Triton compiles (or finds) it, and launches
+    kept = _kernels.get(key)
+    if kept is None:  # Triton compiles (or finds) it, and launches
         runtime = [p.name for p in kernel.params if not p.is_constexpr and p.name in kwargs]
         if runtime:  # a tensor's identity in the key: every call a new entry
             raise ValueError(f"moetrain.kernels.launch: {kernel.__name__}'s runtime arguments {runtime} must be "
@@ -110,19 +111,14 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         if missing:  # the direct launches pass every parameter; a default would be Triton's to fill in
             raise ValueError(f"moetrain.kernels.launch: {kernel.__name__}'s parameters {missing} must be passed "
                              "(constexprs by keyword, defaults included)")
-        _kernels[key] = kernel[grid](*args, **kwargs)
+        _kernels[key] = (kernel[grid](*args, **kwargs), tuple(kwargs[p.name] for p in kernel.params[len(args):]))
         return
-    names = _params.get(kernel)
-    if names is None:
-        names = _params[kernel] = tuple(kernel.arg_names)
-    values = [_launch_value(a) for a in args]
-    for name in names[len(args):]:  # the constexprs, by name (all there: checked on the first call)
-        values.append(kwargs[name])
+    compiled, trailing = kept
     g = tuple(grid) + (1, 1)
     compiled.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                 compiled.packed_metadata, None, None, None, *values)
+                 compiled.packed_metadata, None, None, None, *[_launch_value(a) for a in args], *trailing)
 
 
 def cached_kernels() -> dict:
-    """The kept compiled kernels by key (a copy; for the GPU tests)."""
-    return dict(_kernels)
+    """The kept compiled kernels by key (for the GPU tests)."""
+    return {key: compiled for key, (compiled, _) in _kernels.items()}
