@@ -13,20 +13,20 @@ import csv
 import os
 import sys
 
-# (label, metric name, scale, unit)
+# (label, metric name, scale from its base unit: ns, bytes or %; UNIT_SCALE brings a report's unit to that base)
 METRICS = (
-    ("ms", "gpu__time_duration.sum", 1e-6, "ns"),
-    ("dram rd GB", "dram__bytes_read.sum", 1e-9, "byte"),
-    ("dram wr GB", "dram__bytes_write.sum", 1e-9, "byte"),
-    ("dram %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1.0, "%"),
-    ("L2 %", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1.0, "%"),
-    ("L2 hit %", "lts__t_sector_hit_rate.pct", 1.0, "%"),
-    ("L2->SM GB", "l1tex__m_xbar2l1tex_read_bytes.sum", 1e-9, "byte"),
-    ("tensor %", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", 1.0, "%"),
-    ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", 1.0, "%"),
+    ("ms", "gpu__time_duration.sum", 1e-6),
+    ("dram rd GB", "dram__bytes_read.sum", 1e-9),
+    ("dram wr GB", "dram__bytes_write.sum", 1e-9),
+    ("dram %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
+    ("L2 %", "lts__throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
+    ("L2 hit %", "lts__t_sector_hit_rate.pct", 1.0),
+    ("L2->SM GB", "l1tex__m_xbar2l1tex_read_bytes.sum", 1e-9),
+    ("tensor %", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", 1.0),
+    ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
 )
-UNIT_SCALE = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
-              "%": 1.0}
+UNIT_SCALE = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "byte": 1.0,
+              "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "%": 1.0}
 
 
 def main(path: str) -> int:
@@ -40,8 +40,8 @@ def main(path: str) -> int:
         return 1
     names, units = rows[header], rows[header + 1]
     col = {n: i for i, n in enumerate(names)}
-    present = [(label, m, s) for label, m, s, _ in METRICS if m in col]
-    missing = [m for _, m, _, _ in METRICS if m not in col]
+    present = [(label, m, s) for label, m, s in METRICS if m in col]
+    missing = [m for _, m, _ in METRICS if m not in col]
     print("kernel".ljust(34) + "".join(f"{label:>11s}" for label, _, _ in present))
     for r in rows[header + 2:]:
         if len(r) < len(names):
