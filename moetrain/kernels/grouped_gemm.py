@@ -46,7 +46,9 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
 - USE_TMA=False: masked pointer loads and stores everywhere. Both paths run under
   TRITON_INTERPRET=1 (fp32 only: the 3.6 interpreter computes bf16 dots wrongly).
 - Autotuning (`grouped_gemm_tuning.pick_config`): the first call per (op, dtype, N, K, M/G bucket) times every
-  candidate config, in turns over a few rounds (median of CUDA-event timings), and keeps the fastest.
+  candidate config on the caller's and a skewed routing, in turns over a few rounds (median of CUDA-event timings),
+  with torch._grouped_mm's form of the op timed beside them, and keeps the fastest on the sum among the configs at
+  least as fast as torch on both routings (the fastest on the sum when none is).
 """
 
 from __future__ import annotations
@@ -60,10 +62,11 @@ from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS, _rowgroup_kernel,
 from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
 from moetrain.kernels.launch import launch
 from moetrain.kernels.schedule import skew_schedule
+from moetrain.kernels.torch_grouped_mm import torch_grouped_mm
 
 from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
-    INTERPRETER_PROGRAMS, PINGPONG_ROWGROUP_CONFIGS, PINGPONG_WGRAD_CONFIGS, ROWGROUP_CONFIGS, WGRAD_CONFIGS, GemmConfig,
-    configs_for, interpreter_numpy_shim, interpreting, pick_config, tail_config)
+    INTERPRETER_PROGRAMS, PEER, PINGPONG_ROWGROUP_CONFIGS, PINGPONG_WGRAD_CONFIGS, ROWGROUP_CONFIGS, WGRAD_CONFIGS,
+    GemmConfig, configs_for, interpreter_numpy_shim, interpreting, pick_config, tail_config)
 
 # ----------------------------------------------------------------------------------------------
 # References (obviously correct; they read offs on the host).
@@ -267,6 +270,9 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         )
 
     def run(cfg: GemmConfig, offs: torch.Tensor = offs):
+        if cfg is PEER:
+            torch_grouped_mm("dgrad" if dgrad else "fwd", a, w, offs)
+            return
         if cfg.kernel == "pingpong":
             from moetrain.kernels.rowgroup_pingpong import grouped_gemm_rowgroup_pingpong
 
@@ -280,7 +286,8 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
     key = (op, a.dtype, a.device, OUT, RED, rows_bucket(M, G), tma_ok)
     with _on_device(a.device):
         pingpong = PINGPONG_ROWGROUP_CONFIGS if pingpong_ok else ()
-        run(pick_config(key, ROWGROUP_CONFIGS + pingpong, config, run, _on_skewed_routing(run, M, G, a.device)))
+        run(pick_config(key, ROWGROUP_CONFIGS + pingpong, config, run, _on_skewed_routing(run, M, G, a.device),
+                        peer=gather is None and a.is_cuda))
     return out
 
 
@@ -336,6 +343,9 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
                          "(with gathered rows, K a multiple of 128)")
 
     def run(cfg: GemmConfig, offs: torch.Tensor = offs):
+        if cfg is PEER:
+            torch_grouped_mm("wgrad", dy, x, offs)
+            return
         if cfg.kernel == "pingpong":
             from moetrain.kernels.wgrad_pingpong import grouped_gemm_wgrad_pingpong
 
@@ -367,7 +377,8 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
     with _on_device(dy.device):
         # (the gathered ping-pong configs are on trial: explicit configs only)
         pingpong = PINGPONG_WGRAD_CONFIGS if pingpong_ok and gather_rows is None else ()
-        run(pick_config(key, WGRAD_CONFIGS + pingpong, config, run, _on_skewed_routing(run, M, G, dy.device)))
+        run(pick_config(key, WGRAD_CONFIGS + pingpong, config, run, _on_skewed_routing(run, M, G, dy.device),
+                        peer=gather_rows is None and dy.is_cuda))
     return out
 
 

@@ -168,8 +168,9 @@ CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # tuned otherwise are re-tuned); 7: the sorted ping-pong weight gradient joined (and each timing round starts at
 # another candidate); 8: the sorted schedule made by one launch (session 19: its winners were judged with a 0.06-0.1
 # ms schedule per call), and sorted variants of the other ping-pong weight gradient configs joined; 9: candidates timed
-# queued, and no preference for tail-split configs
-CONFIG_CACHE_VERSION = 9
+# queued, and no preference for tail-split configs; 10: torch._grouped_mm timed beside them, and a config at least as
+# fast as it on both routings preferred (PEER)
+CONFIG_CACHE_VERSION = 10
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 
@@ -289,14 +290,22 @@ def tuned_configs() -> dict:
     return dict(_BEST)
 
 
-def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None):
+# What run(PEER) runs when pick_config is told the op has a peer: torch._grouped_mm on the same operands and routing.
+# Timed in turns with the candidates, never chosen: it decides which candidates are safe (below).
+PEER = "torch._grouped_mm"
+
+
+def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None, peer: bool = False):
     """Explicit config, cached winner (this process, then the disk cache), or time the candidates in turns
     (per round the mean of calls queued back to back, median over the rounds; the FINALISTS fastest again over
     FINAL_ROUNDS longer rounds) and record
     the winner in both. ``run_skewed(cfg)``: the same op on a skewed routing of the same rows; each candidate is
     then judged by the sum of both times, as auto's torch-or-triton choice is (ops/autoselect.py): the key cannot
     see skew without a host sync, the first call's routing is near-uniform and training's skews later, and a config
-    can lead on balanced routing yet collapse on skewed (the ping-pong weight gradient, bench/NOTES.md session 11)."""
+    can lead on balanced routing yet collapse on skewed (the ping-pong weight gradient, bench/NOTES.md session 11).
+    ``peer``: run(PEER) and run_skewed(PEER) run torch._grouped_mm's form of the op. It is timed in the same turns,
+    and a candidate at least as fast as the peer on each routing ("safe") wins over one that is faster on the sum
+    but slower than the peer on one routing: auto (torch or this pick) must not lose to torch on either routing."""
     if config is not None:
         return config
     if interpreting():
@@ -313,23 +322,54 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None):
     # Queued, not each call from an idle GPU (median_ms): from idle each call carries its launch (host work, GPU
     # start-up: 0.03-0.21 ms, differing between candidates), which a layer's queued kernels hide; timed so, the
     # autotuner's picks ran 1-16% slower in the layer's order than the best candidate (bench/NOTES.md, session 20)
-    def timed(cfg, reps: int) -> float:
-        ms = queued_ms(lambda: run(cfg), reps=reps, warmup=1)
-        return ms if run_skewed is None else ms + queued_ms(lambda: run_skewed(cfg), reps=reps, warmup=1)
+    def timed(cfg, reps: int, parts: dict) -> float:
+        ms = (queued_ms(lambda: run(cfg), reps=reps, warmup=1),)
+        if run_skewed is not None:
+            ms += (queued_ms(lambda: run_skewed(cfg), reps=reps, warmup=1),)
+        parts.setdefault(cfg, []).append(ms)
+        return sum(ms)
 
-    # a config that does not fit (shared memory, registers) is dropped
-    times, failed = in_turns(candidates, lambda cfg: timed(cfg, 4), TUNE_ROUNDS)
+    # a config that does not fit (shared memory, registers) is dropped; so is a peer that cannot run here
+    first: dict = {}
+    times, failed = in_turns(candidates + ((PEER,) if peer else ()), lambda cfg: timed(cfg, 4, first), TUNE_ROUNDS)
+    times.pop(PEER, None)
+    failed.pop(PEER, None)
     if not times:
         raise RuntimeError(f"grouped GEMM: no config ran for {key}") from next(iter(failed.values()), None)
-    finalists = sorted(times, key=times.get)[:FINALISTS]
+    ranked = sorted(times, key=times.get)
+    finalists = ranked[:FINALISTS]
+    safe_first = [c for c in ranked if _as_fast_as_peer(c, first)]
+    if safe_first and safe_first[0] not in finalists:  # the best safe candidate gets its longer timing too
+        finalists.append(safe_first[0])
+    final: dict = {}
     if len(finalists) > 1:
-        again, _ = in_turns(finalists, lambda cfg: timed(cfg, FINAL_REPS), FINAL_ROUNDS)
+        again, _ = in_turns(finalists + ([PEER] if PEER in first else []), lambda cfg: timed(cfg, FINAL_REPS, final),
+                            FINAL_ROUNDS)
+        again.pop(PEER, None)
         times.update(again)
         finalists = [c for c in finalists if c in again] or finalists
     # The fastest on the sum, tail-split or not: the skewed routing in the sum measures what the split saves on
     # uneven routing (a 3% preference for split configs, from before that, cost DeepSeek-V3's FC1 forward 1-3% on
-    # both routings; bench/NOTES.md, session 20).
-    best = min(finalists, key=times.get)
+    # both routings; bench/NOTES.md, session 20). Among the safe ones when there are any (session 20: the sum's
+    # winners at DeepSeek-V3's FC2 forward and data gradient ran 0.99x torch on balanced routing, where another
+    # config ran 1.04x).
+    verdict = final or first
+    safe = [c for c in finalists if _as_fast_as_peer(c, verdict)]
+    best = min(safe or finalists, key=times.get)
+    if PEER in first:
+        times[PEER] = sum(_medians(verdict, PEER))
     _BEST[key] = best
     _to_disk(key, best, times)
     return best
+
+
+def _medians(parts: dict, cfg) -> tuple:
+    """Per routing (the caller's, then the skewed one), the median of cfg's times in ``parts``."""
+    return tuple(sorted(column)[len(column) // 2] for column in zip(*parts[cfg]))
+
+
+def _as_fast_as_peer(cfg, parts: dict) -> bool:
+    """Whether cfg's median time on each routing is at most the peer's (False when the peer was not timed)."""
+    if PEER not in parts or cfg not in parts:
+        return False
+    return all(mine <= theirs for mine, theirs in zip(_medians(parts, cfg), _medians(parts, PEER)))

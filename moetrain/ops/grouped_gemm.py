@@ -26,6 +26,7 @@ import os
 import torch
 
 from moetrain.errors import UserError
+from moetrain.kernels.torch_grouped_mm import torch_grouped_mm  # plain torch, no triton
 from moetrain.ops import autoselect
 
 BACKENDS = ("auto", "torch", "triton", "loop")
@@ -75,14 +76,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
 
 
 def _run_op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    if backend == "torch":  # the same calls torch's own autograd of _grouped_mm makes
-        if op == "fwd":
-            return torch._grouped_mm(a, b.transpose(-2, -1), offs=offs)
-        if op == "dgrad":
-            return torch._grouped_mm(a, b, offs=offs)
-        # dy^T as the column-major left operand gives dw [G, N, K] in w's own layout: the transposed
-        # result of x^T @ dy would cost a strided copy when autograd stores it as w.grad (3 ms at Mixtral)
-        return torch._grouped_mm(a.t(), b, offs=offs)
+    if backend == "torch":
+        return torch_grouped_mm(op, a, b, offs)
     if backend == "triton":
         from moetrain.kernels import grouped_gemm as kernels  # imports triton: only when chosen
 

@@ -355,6 +355,71 @@ def test_autotuner_judges_candidates_on_both_routings(monkeypatch):
     assert tuning.pick_config(("wgrad", 3), (fast, steady), None, lambda c: balanced[c], lambda c: skewed[c]) == steady
 
 
+def _timing_by_table(monkeypatch):
+    """pick_config as on a GPU, with queued_ms returning what the timed ``run`` returns (its table's entry)."""
+    from moetrain.kernels import grouped_gemm_tuning as tuning
+
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)
+    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(tuning, "_BEST", {})
+    monkeypatch.setattr(tuning, "_to_disk", lambda *a: None)
+    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())
+    return tuning
+
+
+def test_autotuner_prefers_a_config_as_fast_as_torch_on_both_routings(monkeypatch):
+    # "fast" wins the sum but loses to torch._grouped_mm on balanced routing (session 20: DeepSeek-V3's FC2 forward at
+    # 0.99x); "safe" is slower on the sum yet at least torch's speed on both, and wins; the peer itself never does
+    tuning = _timing_by_table(monkeypatch)
+    peer = tuning.PEER
+    fast, safe = gg.GemmConfig(128, 128, 64, 5, 4, kernel="pingpong"), gg.GemmConfig(128, 256, 64, 3, 8)
+    balanced = {fast: 3.52, safe: 3.36, peer: 3.49}
+    skewed = {fast: 4.15, safe: 4.45, peer: 4.70}
+    pick = lambda key, cands: tuning.pick_config(  # noqa: E731
+        key, cands, None, lambda c: balanced[c], lambda c: skewed[c], peer=True)
+    assert pick(("fwd", 1), (fast, safe)) == safe
+    # without the peer, the sum decides as before
+    assert tuning.pick_config(("fwd", 2), (fast, safe), None, lambda c: balanced[c], lambda c: skewed[c]) == fast
+    # no candidate as fast as torch on both routings: the sum decides
+    balanced[safe] = 3.60
+    assert pick(("fwd", 3), (fast, safe)) == fast
+    # the peer fastest on everything: still a candidate is returned (auto's torch-or-triton choice decides next)
+    balanced[peer], skewed[peer] = 1.0, 1.0
+    assert pick(("fwd", 4), (fast, safe)) == fast
+
+
+def test_autotuner_times_the_best_safe_config_again_even_outside_the_finalists(monkeypatch):
+    # the fastest safe candidate of the first pass joins the finalists' longer timing, with the peer
+    tuning = _timing_by_table(monkeypatch)
+    peer = tuning.PEER
+    configs = [gg.GemmConfig(128, 128, 64, s, 4, kernel="pingpong") for s in (3, 4, 5)] + [
+        gg.GemmConfig(128, 256, 64, 3, 8)]
+    balanced = dict(zip(configs, (3.50, 3.51, 3.52, 3.30))) | {peer: 3.40}
+    skewed = dict(zip(configs, (4.00, 4.01, 4.02, 4.60))) | {peer: 4.70}
+    timed = []
+
+    def run(c):
+        timed.append(c)
+        return balanced[c]
+
+    assert tuning.FINALISTS == 3
+    assert tuning.pick_config(("fwd", "safe"), tuple(configs), None, run, lambda c: skewed[c], peer=True) == configs[3]
+    assert timed.count(configs[3]) == tuning.TUNE_ROUNDS + tuning.FINAL_ROUNDS
+    assert timed.count(peer) == tuning.TUNE_ROUNDS + tuning.FINAL_ROUNDS
+
+
+def test_autotuner_ignores_a_peer_that_cannot_run(monkeypatch):
+    tuning = _timing_by_table(monkeypatch)
+    a, b = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
+
+    def run(c):
+        if c is tuning.PEER:
+            raise RuntimeError("torch._grouped_mm: not on this GPU")
+        return {a: 2.0, b: 1.0}[c]
+
+    assert tuning.pick_config(("wgrad", "no peer"), (a, b), None, run, peer=True) == b
+
+
 def test_kernels_time_their_candidates_on_a_skewed_routing_of_the_same_rows(monkeypatch):
     # the launchers hand pick_config a run_skewed over kernels.timing.skewed_offs (same rows and groups), made only
     # when it is called; the result is then computed on the caller's routing
@@ -362,9 +427,11 @@ def test_kernels_time_their_candidates_on_a_skewed_routing_of_the_same_rows(monk
 
     seen = []
 
-    def fake_pick(key, candidates, config, run, run_skewed=None):
+    def fake_pick(key, candidates, config, run, run_skewed=None, peer=False):
         run_skewed(tuning.INTERPRETER_CONFIG)  # what the autotuner would time (it writes the output too)
-        seen.append(key[0])
+        run(tuning.PEER)  # torch._grouped_mm's form of the op runs on the same operands (its result is dropped)
+        run_skewed(tuning.PEER)
+        seen.append((key[0], peer))
         return tuning.INTERPRETER_CONFIG
 
     from moetrain.kernels import timing
@@ -379,7 +446,8 @@ def test_kernels_time_their_candidates_on_a_skewed_routing_of_the_same_rows(monk
     assert rel_err(y, gg.grouped_gemm_ref(x.double(), w.double(), offs_t)) < FP32_BOUND
     dw = gg.grouped_gemm_wgrad(dy, x, offs_t, out=poisoned(4, 24, 16))
     assert rel_err(dw, gg.grouped_gemm_wgrad_ref(dy.double(), x.double(), offs_t)) < FP32_BOUND
-    assert seen == ["fwd", "wgrad"] and made == [(70, 4), (70, 4)]
+    # the peer is offered on CUDA tensors only (CPU tensors here: the interpreter's configs are fixed anyway)
+    assert seen == [("fwd", False), ("wgrad", False)] and made == [(70, 4), (70, 4)]
 
 
 def test_autotuner_times_its_finalists_again_and_takes_the_second_verdict(monkeypatch):
