@@ -1,0 +1,223 @@
+"""Can one producer warp feed a Hopper GEMM's A operand by TMA, one row per copy? (the gathered-rows question)
+
+Qwen3's layer spends ~0.5 ms per call writing permuted copies of token rows (x for FC1's forward and again for its
+weight gradient, dout for FC2's backward: `_combine_bwd_kernel`, bench/NOTES.md session 24 F), because the TMA loads
+of our GEMMs read A as one [BM, BK] box of consecutive rows. Hopper's TMA has no row gather (Blackwell's gather4
+does), but a box can be one row: [1, BK], 128 bytes, written at its row of a 128-byte-swizzled [BM, BK] stage
+(the swizzle follows the shared address, so single rows land where a whole box would put them). Per stage that is
+BM copies instead of one, each after a load of the row's index. Whether a single issuing thread keeps up decides
+whether a gathered ping-pong GEMM is worth building.
+
+The probe: persistent programs, one per SM; a producer warp fills a ring of STAGES [BM, BK] bf16 stages from x [T, K]
+either as whole boxes of consecutive rows ("block") or row by row through an index ("rows", random token rows, as a
+trained router's order); a consumer warpgroup waits for each stage and either just releases it ("load") or also runs
+a [BM, BK] x [BK, 128] wgmma on it first ("mma": one ping-pong consumer's tile). Reported: us per stage per SM,
+and A's bytes per second. A GEMM consumer's MMA takes ~0.28 us per 128x128x64 stage at the H200's ~4,000 FLOP per
+clock per SM; a row-fed producer slower than that starves the tensor cores.
+
+    python scripts/tma_gather_probe.py [--rows 131072] [--tokens 16384] [--k 2048] [--stages 4] [--reps 7]
+
+Checks first that the "rows" variant's stages hold the indexed rows: each program sums its last stage into a
+checksum weighted by position, compared against torch on the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from moetrain.kernels.launch import launch
+
+ROWS, COLS = 128, 64  # a stage's rows and columns (host side)
+BM = gl.constexpr(ROWS)
+BK = gl.constexpr(COLS)
+SWIZZLED = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+PLAIN_ROWS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
+
+
+@gluon.jit
+def _fill(x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M,
+          GATHER: gl.constexpr, MMA: gl.constexpr):
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    if MMA:
+        mbarrier.expect(w_ready, w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [0, 0], w_ready, w_buf)
+    first = gl.program_id(0) * per_prog
+    for it in range(per_prog):
+        s = it % STAGES
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        step = first + it
+        m0 = (step // k_tiles) * BM % M
+        k0 = (step % k_tiles) * BK
+        if GATHER:
+            mbarrier.expect(ready.index(s), BM * x_desc.block_type.nbytes)
+            # Gluon will not slice a swizzled buffer inside its 8-row swizzle atom, so the copies target the same
+            # bytes viewed as unswizzled rows (row r at byte 128 r); the TMA unit swizzles by shared address bits,
+            # as for a whole box (the check below verifies the rows land where the MMA reads them)
+            rows_view = a_bufs.index(s)._reinterpret(gl.bfloat16, [BM, BK], PLAIN_ROWS)
+            for r in gl.static_range(BM):  # (a shared slice takes a constant start)
+                row = gl.load(rows_ptr + m0 + r)
+                tma.async_copy_global_to_shared(x_desc, [row, k0], ready.index(s), rows_view.slice(r, 1))
+        else:
+            mbarrier.expect(ready.index(s), x_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [m0, k0], ready.index(s), a_bufs.index(s))
+
+
+@gluon.jit
+def _drain(a_bufs, w_buf, ready, empty, w_ready, sums_ptr, per_prog, BN: gl.constexpr, MMA: gl.constexpr):
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout)
+    if MMA:
+        mbarrier.wait(w_ready, 0)
+    for it in range(per_prog):
+        s = it % STAGES
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        if MMA:
+            acc = warpgroup_mma(a_bufs.index(s), w_buf.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            if it > 0:
+                mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+        else:
+            if it == per_prog - 1:  # the last stage's values, for the check
+                tile_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+                vals = a_bufs.index(s).load(tile_layout).to(gl.float32)
+                i = gl.arange(0, BM, layout=gl.SliceLayout(1, tile_layout))
+                j = gl.arange(0, BK, layout=gl.SliceLayout(0, tile_layout))
+                # weighted by position: a row or a column out of place changes the sum
+                place = (gl.expand_dims(i, 1) * BK + gl.expand_dims(j, 0)) % 97 + 1
+                gl.store(sums_ptr + gl.program_id(0), gl.sum(gl.sum(vals * place.to(gl.float32), axis=1), axis=0))
+            mbarrier.arrive(empty.index(s), count=1)
+    if MMA:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        gl.store(sums_ptr + gl.program_id(0), gl.sum(gl.sum(acc, axis=1), axis=0))
+
+
+@gluon.jit
+def _probe_kernel(x_desc, w_desc, rows_ptr, sums_ptr, per_prog, k_tiles, M, STAGES: gl.constexpr,
+                  BN: gl.constexpr, GATHER: gl.constexpr, MMA: gl.constexpr):
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], SWIZZLED)
+    w_buf = gl.allocate_shared_memory(gl.bfloat16, [BN, BK], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    mbarrier.init(w_ready, count=1)
+    gl.warp_specialize([
+        (_drain, (a_bufs, w_buf, ready, empty, w_ready, sums_ptr, per_prog, BN, MMA)),
+        (_fill, (x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M, GATHER, MMA)),
+    ], [1], [40])
+
+
+def _descs(x: torch.Tensor, w: torch.Tensor, gather: bool, bn: int):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    block = [1, COLS] if gather else [ROWS, COLS]  # a row box carries the whole stage's swizzle
+    x_desc = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], block, SWIZZLED.value)
+    w_desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [bn, COLS],
+                              gl.NVMMASharedLayout.get_default_for([bn, COLS], gl.bfloat16))
+    return x_desc, w_desc
+
+
+def run(x, w, rows, stages: int, bn: int, gather: bool, mma: bool, per_prog: int, programs: int) -> torch.Tensor:
+    """One launch; returns each program's checksum [programs] fp32. A rows: ``rows`` (gather) or consecutive
+    rows of x (block); step i of program p is row tile (p * per_prog + i) // k_tiles, column step i % k_tiles."""
+    sums = torch.empty(programs, dtype=torch.float32, device=x.device)
+    x_desc, w_desc = _descs(x, w, gather, bn)
+    k_tiles = x.shape[1] // COLS
+    m = rows.shape[0] if gather else x.shape[0]
+    launch(_probe_kernel, (programs,), x_desc, w_desc, rows, sums, per_prog, k_tiles, m,
+           STAGES=stages, BN=bn, GATHER=gather, MMA=mma, num_warps=4)
+    return sums
+
+
+def expected_sums(x, rows, gather: bool, per_prog: int, programs: int) -> torch.Tensor:
+    """The "load" variant's checksums by torch: each program's last stage, weighted by position, summed."""
+    k_tiles = x.shape[1] // COLS
+    m = rows.shape[0] if gather else x.shape[0]
+    out = []
+    for p in range(programs):
+        step = p * per_prog + per_prog - 1
+        m0, k0 = (step // k_tiles) * ROWS % m, (step % k_tiles) * COLS
+        idx = rows[m0:m0 + ROWS].long() if gather else torch.arange(m0, m0 + ROWS, device=x.device)
+        place = (torch.arange(ROWS, device=x.device)[:, None] * COLS + torch.arange(COLS, device=x.device)) % 97 + 1
+        out.append((x[idx, k0:k0 + COLS].float() * place).sum())
+    return torch.stack(out)
+
+
+def aot_compile(gather: bool, mma: bool, stages: int = 4, bn: int = 128, capability: int = 90):
+    """The probe compiled for sm_``capability`` without a GPU (a CPU test's compile check)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    w_layout = gl.NVMMASharedLayout.get_default_for([bn, COLS], gl.bfloat16)
+    sig = {"x_desc": f"tensordesc<bf16[{1 if gather else ROWS}, {COLS}],{SWIZZLED.value!r}>",
+           "w_desc": f"tensordesc<bf16[{bn}, {COLS}],{w_layout!r}>", "rows_ptr": "*i32", "sums_ptr": "*fp32",
+           "per_prog": "i32", "k_tiles": "i32", "M": "i32", "STAGES": "constexpr", "BN": "constexpr",
+           "GATHER": "constexpr", "MMA": "constexpr"}
+    src = GluonASTSource(_probe_kernel, sig, constexprs={"STAGES": stages, "BN": bn, "GATHER": gather, "MMA": mma})
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=131072, help="routed rows M (Qwen3: 16384 tokens x top-8)")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--k", type=int, default=2048, help="x's columns (Qwen3's hidden size)")
+    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--reps", type=int, default=7)
+    a = p.parse_args()
+    if a.k % COLS or a.rows % ROWS:
+        raise SystemExit(f"--k must be a multiple of {COLS} and --rows of {ROWS}")
+    dev = torch.device("cuda")
+    programs = torch.cuda.get_device_properties(dev).multi_processor_count
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(a.tokens, a.k, device=dev, dtype=torch.bfloat16, generator=gen)
+    x_perm_rows = a.rows  # the block variant reads a permuted copy of the same size
+    x_perm = torch.randn(x_perm_rows, a.k, device=dev, dtype=torch.bfloat16, generator=gen)
+    rows = torch.randint(0, a.tokens, (a.rows,), device=dev, dtype=torch.int32, generator=gen)
+    w = torch.randn(256, a.k, device=dev, dtype=torch.bfloat16, generator=gen)
+    steps = a.rows // ROWS * (a.k // COLS)  # one pass over the routed rows' A operand
+    per_prog = steps // programs
+    a_bytes = per_prog * programs * ROWS * COLS * 2
+
+    for gather, src in ((False, x_perm), (True, x)):
+        got = run(src, w[:128], rows, a.stages, 128, gather, False, per_prog, programs)
+        want = expected_sums(src, rows, gather, per_prog, programs)
+        err = ((got - want).abs() / want.abs().clamp_min(1.0)).max().item()
+        print(f"check {'rows' if gather else 'block'}: max rel err of the last stages' sums {err:.2e}", flush=True)
+        if err > 1e-3:
+            raise SystemExit("the stages do not hold the rows they should")
+
+    # (a 128x256 accumulator in one warpgroup spills: 128x128, as each ping-pong consumer's)
+    cases = [(g, mma, 128) for mma in (False, True) for g in (False, True)]
+    times = {c: [] for c in cases}
+    for _ in range(a.reps):  # in turns
+        for gather, mma, bn in cases:
+            src = x if gather else x_perm
+            run(src, w[:bn], rows, a.stages, bn, gather, mma, per_prog, programs)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run(src, w[:bn], rows, a.stages, bn, gather, mma, per_prog, programs)
+            end.record()
+            end.synchronize()
+            times[(gather, mma, bn)].append(start.elapsed_time(end))
+    print(f"\n{programs} programs x {per_prog} stages of [{ROWS}, {COLS}] bf16 ({a_bytes / 1e9:.2f} GB of A), "
+          f"{a.stages} stages in the ring; x [{a.tokens}, {a.k}], rows random tokens; median of {a.reps}")
+    print("consumer        A by              ms   us/stage/SM   A GB/s")
+    for gather, mma, bn in cases:
+        ms = sorted(times[(gather, mma, bn)])[a.reps // 2]
+        what = f"mma {ROWS}x{bn}x{COLS}" if mma else "load only"
+        print(f"{what:15s} {'one row per copy' if gather else 'whole box':16s} {ms:7.3f}  {ms * 1e3 / per_prog:11.3f}"
+              f"  {a_bytes / ms / 1e6:7.0f}")
+
+
+if __name__ == "__main__":
+    main()
