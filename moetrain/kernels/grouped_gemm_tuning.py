@@ -162,6 +162,7 @@ FINAL_REPS = 10
 INTERPRETER_PROGRAMS = 3
 
 _BEST: dict = {}  # autotune cache: key -> GemmConfig
+_VERDICTS: dict = {}  # key -> why pick_config chose its config (tuning_verdicts)
 CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient; 4: the two-programs-per-SM configs
 # left them; 5: the ping-pong forward / data gradient joined; 6: candidates timed on a skewed routing too (winners
@@ -278,8 +279,8 @@ def _from_disk(key: tuple, candidates: tuple):
     return cfg if cfg in candidates else None
 
 
-def _to_disk(key: tuple, best: GemmConfig, times: dict) -> None:
-    entry = {"config": dataclasses.asdict(best), "ms": {str(c): t for c, t in times.items()}}
+def _to_disk(key: tuple, best: GemmConfig, times: dict, verdict: dict | None = None) -> None:
+    entry = {"config": dataclasses.asdict(best), "ms": {str(c): t for c, t in times.items()}, **(verdict or {})}
     _disk_entries()[disk_key(key)] = entry
     disk_cache.merge_and_write(disk_cache.cache_dir() / CONFIG_CACHE_FILE, CONFIG_CACHE_VERSION, _disk_entries(),
                                _valid_entry, "grouped GEMM config cache")
@@ -288,6 +289,12 @@ def _to_disk(key: tuple, best: GemmConfig, times: dict) -> None:
 def tuned_configs() -> dict:
     """This process's autotuner choices so far: key -> GemmConfig (a copy; bench gemm reports what auto ran)."""
     return dict(_BEST)
+
+
+def tuning_verdicts() -> dict:
+    """Why this process's autotuner picked what it did, for the keys it timed: key -> {"rule", "sum_winner",
+    "best_ms", "peer_ms"} (see pick_config; bench gemm prints them)."""
+    return dict(_VERDICTS)
 
 
 # What run(PEER) runs when pick_config is told the op has a peer: torch._grouped_mm on the same operands and routing.
@@ -353,13 +360,20 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None, pee
     # both routings; bench/NOTES.md, session 20). Among the safe ones when there are any (session 20: the sum's
     # winners at DeepSeek-V3's FC2 forward and data gradient ran 0.99x torch on balanced routing, where another
     # config ran 1.04x).
-    verdict = final or first
-    safe = [c for c in finalists if _as_fast_as_peer(c, verdict)]
+    parts = final or first
+    safe = [c for c in finalists if _as_fast_as_peer(c, parts)]
     best = min(safe or finalists, key=times.get)
-    if PEER in first:
-        times[PEER] = sum(_medians(verdict, PEER))
+    verdict = {"rule": "as fast as torch on each routing" if safe else
+               "fastest on the sum (none as fast as torch on each routing)" if PEER in parts else
+               "fastest on the sum (torch not timed)",
+               "sum_winner": str(min(finalists, key=times.get)),
+               "best_ms": _medians(parts, best) if best in parts else None}
+    if PEER in parts:
+        verdict["peer_ms"] = _medians(parts, PEER)
+        times[PEER] = sum(verdict["peer_ms"])
     _BEST[key] = best
-    _to_disk(key, best, times)
+    _VERDICTS[key] = verdict
+    _to_disk(key, best, times, verdict)
     return best
 
 

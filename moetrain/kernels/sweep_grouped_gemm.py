@@ -260,7 +260,7 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
             def auto(i, op=op):
                 return grouped_gemm_op(op, "auto", *op_inputs(op, inputs[i]), offs, (g, n, k))
 
-            from moetrain.kernels.grouped_gemm_tuning import tuned_configs
+            from moetrain.kernels.grouped_gemm_tuning import tuned_configs, tuning_verdicts
 
             tuned_before = tuned_configs()
             auto(0)
@@ -271,6 +271,9 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
             row["auto_own_ms"] = autoselect.entries().get(key, {}).get("ms")
             row["auto_triton_config"] = ", ".join(sorted({str(c) for k_, c in tuned_configs().items()
                                                           if k_ not in tuned_before})) or None
+            # why the tuner picked it: torch's and the pick's own times per routing (caller's, skewed), and the
+            # config that was fastest on the sum when the pick was another one, as fast as torch on each routing
+            row["tuner_verdicts"] = [v for k_, v in tuning_verdicts().items() if k_ not in tuned_before] or None
         final = {"torch": lambda i: torch_op(op, *op_inputs(op, inputs[i]), offs)}
         if best is not None:
             best_cfg = next(c for c in gg.configs_for(op) if str(c) == best["config"])
@@ -295,6 +298,10 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
             own = autoselect.describe_times(row["auto_own_ms"])
             print(f"    auto picked {row['auto_choice']} on its own timing ({own} ms; triton config "
                   f"{row['auto_triton_config'] or 'tuned earlier'})", flush=True)
+            for v in row.get("tuner_verdicts") or ():
+                ms = lambda t: "/".join(f"{x:.3f}" for x in t) if t else "-"  # noqa: E731
+                print(f"    tuner: {v['rule']}; pick {ms(v['best_ms'])} ms, torch {ms(v.get('peer_ms'))} ms "
+                      f"(caller's / skewed routing); fastest on the sum {v['sum_winner']}", flush=True)
         print("    " + ", ".join(f"{c['config']} {c['tflops']:.0f}" for c in good), flush=True)
         want = out = None  # free this op's outputs before the next op allocates its own
 

@@ -378,11 +378,15 @@ def test_autotuner_prefers_a_config_as_fast_as_torch_on_both_routings(monkeypatc
     pick = lambda key, cands: tuning.pick_config(  # noqa: E731
         key, cands, None, lambda c: balanced[c], lambda c: skewed[c], peer=True)
     assert pick(("fwd", 1), (fast, safe)) == safe
+    verdict = tuning.tuning_verdicts()[("fwd", 1)]  # what bench gemm prints: the rule, both times, the sum's winner
+    assert verdict == {"rule": "as fast as torch on each routing", "sum_winner": str(fast), "best_ms": (3.36, 4.45),
+                       "peer_ms": (3.49, 4.70)}
     # without the peer, the sum decides as before
     assert tuning.pick_config(("fwd", 2), (fast, safe), None, lambda c: balanced[c], lambda c: skewed[c]) == fast
     # no candidate as fast as torch on both routings: the sum decides
     balanced[safe] = 3.60
     assert pick(("fwd", 3), (fast, safe)) == fast
+    assert tuning.tuning_verdicts()[("fwd", 3)]["rule"].startswith("fastest on the sum (none")
     # the peer fastest on everything: still a candidate is returned (auto's torch-or-triton choice decides next)
     balanced[peer], skewed[peer] = 1.0, 1.0
     assert pick(("fwd", 4), (fast, safe)) == fast
