@@ -357,9 +357,9 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None, pee
         finalists = [c for c in finalists if c in again] or finalists
     # The fastest on the sum, tail-split or not: the skewed routing in the sum measures what the split saves on
     # uneven routing (a 3% preference for split configs, from before that, cost DeepSeek-V3's FC1 forward 1-3% on
-    # both routings; bench/NOTES.md, session 20). Among the safe ones when there are any (session 20: the sum's
-    # winners at DeepSeek-V3's FC2 forward and data gradient ran 0.99x torch on balanced routing, where another
-    # config ran 1.04x).
+    # both routings; bench/NOTES.md, session 20). Among the safe ones when there are any: a guard, so that auto does
+    # not trade a loss to torch on one routing for a win on the other (at DeepSeek-V3 it changed no pick: every
+    # sum's winner was also ahead of torch on both routings, session 24 call I).
     parts = final or first
     safe = [c for c in finalists if _as_fast_as_peer(c, parts)]
     best = min(safe or finalists, key=times.get)

@@ -320,41 +320,6 @@ def test_ops_import_does_not_import_triton():
     script_result(code)  # fails the test unless the script exits 0
 
 
-def test_autotuner_takes_the_fastest_whether_tail_split_or_not(monkeypatch):
-    # No preference for tail-split configs (session 20: a 3% one cost DeepSeek-V3's FC1 forward 1-3%): the skewed
-    # routing in the timed sum measures what the split saves on uneven routing
-    from moetrain.kernels import grouped_gemm_tuning as tuning
-
-    monkeypatch.setattr(tuning, "interpreting", lambda: False)
-    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(tuning, "_BEST", {})
-    monkeypatch.setattr(tuning, "_to_disk", lambda *a: None)
-    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())  # the "run" below returns its time
-    plain, split, other = (gg.GemmConfig(128, 256, 64, 3, 8), gg.GemmConfig(128, 256, 64, 3, 8, tail_split=True),
-                           gg.GemmConfig(128, 128, 64, 4, 4, tail_split=True))
-    for times, want in (({plain: 1.00, split: 1.02, other: 1.5}, plain),
-                        ({plain: 1.02, split: 1.00, other: 1.5}, split)):
-        assert tuning.pick_config(("fwd", str(want)), (plain, split, other), None, lambda cfg: times[cfg]) == want
-
-
-def test_autotuner_judges_candidates_on_both_routings(monkeypatch):
-    # with run_skewed, a candidate's time is its caller-routing time plus its skewed-routing time: the config that
-    # leads on balanced routing but collapses on skewed loses
-    from moetrain.kernels import grouped_gemm_tuning as tuning
-
-    monkeypatch.setattr(tuning, "interpreting", lambda: False)
-    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(tuning, "_BEST", {})
-    monkeypatch.setattr(tuning, "_to_disk", lambda *a: None)
-    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())  # the "run" below returns its time
-    fast, steady = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
-    balanced, skewed = {fast: 7.5, steady: 8.9}, {fast: 10.3, steady: 9.7}
-    assert tuning.pick_config(("wgrad", 1), (fast, steady), None, lambda c: balanced[c]) == fast
-    assert tuning.pick_config(("wgrad", 2), (fast, steady), None, lambda c: balanced[c], lambda c: skewed[c]) == fast
-    skewed[fast] = 12.0  # 19.5 against 18.6
-    assert tuning.pick_config(("wgrad", 3), (fast, steady), None, lambda c: balanced[c], lambda c: skewed[c]) == steady
-
-
 def _timing_by_table(monkeypatch):
     """pick_config as on a GPU, with queued_ms returning what the timed ``run`` returns (its table's entry)."""
     from moetrain.kernels import grouped_gemm_tuning as tuning
@@ -365,6 +330,29 @@ def _timing_by_table(monkeypatch):
     monkeypatch.setattr(tuning, "_to_disk", lambda *a: None)
     monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())
     return tuning
+
+
+def test_autotuner_takes_the_fastest_whether_tail_split_or_not(monkeypatch):
+    # No preference for tail-split configs (session 20: a 3% one cost DeepSeek-V3's FC1 forward 1-3%): the skewed
+    # routing in the timed sum measures what the split saves on uneven routing
+    tuning = _timing_by_table(monkeypatch)  # the "run" below returns its time
+    plain, split, other = (gg.GemmConfig(128, 256, 64, 3, 8), gg.GemmConfig(128, 256, 64, 3, 8, tail_split=True),
+                           gg.GemmConfig(128, 128, 64, 4, 4, tail_split=True))
+    for times, want in (({plain: 1.00, split: 1.02, other: 1.5}, plain),
+                        ({plain: 1.02, split: 1.00, other: 1.5}, split)):
+        assert tuning.pick_config(("fwd", str(want)), (plain, split, other), None, lambda cfg: times[cfg]) == want
+
+
+def test_autotuner_judges_candidates_on_both_routings(monkeypatch):
+    # with run_skewed, a candidate's time is its caller-routing time plus its skewed-routing time: the config that
+    # leads on balanced routing but collapses on skewed loses
+    tuning = _timing_by_table(monkeypatch)  # the "run" below returns its time
+    fast, steady = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
+    balanced, skewed = {fast: 7.5, steady: 8.9}, {fast: 10.3, steady: 9.7}
+    assert tuning.pick_config(("wgrad", 1), (fast, steady), None, lambda c: balanced[c]) == fast
+    assert tuning.pick_config(("wgrad", 2), (fast, steady), None, lambda c: balanced[c], lambda c: skewed[c]) == fast
+    skewed[fast] = 12.0  # 19.5 against 18.6
+    assert tuning.pick_config(("wgrad", 3), (fast, steady), None, lambda c: balanced[c], lambda c: skewed[c]) == steady
 
 
 def test_autotuner_prefers_a_config_as_fast_as_torch_on_both_routings(monkeypatch):
