@@ -31,8 +31,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from moetrain.kernels.launch import launch
+from moetrain.kernels.timing import in_turns, median_ms
 
 ROWS, COLS = 128, 64  # a stage's rows and columns (host side)
+# the consumer's MMA tile is ROWS x MMA_COLS, as each ping-pong consumer's (a 128x256 accumulator in one warpgroup
+# spills)
+MMA_COLS = 128
 BM = gl.constexpr(ROWS)
 BK = gl.constexpr(COLS)
 SWIZZLED = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
@@ -115,25 +119,26 @@ def _probe_kernel(x_desc, w_desc, rows_ptr, sums_ptr, per_prog, k_tiles, M, STAG
     ], [1], [40])
 
 
-def _descs(x: torch.Tensor, w: torch.Tensor, gather: bool, bn: int):
+def _descs(x: torch.Tensor, w: torch.Tensor, gather: bool):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     block = [1, COLS] if gather else [ROWS, COLS]  # a row box carries the whole stage's swizzle
     x_desc = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], block, SWIZZLED.value)
-    w_desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [bn, COLS],
-                              gl.NVMMASharedLayout.get_default_for([bn, COLS], gl.bfloat16))
+    w_desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [MMA_COLS, COLS],
+                              gl.NVMMASharedLayout.get_default_for([MMA_COLS, COLS], gl.bfloat16))
     return x_desc, w_desc
 
 
-def run(x, w, rows, stages: int, bn: int, gather: bool, mma: bool, per_prog: int, programs: int) -> torch.Tensor:
-    """One launch; returns each program's checksum [programs] fp32. A rows: ``rows`` (gather) or consecutive
-    rows of x (block); step i of program p is row tile (p * per_prog + i) // k_tiles, column step i % k_tiles."""
+def run(x, w, rows, stages: int, gather: bool, mma: bool, per_prog: int, programs: int) -> torch.Tensor:
+    """One launch; returns each program's checksum [programs] fp32 (w [MMA_COLS, K] the MMA's operand). A rows:
+    ``rows`` (gather) or consecutive rows of x (block); step i of program p is row tile (p * per_prog + i) //
+    k_tiles, column step i % k_tiles."""
     sums = torch.empty(programs, dtype=torch.float32, device=x.device)
-    x_desc, w_desc = _descs(x, w, gather, bn)
+    x_desc, w_desc = _descs(x, w, gather)
     k_tiles = x.shape[1] // COLS
     m = rows.shape[0] if gather else x.shape[0]
     launch(_probe_kernel, (programs,), x_desc, w_desc, rows, sums, per_prog, k_tiles, m,
-           STAGES=stages, BN=bn, GATHER=gather, MMA=mma, num_warps=4)
+           STAGES=stages, BN=MMA_COLS, GATHER=gather, MMA=mma, num_warps=4)
     return sums
 
 
@@ -151,18 +156,19 @@ def expected_sums(x, rows, gather: bool, per_prog: int, programs: int) -> torch.
     return torch.stack(out)
 
 
-def aot_compile(gather: bool, mma: bool, stages: int = 4, bn: int = 128, capability: int = 90):
+def aot_compile(gather: bool, mma: bool, stages: int = 4, capability: int = 90):
     """The probe compiled for sm_``capability`` without a GPU (a CPU test's compile check)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    w_layout = gl.NVMMASharedLayout.get_default_for([bn, COLS], gl.bfloat16)
+    w_layout = gl.NVMMASharedLayout.get_default_for([MMA_COLS, COLS], gl.bfloat16)
     sig = {"x_desc": f"tensordesc<bf16[{1 if gather else ROWS}, {COLS}],{SWIZZLED.value!r}>",
-           "w_desc": f"tensordesc<bf16[{bn}, {COLS}],{w_layout!r}>", "rows_ptr": "*i32", "sums_ptr": "*fp32",
+           "w_desc": f"tensordesc<bf16[{MMA_COLS}, {COLS}],{w_layout!r}>", "rows_ptr": "*i32", "sums_ptr": "*fp32",
            "per_prog": "i32", "k_tiles": "i32", "M": "i32", "STAGES": "constexpr", "BN": "constexpr",
            "GATHER": "constexpr", "MMA": "constexpr"}
-    src = GluonASTSource(_probe_kernel, sig, constexprs={"STAGES": stages, "BN": bn, "GATHER": gather, "MMA": mma})
+    src = GluonASTSource(_probe_kernel, sig,
+                         constexprs={"STAGES": stages, "BN": MMA_COLS, "GATHER": gather, "MMA": mma})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
 
 
@@ -176,45 +182,41 @@ def main() -> None:
     a = p.parse_args()
     if a.k % COLS or a.rows % ROWS:
         raise SystemExit(f"--k must be a multiple of {COLS} and --rows of {ROWS}")
+    if not 1 <= a.stages <= 8 or a.reps < 1 or a.tokens < 1:
+        raise SystemExit(f"--stages {a.stages} must be 1..8 (shared memory), --reps {a.reps} and --tokens {a.tokens} "
+                         "at least 1")
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts/tma_gather_probe.py needs a CUDA GPU (Hopper)")
     dev = torch.device("cuda")
     programs = torch.cuda.get_device_properties(dev).multi_processor_count
     gen = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(a.tokens, a.k, device=dev, dtype=torch.bfloat16, generator=gen)
-    x_perm_rows = a.rows  # the block variant reads a permuted copy of the same size
-    x_perm = torch.randn(x_perm_rows, a.k, device=dev, dtype=torch.bfloat16, generator=gen)
+    x_perm = torch.randn(a.rows, a.k, device=dev, dtype=torch.bfloat16, generator=gen)  # the block variant's rows
     rows = torch.randint(0, a.tokens, (a.rows,), device=dev, dtype=torch.int32, generator=gen)
-    w = torch.randn(256, a.k, device=dev, dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(MMA_COLS, a.k, device=dev, dtype=torch.bfloat16, generator=gen)
     steps = a.rows // ROWS * (a.k // COLS)  # one pass over the routed rows' A operand
     per_prog = steps // programs
     a_bytes = per_prog * programs * ROWS * COLS * 2
 
-    for gather, src in ((False, x_perm), (True, x)):
-        got = run(src, w[:128], rows, a.stages, 128, gather, False, per_prog, programs)
-        want = expected_sums(src, rows, gather, per_prog, programs)
+    def run_case(gather: bool, mma: bool) -> torch.Tensor:
+        return run(x if gather else x_perm, w, rows, a.stages, gather, mma, per_prog, programs)
+
+    for gather in (False, True):
+        got = run_case(gather, False)
+        want = expected_sums(x if gather else x_perm, rows, gather, per_prog, programs)
         err = ((got - want).abs() / want.abs().clamp_min(1.0)).max().item()
         print(f"check {'rows' if gather else 'block'}: max rel err of the last stages' sums {err:.2e}", flush=True)
         if err > 1e-3:
             raise SystemExit("the stages do not hold the rows they should")
 
-    # (a 128x256 accumulator in one warpgroup spills: 128x128, as each ping-pong consumer's)
-    cases = [(g, mma, 128) for mma in (False, True) for g in (False, True)]
-    times = {c: [] for c in cases}
-    for _ in range(a.reps):  # in turns
-        for gather, mma, bn in cases:
-            src = x if gather else x_perm
-            run(src, w[:bn], rows, a.stages, bn, gather, mma, per_prog, programs)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run(src, w[:bn], rows, a.stages, bn, gather, mma, per_prog, programs)
-            end.record()
-            end.synchronize()
-            times[(gather, mma, bn)].append(start.elapsed_time(end))
+    cases = [(gather, mma) for mma in (False, True) for gather in (False, True)]
+    times, _ = in_turns(cases, lambda c: median_ms(lambda: run_case(*c), warmup=1, reps=1), a.reps)
     print(f"\n{programs} programs x {per_prog} stages of [{ROWS}, {COLS}] bf16 ({a_bytes / 1e9:.2f} GB of A), "
           f"{a.stages} stages in the ring; x [{a.tokens}, {a.k}], rows random tokens; median of {a.reps}")
     print("consumer        A by              ms   us/stage/SM   A GB/s")
-    for gather, mma, bn in cases:
-        ms = sorted(times[(gather, mma, bn)])[a.reps // 2]
-        what = f"mma {ROWS}x{bn}x{COLS}" if mma else "load only"
+    for gather, mma in cases:
+        ms = times[(gather, mma)]
+        what = f"mma {ROWS}x{MMA_COLS}x{COLS}" if mma else "load only"
         print(f"{what:15s} {'one row per copy' if gather else 'whole box':16s} {ms:7.3f}  {ms * 1e3 / per_prog:11.3f}"
               f"  {a_bytes / ms / 1e6:7.0f}")
 
