@@ -279,8 +279,8 @@ def _from_disk(key: tuple, candidates: tuple):
     return cfg if cfg in candidates else None
 
 
-def _to_disk(key: tuple, best: GemmConfig, times: dict, verdict: dict | None = None) -> None:
-    entry = {"config": dataclasses.asdict(best), "ms": {str(c): t for c, t in times.items()}, **(verdict or {})}
+def _to_disk(key: tuple, best: GemmConfig, times: dict, verdict: dict) -> None:
+    entry = {"config": dataclasses.asdict(best), "ms": {str(c): t for c, t in times.items()}, **verdict}
     _disk_entries()[disk_key(key)] = entry
     disk_cache.merge_and_write(disk_cache.cache_dir() / CONFIG_CACHE_FILE, CONFIG_CACHE_VERSION, _disk_entries(),
                                _valid_entry, "grouped GEMM config cache")

@@ -198,6 +198,11 @@ def run_ours(gg, op: str, inp, offs, cfg, out):
     return gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=out)
 
 
+def _per_routing(ms) -> str:
+    """A tuner verdict's times per routing ("3.018/4.145"), or "-" when not timed."""
+    return "/".join(f"{t:.3f}" for t in ms) if ms else "-"
+
+
 def bench(fn, sets: int) -> float:
     import triton
 
@@ -299,9 +304,9 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
             print(f"    auto picked {row['auto_choice']} on its own timing ({own} ms; triton config "
                   f"{row['auto_triton_config'] or 'tuned earlier'})", flush=True)
             for v in row.get("tuner_verdicts") or ():
-                ms = lambda t: "/".join(f"{x:.3f}" for x in t) if t else "-"  # noqa: E731
-                print(f"    tuner: {v['rule']}; pick {ms(v['best_ms'])} ms, torch {ms(v.get('peer_ms'))} ms "
-                      f"(caller's / skewed routing); fastest on the sum {v['sum_winner']}", flush=True)
+                print(f"    tuner: {v['rule']}; pick {_per_routing(v['best_ms'])} ms, torch "
+                      f"{_per_routing(v.get('peer_ms'))} ms (caller's / skewed routing); fastest on the sum "
+                      f"{v['sum_winner']}", flush=True)
         print("    " + ", ".join(f"{c['config']} {c['tflops']:.0f}" for c in good), flush=True)
         want = out = None  # free this op's outputs before the next op allocates its own
 
