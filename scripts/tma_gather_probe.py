@@ -44,10 +44,34 @@ PLAIN_ROWS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bit
 
 
 @gluon.jit
+def _row_copies8(x_desc, idx_ptr, k0, bar, rows_view, r: gl.constexpr):
+    """Rows r..r+7 of a stage: the eight indices loaded first, then the eight copies, so the loads' latency is paid
+    once per eight copies (an index load ahead of each copy waits for it: ~26 clocks per copy, session 24 H)."""
+    i0 = gl.load(idx_ptr + r)
+    i1 = gl.load(idx_ptr + r + 1)
+    i2 = gl.load(idx_ptr + r + 2)
+    i3 = gl.load(idx_ptr + r + 3)
+    i4 = gl.load(idx_ptr + r + 4)
+    i5 = gl.load(idx_ptr + r + 5)
+    i6 = gl.load(idx_ptr + r + 6)
+    i7 = gl.load(idx_ptr + r + 7)
+    tma.async_copy_global_to_shared(x_desc, [i0, k0], bar, rows_view.slice(r, 1))
+    tma.async_copy_global_to_shared(x_desc, [i1, k0], bar, rows_view.slice(r + 1, 1))
+    tma.async_copy_global_to_shared(x_desc, [i2, k0], bar, rows_view.slice(r + 2, 1))
+    tma.async_copy_global_to_shared(x_desc, [i3, k0], bar, rows_view.slice(r + 3, 1))
+    tma.async_copy_global_to_shared(x_desc, [i4, k0], bar, rows_view.slice(r + 4, 1))
+    tma.async_copy_global_to_shared(x_desc, [i5, k0], bar, rows_view.slice(r + 5, 1))
+    tma.async_copy_global_to_shared(x_desc, [i6, k0], bar, rows_view.slice(r + 6, 1))
+    tma.async_copy_global_to_shared(x_desc, [i7, k0], bar, rows_view.slice(r + 7, 1))
+
+
+@gluon.jit
 def _fill(x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M,
-          GATHER: gl.constexpr, MMA: gl.constexpr):
+          GATHER: gl.constexpr, MMA: gl.constexpr, PART: gl.constexpr, LOADERS: gl.constexpr, BATCH: gl.constexpr):
+    """One loader warp: the whole box, or rows [PART, PART + 1) * BM / LOADERS of each stage, one copy per row."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    if MMA:
+    ROWS_PER: gl.constexpr = BM // LOADERS
+    if MMA and PART == 0:
         mbarrier.expect(w_ready, w_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(w_desc, [0, 0], w_ready, w_buf)
     first = gl.program_id(0) * per_prog
@@ -58,14 +82,19 @@ def _fill(x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_pr
         m0 = (step // k_tiles) * BM % M
         k0 = (step % k_tiles) * BK
         if GATHER:
-            mbarrier.expect(ready.index(s), BM * x_desc.block_type.nbytes)
+            # every loader arrives once on the stage's barrier (initialized with LOADERS arrivals) and adds its bytes
+            mbarrier.expect(ready.index(s), ROWS_PER * x_desc.block_type.nbytes)
             # Gluon will not slice a swizzled buffer inside its 8-row swizzle atom, so the copies target the same
             # bytes viewed as unswizzled rows (row r at byte 128 r); the TMA unit swizzles by shared address bits,
             # as for a whole box (the check below verifies the rows land where the MMA reads them)
             rows_view = a_bufs.index(s)._reinterpret(gl.bfloat16, [BM, BK], PLAIN_ROWS)
-            for r in gl.static_range(BM):  # (a shared slice takes a constant start)
-                row = gl.load(rows_ptr + m0 + r)
-                tma.async_copy_global_to_shared(x_desc, [row, k0], ready.index(s), rows_view.slice(r, 1))
+            if BATCH == 8:
+                for r in gl.static_range(PART * ROWS_PER, (PART + 1) * ROWS_PER, 8):
+                    _row_copies8(x_desc, rows_ptr + m0, k0, ready.index(s), rows_view, r)
+            else:
+                for r in gl.static_range(PART * ROWS_PER, (PART + 1) * ROWS_PER):  # (a slice takes a constant start)
+                    row = gl.load(rows_ptr + m0 + r)
+                    tma.async_copy_global_to_shared(x_desc, [row, k0], ready.index(s), rows_view.slice(r, 1))
         else:
             mbarrier.expect(ready.index(s), x_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(x_desc, [m0, k0], ready.index(s), a_bufs.index(s))
@@ -103,20 +132,45 @@ def _drain(a_bufs, w_buf, ready, empty, w_ready, sums_ptr, per_prog, BN: gl.cons
 
 @gluon.jit
 def _probe_kernel(x_desc, w_desc, rows_ptr, sums_ptr, per_prog, k_tiles, M, STAGES: gl.constexpr,
-                  BN: gl.constexpr, GATHER: gl.constexpr, MMA: gl.constexpr):
+                  BN: gl.constexpr, GATHER: gl.constexpr, MMA: gl.constexpr, LOADERS: gl.constexpr,
+                  BATCH: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], SWIZZLED)
     w_buf = gl.allocate_shared_memory(gl.bfloat16, [BN, BK], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     w_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=LOADERS)
         mbarrier.init(empty.index(i), count=1)
     mbarrier.init(w_ready, count=1)
-    gl.warp_specialize([
-        (_drain, (a_bufs, w_buf, ready, empty, w_ready, sums_ptr, per_prog, BN, MMA)),
-        (_fill, (x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M, GATHER, MMA)),
-    ], [1], [40])
+    # (warp_specialize takes a literal list of partitions: one branch per loader count)
+    if LOADERS == 1:
+        gl.warp_specialize([
+            (_drain, (a_bufs, w_buf, ready, empty, w_ready, sums_ptr, per_prog, BN, MMA)),
+            (_fill, (x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M, GATHER, MMA,
+                     0, LOADERS, BATCH)),
+        ], [1], [40])
+    elif LOADERS == 2:
+        gl.warp_specialize([
+            (_drain, (a_bufs, w_buf, ready, empty, w_ready, sums_ptr, per_prog, BN, MMA)),
+            (_fill, (x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M, GATHER, MMA,
+                     0, LOADERS, BATCH)),
+            (_fill, (x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M, GATHER, MMA,
+                     1, LOADERS, BATCH)),
+        ], [1, 1], [40, 40])
+    else:
+        gl.static_assert(LOADERS == 4, "1, 2 or 4 loader warps")
+        gl.warp_specialize([
+            (_drain, (a_bufs, w_buf, ready, empty, w_ready, sums_ptr, per_prog, BN, MMA)),
+            (_fill, (x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M, GATHER, MMA,
+                     0, LOADERS, BATCH)),
+            (_fill, (x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M, GATHER, MMA,
+                     1, LOADERS, BATCH)),
+            (_fill, (x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M, GATHER, MMA,
+                     2, LOADERS, BATCH)),
+            (_fill, (x_desc, w_desc, rows_ptr, a_bufs, w_buf, ready, empty, w_ready, per_prog, k_tiles, M, GATHER, MMA,
+                     3, LOADERS, BATCH)),
+        ], [1, 1, 1, 1], [40, 40, 40, 40])
 
 
 def _descs(x: torch.Tensor, w: torch.Tensor, gather: bool):
@@ -129,16 +183,29 @@ def _descs(x: torch.Tensor, w: torch.Tensor, gather: bool):
     return x_desc, w_desc
 
 
-def run(x, w, rows, stages: int, gather: bool, mma: bool, per_prog: int, programs: int) -> torch.Tensor:
+# how the A rows are loaded: (row by row?, loader warps, index loads per batch); the whole box takes one warp
+BOX = (False, 1, 1)
+ROW_WAYS = [(True, 1, 1), (True, 1, 8), (True, 2, 8), (True, 4, 8), (True, 4, 1)]
+
+
+def way_name(way) -> str:
+    gather, loaders, batch = way
+    if not gather:
+        return "whole box"
+    return f"rows, {loaders} warp{'s' if loaders > 1 else ''}, idx x{batch}"
+
+
+def run(x, w, rows, stages: int, way, mma: bool, per_prog: int, programs: int) -> torch.Tensor:
     """One launch; returns each program's checksum [programs] fp32 (w [MMA_COLS, K] the MMA's operand). A rows:
     ``rows`` (gather) or consecutive rows of x (block); step i of program p is row tile (p * per_prog + i) //
     k_tiles, column step i % k_tiles."""
+    gather, loaders, batch = way
     sums = torch.empty(programs, dtype=torch.float32, device=x.device)
     x_desc, w_desc = _descs(x, w, gather)
     k_tiles = x.shape[1] // COLS
     m = rows.shape[0] if gather else x.shape[0]
     launch(_probe_kernel, (programs,), x_desc, w_desc, rows, sums, per_prog, k_tiles, m,
-           STAGES=stages, BN=MMA_COLS, GATHER=gather, MMA=mma, num_warps=4)
+           STAGES=stages, BN=MMA_COLS, GATHER=gather, MMA=mma, LOADERS=loaders, BATCH=batch, num_warps=4)
     return sums
 
 
@@ -156,8 +223,9 @@ def expected_sums(x, rows, gather: bool, per_prog: int, programs: int) -> torch.
     return torch.stack(out)
 
 
-def aot_compile(gather: bool, mma: bool, stages: int = 4, capability: int = 90):
+def aot_compile(way, mma: bool, stages: int = 4, capability: int = 90):
     """The probe compiled for sm_``capability`` without a GPU (a CPU test's compile check)."""
+    gather, loaders, batch = way
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -166,9 +234,9 @@ def aot_compile(gather: bool, mma: bool, stages: int = 4, capability: int = 90):
     sig = {"x_desc": f"tensordesc<bf16[{1 if gather else ROWS}, {COLS}],{SWIZZLED.value!r}>",
            "w_desc": f"tensordesc<bf16[{MMA_COLS}, {COLS}],{w_layout!r}>", "rows_ptr": "*i32", "sums_ptr": "*fp32",
            "per_prog": "i32", "k_tiles": "i32", "M": "i32", "STAGES": "constexpr", "BN": "constexpr",
-           "GATHER": "constexpr", "MMA": "constexpr"}
-    src = GluonASTSource(_probe_kernel, sig,
-                         constexprs={"STAGES": stages, "BN": MMA_COLS, "GATHER": gather, "MMA": mma})
+           "GATHER": "constexpr", "MMA": "constexpr", "LOADERS": "constexpr", "BATCH": "constexpr"}
+    src = GluonASTSource(_probe_kernel, sig, constexprs={"STAGES": stages, "BN": MMA_COLS, "GATHER": gather,
+                                                         "MMA": mma, "LOADERS": loaders, "BATCH": batch})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
 
 
@@ -198,27 +266,26 @@ def main() -> None:
     per_prog = steps // programs
     a_bytes = per_prog * programs * ROWS * COLS * 2
 
-    def run_case(gather: bool, mma: bool) -> torch.Tensor:
-        return run(x if gather else x_perm, w, rows, a.stages, gather, mma, per_prog, programs)
+    def run_case(way, mma: bool) -> torch.Tensor:
+        return run(x if way[0] else x_perm, w, rows, a.stages, way, mma, per_prog, programs)
 
-    for gather in (False, True):
-        got = run_case(gather, False)
-        want = expected_sums(x if gather else x_perm, rows, gather, per_prog, programs)
+    for way in [BOX] + ROW_WAYS:
+        got = run_case(way, False)
+        want = expected_sums(x if way[0] else x_perm, rows, way[0], per_prog, programs)
         err = ((got - want).abs() / want.abs().clamp_min(1.0)).max().item()
-        print(f"check {'rows' if gather else 'block'}: max rel err of the last stages' sums {err:.2e}", flush=True)
+        print(f"check {way_name(way)}: max rel err of the last stages' sums {err:.2e}", flush=True)
         if err > 1e-3:
             raise SystemExit("the stages do not hold the rows they should")
 
-    cases = [(gather, mma) for mma in (False, True) for gather in (False, True)]
+    cases = [(way, mma) for mma in (False, True) for way in [BOX] + ROW_WAYS]
     times, _ = in_turns(cases, lambda c: median_ms(lambda: run_case(*c), warmup=1, reps=1), a.reps)
     print(f"\n{programs} programs x {per_prog} stages of [{ROWS}, {COLS}] bf16 ({a_bytes / 1e9:.2f} GB of A), "
           f"{a.stages} stages in the ring; x [{a.tokens}, {a.k}], rows random tokens; median of {a.reps}")
-    print("consumer        A by              ms   us/stage/SM   A GB/s")
-    for gather, mma in cases:
-        ms = times[(gather, mma)]
+    print("consumer        A by                         ms   us/stage/SM   A GB/s")
+    for way, mma in cases:
+        ms = times[(way, mma)]
         what = f"mma {ROWS}x{MMA_COLS}x{COLS}" if mma else "load only"
-        print(f"{what:15s} {'one row per copy' if gather else 'whole box':16s} {ms:7.3f}  {ms * 1e3 / per_prog:11.3f}"
-              f"  {a_bytes / ms / 1e6:7.0f}")
+        print(f"{what:15s} {way_name(way):24s} {ms:7.3f}  {ms * 1e3 / per_prog:11.3f}  {a_bytes / ms / 1e6:7.0f}")
 
 
 if __name__ == "__main__":

@@ -21,12 +21,13 @@ sys.path.insert(0, SCRIPTS)
 import tma_gather_probe as probe
 from moetrain.kernels.grouped_gemm_aot import compiled_facts
 rows = []
-for gather in (False, True):
+for way in [probe.BOX] + probe.ROW_WAYS:
+    gather, loaders, batch = way
     for mma in (False, True):
-        ck = probe.aot_compile(gather, mma)
+        ck = probe.aot_compile(way, mma)
         ptx = ck.asm["ptx"]
         dests = [int(d) for d in re.findall(r"add\.s32\s+%r\d+, %r\d+, (\d+);\s*\n\s*elect\.sync", ptx)]
-        rows.append(dict(gather=gather, mma=mma, copies=ptx.count("cp.async.bulk.tensor"), dests=dests,
+        rows.append(dict(gather=gather, loaders=loaders, batch=batch, mma=mma, copies=ptx.count("cp.async.bulk.tensor"), dests=dests,
                          **compiled_facts(ck)))
 print(json.dumps(rows))
 """
@@ -39,5 +40,5 @@ def test_probe_compiles_for_sm90_with_one_copy_per_row():
         assert row["wgmma"] == row["mma"], row
         w_copy = 1 if row["mma"] else 0  # the MMA's fixed [128, 64] w block
         assert row["copies"] == (128 if row["gather"] else 1) + w_copy, row
-        if row["gather"]:
+        if row["gather"] and row["loaders"] == 1 and row["batch"] == 1:
             assert row["dests"] == [128 * r for r in range(1, 128)], row  # row 0 at the stage's start
