@@ -246,3 +246,69 @@ def test_fc1_with_swiglu_in_a_cuda_graph_with_new_routing():
         assert rel_err(outs[0][:end], want_h[:end]) < 1e-2 and rel_err(outs[1][:end], want_a[:end]) < 1e-2
 
     check_graph_replays(step, offs, m, outs, check)  # outs: the captured h and a, poisoned before each replay
+
+
+def random_token_rows(m: int, tokens: int, seed: int) -> torch.Tensor:
+    """[m] int32 token indices in [0, tokens), in a random order (a trained router's rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, tokens, (m,), generator=gen, dtype=torch.int32).cuda()
+
+
+@pytest.mark.parametrize("dgrad", [False, True])
+@pytest.mark.parametrize("tile, stages, programs, cp_warps", [((128, 128), 4, None, 0), ((64, 256), 4, 7, 0),
+                                                               ((128, 128), 3, 3, 2), ((64, 256), 4, None, 1)])
+def test_gathered_rows_give_the_bits_of_the_copied_rows(dgrad, tile, stages, programs, cp_warps):
+    """A's rows gathered in the kernel (row_gather.py, one TMA copy per row) against the same kernel on the copy
+    x[rows]: the same stages reach the same MMAs, so the same bits. M is not a multiple of a tile (the last tile's
+    rows past M take the last index) and the reduction not of 64 (the row boxes' zero fill). cp_warps: that many of
+    the four loader warps copy their rows by cp.async instead."""
+    rp = kernel()
+    tokens = 3000
+    offs = skewed_offs_cuda(M, G, seed=31)
+    rows = random_token_rows(M, tokens, seed=32)
+    torch.manual_seed(33)
+    src = torch.randn(tokens, N if dgrad else K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16)
+    width = K if dgrad else N
+    got = rp.grouped_gemm_rowgroup_pingpong(src, w, offs, dgrad=dgrad, stages=stages, tile=tile,
+                                            num_programs=programs, gather_rows=rows, cp_warps=cp_warps,
+                                            out=torch.full((M, width), float("nan"), device="cuda",
+                                                           dtype=torch.bfloat16))
+    want = rp.grouped_gemm_rowgroup_pingpong(src[rows.long()], w, offs, dgrad=dgrad, stages=stages, tile=tile,
+                                             num_programs=programs)
+    torch.cuda.synchronize()
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) outputs"
+    assert torch.equal(got, want)
+    check_groups_fp64("dgrad" if dgrad else "fwd", got, src[rows.long()], w, offs, range(0, G, 5))
+
+
+@pytest.mark.parametrize("tile, stages, cp_warps", [((128, 128), 5, 0), ((64, 256), 4, 1), ((128, 128), 5, 2)])
+def test_fc1_with_swiglu_gathers_the_bits_of_the_copied_rows(tile, stages, cp_warps):
+    rp = kernel()
+    m, g, hid, inter, tokens = 6000, 16, 512 + 72, 384 + 40, 1700
+    offs = skewed_offs_cuda(m, g, seed=51)
+    rows = random_token_rows(m, tokens, seed=52)
+    torch.manual_seed(53)
+    x = torch.randn(tokens, hid, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(g, 2 * inter, hid, device="cuda") / hid ** 0.5).to(torch.bfloat16)
+    probs = torch.rand(m, device="cuda")
+    got = rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, probs, gather_rows=rows, tile=tile, stages=stages,
+                                              cp_warps=cp_warps)
+    want = rp.grouped_gemm_fc1_swiglu_pingpong(x[rows.long()], w, offs, probs, tile=tile, stages=stages)
+    end = int(offs[-1])
+    assert rel_err(want[0][:end], fc1_swiglu_fp64(x[rows.long()], w, offs, probs, "swiglu")[0][:end]) < 1e-2
+    torch.cuda.synchronize()
+    for a, b in zip(got, want):
+        assert not torch.isnan(a).any()
+        assert torch.equal(a, b)
+
+
+def test_gathered_rows_are_checked():
+    rp = kernel()
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2, 64, 128, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([32, 64], device="cuda", dtype=torch.int32)
+    with pytest.raises(ValueError, match="gather_rows"):
+        rp.grouped_gemm_rowgroup_pingpong(x, w, offs, gather_rows=torch.zeros(64, device="cuda", dtype=torch.int64))
+    with pytest.raises(ValueError, match="gather_rows"):
+        rp.grouped_gemm_fc1_swiglu_pingpong(x, w, offs, gather_rows=torch.zeros(64, dtype=torch.int32))
