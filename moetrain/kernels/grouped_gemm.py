@@ -244,9 +244,10 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
     if G == 0 or RED == 0:
         return out.zero_()
     tma_ok = _tma_ok(a, w, out) and M < RAGGED_ROWS
-    pingpong_ok = tma_ok and pingpong_applies(a)
+    pingpong_ok = tma_ok and gather is None and pingpong_applies(a)
     if config is not None and config.kernel == "pingpong" and not pingpong_ok:
-        raise ValueError(f"grouped GEMM: config {config} needs a Hopper GPU, bf16 and TMA-aligned tensors")
+        raise ValueError(f"grouped GEMM: config {config} needs a Hopper GPU, bf16, TMA-aligned tensors and rows not "
+                         "gathered")
 
     def launch_part(cfg: GemmConfig, part: int, big_m: int, sched: torch.Tensor, offs: torch.Tensor):
         use_tma = cfg.use_tma and tma_ok
@@ -276,8 +277,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             from moetrain.kernels.rowgroup_pingpong import grouped_gemm_rowgroup_pingpong
 
             grouped_gemm_rowgroup_pingpong(a, w, offs, dgrad=dgrad, stages=cfg.num_stages, group_m=cfg.group_m,
-                                           tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs,
-                                           gather_rows=gather)
+                                           tile=(cfg.block_m, cfg.block_n), out=out, num_programs=num_programs)
             return
         sched = skew_schedule(offs) if cfg.mix else offs  # (unused without MIX)
         _run_tail_split(cfg, lambda c, part, big_m: launch_part(c, part, big_m, sched, offs))

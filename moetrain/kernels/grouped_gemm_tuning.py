@@ -170,8 +170,8 @@ CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # another candidate); 8: the sorted schedule made by one launch (session 19: its winners were judged with a 0.06-0.1
 # ms schedule per call), and sorted variants of the other ping-pong weight gradient configs joined; 9: candidates timed
 # queued, and no preference for tail-split configs; 10: torch._grouped_mm timed beside them, and a config at least as
-# fast as it on both routings preferred (PEER); 11: the ping-pong forward gathers rows too (fwd_gather: row_gather.py)
-CONFIG_CACHE_VERSION = 11
+# fast as it on both routings preferred (PEER)
+CONFIG_CACHE_VERSION = 10
 _DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 

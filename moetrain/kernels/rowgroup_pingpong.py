@@ -54,13 +54,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from moetrain.kernels import cuda_device
-from moetrain.kernels.gluon_descs import aot_type, descriptor, ragged_desc, shared_layout
+from moetrain.kernels.gluon_descs import aot_type, descriptor, ragged_desc
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
 from moetrain.kernels.host import next_pow2
 from moetrain.kernels.launch import launch
 from moetrain.kernels.moe_rows import ACTIVATIONS
 from moetrain.kernels.pingpong_epilogues import swiglu_bwd_epilogue, swiglu_fwd_epilogue
-from moetrain.kernels.row_gather import copy_rows_async, gather_rows, row_desc
 
 BLOCK_K = 64  # reduction step
 TILES = ((128, 128), (64, 256))  # a consumer's output tile (rows, columns): a 128-register fp32 accumulator either way
@@ -70,7 +69,6 @@ SWIGLU_BWD = gl.constexpr(1)  # data gradient only: SwiGLU's backward (grouped_g
 SWIGLU_FWD = gl.constexpr(2)  # forward only: FC1 with SwiGLU (grouped_gemm_fc1_swiglu_pingpong)
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (setmaxnreg)
 CONSUMER_REGS = gl.constexpr(232)  # per thread of each consumer warpgroup
-GATHER_LOADERS = 4  # warps loading gathered A rows (row_gather.py: one warp issues too few copies)
 
 
 @gluon.jit
@@ -103,19 +101,12 @@ def _coords(tile, g_end, row0, row_end, n_tiles, BM: gl.constexpr, TN: gl.conste
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, rows_ptr, src_ptr, stride_src, RED, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G,
-              n_tiles, k_tiles, total, NUM_PROGS, BM: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr,
-              GROUP_M: gl.constexpr, DGRAD: gl.constexpr, EPILOGUE: gl.constexpr, PART: gl.constexpr,
-              LOADERS: gl.constexpr, CP_WARPS: gl.constexpr):
+def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS,
+              BM: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
+              EPILOGUE: gl.constexpr):
     """TMA loads of each step's A block [BM, BK] and w block ([TN, BK] forward, [BK, TN] data gradient; SWIGLU_FWD:
-    the gate rows n0.. and the up rows OUT + n0.. of expert g, CN each, from w viewed as [G * 2 * OUT, K]).
-    LOADERS == 1: this warp loads A as one box of consecutive rows. Otherwise A's rows are gathered (row_gather.py):
-    this warp, one of LOADERS, copies rows [PART, PART + 1) * BM / LOADERS of each stage through rows_ptr, by TMA, or
-    by cp.async from src_ptr when it is one of the last CP_WARPS; warp 0 also loads w."""
-    CP: gl.constexpr = PART >= LOADERS - CP_WARPS
+    the gate rows n0.. and the up rows OUT + n0.. of expert g, CN each, from w viewed as [G * 2 * OUT, K])."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    A_BYTES: gl.constexpr = BM * BK * 2 // LOADERS  # this warp's share of a stage's A (bf16)
-    W_BYTES: gl.constexpr = w_desc.block_type.nbytes * (2 if EPILOGUE == SWIGLU_FWD else 1)
     g = -1
     g_end = 0
     row0 = 0
@@ -129,28 +120,20 @@ def _producer(a_desc, w_desc, rows_ptr, src_ptr, stride_src, RED, a_bufs, w_bufs
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1: ring empty
                 k0 = step * BK
-                # every TMA loader arrives once on the stage's barrier with its bytes, every cp.async thread once
-                if not CP:
-                    mbarrier.expect(ready.index(s), A_BYTES + W_BYTES if PART == 0 else A_BYTES)
-                if LOADERS == 1:
+                if EPILOGUE == SWIGLU_FWD:
+                    # Past OUT the gate box reads up rows and the up box the next expert's: they only feed output
+                    # columns >= OUT, which the stores drop.
+                    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + 2 * w_desc.block_type.nbytes)
                     tma.async_copy_global_to_shared(a_desc, [m0, k0], ready.index(s), a_bufs.index(s))
-                elif CP:
-                    copy_rows_async(src_ptr, stride_src, RED, rows_ptr, m0, M - 1, k0, ready.index(s),
-                                    a_bufs.index(s), PART * (BM // LOADERS), BM // LOADERS)
+                    first = g * 2 * OUT + n0
+                    tma.async_copy_global_to_shared(w_desc, [first, k0], ready.index(s),
+                                                    w_bufs.index(s).slice(0, CN))
+                    tma.async_copy_global_to_shared(w_desc, [first + OUT, k0], ready.index(s),
+                                                    w_bufs.index(s).slice(CN, CN))
                 else:
-                    # rows past the group's end only feed output rows that the stores drop; past M, the last row's
-                    gather_rows(a_desc, rows_ptr, m0, M - 1, k0, ready.index(s), a_bufs.index(s),
-                                PART * (BM // LOADERS), BM // LOADERS)
-                if PART == 0:
-                    if EPILOGUE == SWIGLU_FWD:
-                        # Past OUT the gate box reads up rows and the up box the next expert's: they only feed
-                        # output columns >= OUT, which the stores drop.
-                        first = g * 2 * OUT + n0
-                        tma.async_copy_global_to_shared(w_desc, [first, k0], ready.index(s),
-                                                        w_bufs.index(s).slice(0, CN))
-                        tma.async_copy_global_to_shared(w_desc, [first + OUT, k0], ready.index(s),
-                                                        w_bufs.index(s).slice(CN, CN))
-                    elif DGRAD:
+                    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(a_desc, [m0, k0], ready.index(s), a_bufs.index(s))
+                    if DGRAD:
                         tma.async_copy_global_to_shared(w_desc, [g, k0, n0], ready.index(s), w_bufs.index(s))
                     else:
                         tma.async_copy_global_to_shared(w_desc, [g, n0, k0], ready.index(s), w_bufs.index(s))
@@ -162,7 +145,7 @@ def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_
               parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, ROLE: gl.constexpr,
               BM: gl.constexpr, TN: gl.constexpr, CN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
               DGRAD: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
-              HAS_PROBS: gl.constexpr, CP_WARPS: gl.constexpr):
+              HAS_PROBS: gl.constexpr):
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TN, 16])
     g = -1
@@ -182,8 +165,6 @@ def _consumer(out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_
             for step in range(steps):
                 s = (it + step) % STAGES
                 mbarrier.wait(ready.index(s), ((it + step) // STAGES) & 1)
-                if CP_WARPS > 0:  # rows written by cp.async (the generic proxy) before the wgmma (async proxy) reads
-                    fence_async_shared()
                 a = a_bufs.index(s)  # [BM, BK]
                 if EPILOGUE == SWIGLU_FWD:
                     b = w_bufs.index(s).permute((1, 0))  # [TN, BK]: gate rows then up rows
@@ -233,13 +214,11 @@ def _tile_total(offs_ptr, M, G, n_tiles, BM: gl.constexpr, BLOCK_G: gl.constexpr
 
 @gluon.jit(do_not_specialize=["M", "G", "NUM_PROGS"])
 def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr, dh_ptr, probs_ptr, parts_ptr,
-                              offs_ptr, rows_ptr, src_ptr, stride_src, M, OUT, RED, G,
+                              offs_ptr, M, OUT, RED, G,
                               NUM_PROGS, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DGRAD: gl.constexpr,
                               BLOCK_G: gl.constexpr, RAGGED: gl.constexpr, EPILOGUE: gl.constexpr, ACT: gl.constexpr,
-                              HAS_PROBS: gl.constexpr, LOADERS: gl.constexpr, CP_WARPS: gl.constexpr,
-                              num_warps: gl.constexpr):
-    """a_desc: A [M, RED] (x or dy), block [BM, BK]; with LOADERS > 1, A's rows are gathered: a_desc is src [T, RED]
-    with block [1, BK] (row_gather.row_desc) and row r of A is src[rows_ptr[r]] (rows_ptr [M] int32); w_desc: w [G, N, K], block [1, TN, BK] (forward) or [1, BK, TN]
+                              HAS_PROBS: gl.constexpr, num_warps: gl.constexpr):
+    """a_desc: A [M, RED] (x or dy), block [BM, BK]; w_desc: w [G, N, K], block [1, TN, BK] (forward) or [1, BK, TN]
     (DGRAD); out_desc: out [M, OUT] ragged, block [1, 1, BM, TN].
     SWIGLU_BWD (with DGRAD): h_ptr / dh_ptr are h and dh [M, 2I] (gate columns, then up); out_desc is dh's gate half
     as a ragged [M, I] (its block gives the tile); probs_ptr [M] fp32 and parts_ptr [M, n_tiles] fp32 with HAS_PROBS.
@@ -251,11 +230,10 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
     CN: gl.constexpr = out_desc.block_type.shape[3]  # output columns per tile (of a, with SWIGLU_FWD)
     TN: gl.constexpr = 2 * CN if EPILOGUE == SWIGLU_FWD else CN  # accumulator columns
     BK: gl.constexpr = a_desc.block_type.shape[1]
-    gl.static_assert((LOADERS == 1) | (LOADERS == 4), "A by one box (1 loader warp) or gathered by 4 warps")
     n_tiles = (OUT + CN - 1) // CN
     k_tiles = (RED + BK - 1) // BK
     total = _tile_total(offs_ptr, M, G, n_tiles, BM, BLOCK_G)
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     if EPILOGUE == SWIGLU_FWD:  # each stage: the gate box, then the up box
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, TN, BK], w_desc.layout)
     else:
@@ -270,45 +248,21 @@ def _rowgroup_pingpong_kernel(a_desc, w_desc, out_desc, h_desc, h_up_desc, h_ptr
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=LOADERS - CP_WARPS + 32 * CP_WARPS)
+        mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
-    # (spelled out as in wgrad_pingpong.py: argument tuples held in variables lose their constexprs; warp_specialize
-    # takes a literal list, so one call per loader count)
-    if LOADERS == 1:
-        gl.warp_specialize([
-            (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
-                         probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM, TN, CN,
-                         BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, CP_WARPS)),
-            (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
-                         probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN, CN,
-                         BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, CP_WARPS)),
-            (_producer, (a_desc, w_desc, rows_ptr, src_ptr, stride_src, RED, a_bufs, w_bufs, ready, empty, offs_ptr, M,
-                         OUT, G, n_tiles, k_tiles, total, NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE, 0,
-                         1, CP_WARPS)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:  # (12 warps: 168 registers each at launch, 2 x 128 x 232 + 4 x 32 x 40 after the split; the same total)
-        gl.warp_specialize([
-            (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
-                         probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM, TN, CN,
-                         BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, CP_WARPS)),
-            (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
-                         probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN, CN,
-                         BK, GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS, CP_WARPS)),
-            (_producer, (a_desc, w_desc, rows_ptr, src_ptr, stride_src, RED, a_bufs, w_bufs, ready, empty, offs_ptr, M,
-                         OUT, G, n_tiles, k_tiles, total, NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE, 0,
-                         4, CP_WARPS)),
-            (_producer, (a_desc, w_desc, rows_ptr, src_ptr, stride_src, RED, a_bufs, w_bufs, ready, empty, offs_ptr, M,
-                         OUT, G, n_tiles, k_tiles, total, NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE, 1,
-                         4, CP_WARPS)),
-            (_producer, (a_desc, w_desc, rows_ptr, src_ptr, stride_src, RED, a_bufs, w_bufs, ready, empty, offs_ptr, M,
-                         OUT, G, n_tiles, k_tiles, total, NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE, 2,
-                         4, CP_WARPS)),
-            (_producer, (a_desc, w_desc, rows_ptr, src_ptr, stride_src, RED, a_bufs, w_bufs, ready, empty, offs_ptr, M,
-                         OUT, G, n_tiles, k_tiles, total, NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE, 3,
-                         4, CP_WARPS)),
-        ], [4, 1, 1, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+    # (spelled out as in wgrad_pingpong.py: argument tuples held in variables lose their constexprs)
+    gl.warp_specialize([
+        (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
+                     probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 0, BM, TN, CN, BK,
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
+        (_consumer, (out_desc, a_bufs, w_bufs, out_bufs, ready, empty, turn, h_desc, h_up_desc, h_ptr, dh_ptr,
+                     probs_ptr, parts_ptr, offs_ptr, M, OUT, G, n_tiles, k_tiles, total, NUM_PROGS, 1, BM, TN, CN, BK,
+                     GROUP_M, DGRAD, RAGGED, EPILOGUE, ACT, HAS_PROBS)),
+        (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, offs_ptr, M, OUT, G, n_tiles, k_tiles, total,
+                     NUM_PROGS, BM, CN, BK, GROUP_M, DGRAD, EPILOGUE)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def _descs(a: torch.Tensor, w: torch.Tensor, tile: tuple[int, int], dgrad: bool):
@@ -330,14 +284,9 @@ def _block_g(groups: int) -> int:
     return max(256, next_pow2(groups + 1))  # slot G: the rows past offs[-1]; one compile up to 255 groups
 
 
-def _check(name: str, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, dgrad: bool, tile,
-           gather_rows: torch.Tensor | None = None) -> None:
+def _check(name: str, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, dgrad: bool, tile) -> None:
     if a.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or a.device.type != "cuda":
         raise ValueError(f"{name}: bf16 CUDA tensors only (a Hopper kernel)")
-    if gather_rows is not None and (gather_rows.dtype != torch.int32 or gather_rows.dim() != 1
-                                    or gather_rows.device != a.device):
-        raise ValueError(f"{name}: gather_rows must be a 1-D int32 tensor on {a.device} (got "
-                         f"{tuple(gather_rows.shape)} {gather_rows.dtype} on {gather_rows.device})")
     if a.dim() != 2 or w.dim() != 3 or offs.dim() != 1 or offs.shape[0] != w.shape[0]:
         raise ValueError(f"{name}: a {tuple(a.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} must be [M, RED], "
                          "[G, N, K], [G]")
@@ -352,9 +301,8 @@ def _check(name: str, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, dgra
         raise ValueError(f"{name}: Hopper (sm_90) only")
     if (N * 2) % 16 or (K * 2) % 16:
         raise ValueError(f"{name}: N={N} and K={K} must be multiples of 8 (16-byte TMA rows)")
-    rows = a.shape[0] if gather_rows is None else gather_rows.shape[0]
-    if rows >= RAGGED_ROWS:
-        raise ValueError(f"{name}: M={rows} rows must be < 2^30 (ragged descriptors)")
+    if a.shape[0] >= RAGGED_ROWS:
+        raise ValueError(f"{name}: M={a.shape[0]} rows must be < 2^30 (ragged descriptors)")
     if next_pow2(G + 1) > 1024:
         raise ValueError(f"{name}: {G} groups: at most 1023")
 
@@ -366,38 +314,30 @@ def _value(epilogue) -> int:
 
 def _launch(a, offs, groups: int, width: int, a_desc, w_desc, out_desc, *, dgrad: bool, stages: int, group_m: int,
             num_programs: int | None, h_descs=None, h=None, dh=None, probs=None, parts=None, epilogue: int = PLAIN,
-            act: int = 0, gather_rows=None, cp_warps: int = 0):
-    """width: the output columns the tiles cover (OUT: N or K; I with SWIGLU_BWD / SWIGLU_FWD). With gather_rows
-    [M] int32, A's rows are gathered from a (a_desc from row_gather.row_desc), the last ``cp_warps`` of the loader
-    warps' shares by cp.async. The kernel's unused descriptors and pointers get out_desc and offs."""
+            act: int = 0):
+    """width: the output columns the tiles cover (OUT: N or K; I with SWIGLU_BWD / SWIGLU_FWD). The kernel's unused
+    descriptors and pointers get out_desc and offs."""
     nprog = max(1, num_programs or cuda_device.sm_count(a.device))
     h_descs = h_descs or (out_desc, out_desc)
     with cuda_device.on_device(a.device):
         launch(_rowgroup_pingpong_kernel, (nprog,),
             a_desc, w_desc, out_desc, *h_descs, *(t if t is not None else offs for t in (h, dh, probs, parts)), offs,
-            gather_rows if gather_rows is not None else offs, a, a.stride(0),
-            a.shape[0] if gather_rows is None else gather_rows.shape[0], width, a.shape[1], groups, nprog,
-            STAGES=stages, GROUP_M=group_m, DGRAD=dgrad, BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS,
-            EPILOGUE=_value(epilogue), ACT=act, HAS_PROBS=probs is not None,
-            LOADERS=1 if gather_rows is None else GATHER_LOADERS, CP_WARPS=0 if gather_rows is None else cp_warps,
-            num_warps=4, maxnreg=168)
+            a.shape[0], width, a.shape[1], groups, nprog, STAGES=stages, GROUP_M=group_m, DGRAD=dgrad,
+            BLOCK_G=_block_g(groups), RAGGED=RAGGED_ROWS, EPILOGUE=_value(epilogue), ACT=act,
+            HAS_PROBS=probs is not None, num_warps=4, maxnreg=168)
 
 
 def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, dgrad: bool = False,
                                    stages: int = 4, group_m: int = 8, tile: tuple[int, int] = (128, 128),
-                                   out: torch.Tensor | None = None, num_programs: int | None = None,
-                                   gather_rows: torch.Tensor | None = None, cp_warps: int = 0) -> torch.Tensor:
+                                   out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
     """Forward (y [M, N] = x_g @ w[g]^T, a = x [M, K]) or, with ``dgrad``, data gradient (dx [M, K] = dy_g @ w[g],
     a = dy [M, N]) per group; w [G, N, K]; offs [G] int32; rows past offs[-1] are zeros. bf16 contiguous tensors on
     a Hopper GPU, N and K multiples of 8 (16-byte TMA rows). ``tile``: each consumer's output tile, (128, 128) or
-    (64, 256). ``group_m``: row tiles per band. ``gather_rows`` [M] int32: A's row r is a[gather_rows[r]] (a [T, *],
-    indices in [0, T)), gathered inside the kernel (row_gather.py). Called by grouped_gemm_fwd / _dgrad for the
-    "pingpong" configs."""
-    _check("grouped_gemm_rowgroup_pingpong", a, w, offs, dgrad, tile, gather_rows)
+    (64, 256). ``group_m``: row tiles per band. Called by grouped_gemm_fwd / _dgrad for the "pingpong" configs."""
+    _check("grouped_gemm_rowgroup_pingpong", a, w, offs, dgrad, tile)
     a, w = a.contiguous(), w.contiguous()
     offs = offs.to(torch.int32).contiguous()
-    M = a.shape[0] if gather_rows is None else gather_rows.shape[0]
-    width = w.shape[2] if dgrad else w.shape[1]
+    M, width = a.shape[0], w.shape[2] if dgrad else w.shape[1]
     if out is None:
         out = torch.empty(M, width, dtype=a.dtype, device=a.device)
     elif tuple(out.shape) != (M, width) or out.dtype != a.dtype or not out.is_contiguous() or out.device != a.device:
@@ -408,13 +348,10 @@ def grouped_gemm_rowgroup_pingpong(a: torch.Tensor, w: torch.Tensor, offs: torch
     if w.shape[0] == 0:
         return out.zero_()
     a_desc, w_desc = _descs(a, w, tile, dgrad)
-    if gather_rows is not None:
-        a_desc = row_desc(a, tile[0])
     out_desc = ragged_desc(out, list(tile))
     _launch(a, offs, w.shape[0], width, a_desc, w_desc, out_desc, dgrad=dgrad, stages=stages, group_m=group_m,
-            num_programs=num_programs, gather_rows=gather_rows, cp_warps=cp_warps)
+            num_programs=num_programs)
     return out
-
 
 
 def grouped_gemm_dgrad_swiglu_pingpong(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, h: torch.Tensor,
@@ -453,24 +390,20 @@ def grouped_gemm_dgrad_swiglu_pingpong(dy: torch.Tensor, w: torch.Tensor, offs: 
 
 def grouped_gemm_fc1_swiglu_pingpong(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
                                      probs: torch.Tensor | None = None, activation: str = "swiglu", *,
-                                     stages: int = 5, group_m: int = 8, num_programs: int | None = None,
-                                     gather_rows: torch.Tensor | None = None, tile: tuple[int, int] = (128, 128),
-                                     cp_warps: int = 0):
+                                     stages: int = 5, group_m: int = 8, num_programs: int | None = None):
     """FC1's forward with SwiGLU in its epilogue: h = x_g @ w[g]^T per group (x [M, H], w [G, 2I, H], gate rows then
     up rows) and a = act(h[:, :I], h[:, I:]) * probs[:, None] from h rounded to bf16, as moe_rows.swiglu_fwd computes
-    it. Returns (h [M, 2I], a [M, I]), bf16; rows past offs[-1] are zeros in both. Each tile (``tile``, a consumer's
-    accumulator: (128, 128), or (64, 256) with stages <= 4): its rows by half its columns of a, from the gate and up
-    rows of w at those columns; I a multiple of 8.
-    ``gather_rows`` [M] int32: the rows are x[gather_rows] (x [T, H]: the layer's tokens), gathered in the kernel."""
+    it. Returns (h [M, 2I], a [M, I]), bf16; rows past offs[-1] are zeros in both. Each tile: 128 rows by 64 columns
+    of a, from the gate and up rows of w at those columns (one 128-column accumulator); I a multiple of 8."""
     name = "grouped_gemm_fc1_swiglu_pingpong"
-    _check(name, x, w, offs, False, tile, gather_rows)
-    M, inter = x.shape[0] if gather_rows is None else gather_rows.shape[0], w.shape[1] // 2
+    tile = (128, 128)
+    _check(name, x, w, offs, False, tile)
+    M, inter = x.shape[0], w.shape[1] // 2
     if w.shape[1] % 16:
         raise ValueError(f"{name}: w {tuple(w.shape)} must be [G, 2I, H] with I a multiple of 8 (TMA-aligned halves)")
     _check_probs_activation(name, probs, M, activation)
-    if stages > (5 if tuple(tile) == (128, 128) else 4):
-        raise ValueError(f"{name}: stages={stages}: at most 5 (128x128 tiles) or 4 (64x256) fit beside the "
-                         "epilogue's buffers")
+    if stages > 5:
+        raise ValueError(f"{name}: stages={stages}: at most 5 fit beside the epilogue's buffers")
     x, w = x.contiguous(), w.contiguous()
     offs = offs.to(torch.int32).contiguous()
     h = torch.empty(M, 2 * inter, dtype=x.dtype, device=x.device)
@@ -480,16 +413,13 @@ def grouped_gemm_fc1_swiglu_pingpong(x: torch.Tensor, w: torch.Tensor, offs: tor
     if w.shape[0] == 0:
         return h.zero_(), a.zero_()
     half = tile[1] // 2
-    if gather_rows is None:
-        x_desc = descriptor(x, list(x.shape), [x.stride(0), 1], [tile[0], BLOCK_K])
-    else:
-        x_desc = row_desc(x, tile[0])
+    x_desc = descriptor(x, list(x.shape), [x.stride(0), 1], [tile[0], BLOCK_K])
     w_desc = descriptor(w, [w.shape[0] * w.shape[1], w.shape[2]], [w.shape[2], 1], [half, BLOCK_K])
     a_desc = ragged_desc(a, [tile[0], half])
     _launch(x, offs, w.shape[0], inter, x_desc, w_desc, a_desc, dgrad=False, stages=stages, group_m=group_m,
             num_programs=num_programs, h_descs=_ragged_halves(h, [tile[0], half]),
             probs=probs.contiguous() if probs is not None else None, epilogue=SWIGLU_FWD,
-            act=ACTIVATIONS[activation], gather_rows=gather_rows, cp_warps=cp_warps)
+            act=ACTIVATIONS[activation])
     return h, a
 
 
@@ -501,8 +431,7 @@ def _check_probs_activation(name: str, probs: torch.Tensor | None, rows: int, ac
 
 
 def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool = False, epilogue: int = PLAIN,
-                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8, gather: bool = False,
-                cp_warps: int = 0):
+                act: int = 0, has_probs: bool = True, capability: int = 90, group_m: int = 8):
     """Compile the kernel for sm_``capability`` without a GPU (the CPU tests' resource checks); returns the
     triton CompiledKernel. ``epilogue``: PLAIN, SWIGLU_BWD (a data gradient) or SWIGLU_FWD (a forward, 128x128)."""
     from triton.backends.compiler import GPUTarget
@@ -515,24 +444,18 @@ def aot_compile(stages: int = 4, tile: tuple[int, int] = (128, 128), dgrad: bool
         w_block = [tn // 2, BLOCK_K]
     else:
         w_block = [1, BLOCK_K, tn] if dgrad else [1, tn, BLOCK_K]
-    a_type = aot_type([bm, BLOCK_K])
-    if gather:  # a row's block in the stage's layout (row_gather.row_desc)
-        a_type = f"tensordesc<bf16[1, {BLOCK_K}],{shared_layout([bm, BLOCK_K])!r}>"
-    sig = {"a_desc": a_type, "w_desc": aot_type(w_block),
+    sig = {"a_desc": aot_type([bm, BLOCK_K]), "w_desc": aot_type(w_block),
            "out_desc": out, "h_desc": out, "h_up_desc": out, "h_ptr": "*bf16", "dh_ptr": "*bf16", "probs_ptr": "*fp32",
-           "parts_ptr": "*fp32", "offs_ptr": "*i32", "rows_ptr": "*i32", "src_ptr": "*bf16", "stride_src": "i32", "M": "i32",
+           "parts_ptr": "*fp32", "offs_ptr": "*i32", "M": "i32",
            "OUT": "i32", "RED": "i32", "G": "i32", "NUM_PROGS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr",
            "DGRAD": "constexpr", "BLOCK_G": "constexpr", "RAGGED": "constexpr", "EPILOGUE": "constexpr",
-           "ACT": "constexpr", "HAS_PROBS": "constexpr", "LOADERS": "constexpr", "CP_WARPS": "constexpr",
-           "num_warps": "constexpr"}
+           "ACT": "constexpr", "HAS_PROBS": "constexpr", "num_warps": "constexpr"}
     names = list(sig)
     src = GluonASTSource(_rowgroup_pingpong_kernel, sig,
                          constexprs={"STAGES": stages, "GROUP_M": group_m, "DGRAD": dgrad, "BLOCK_G": 256,
                                      "RAGGED": RAGGED_ROWS, "EPILOGUE": _value(epilogue), "ACT": act,
-                                     "HAS_PROBS": has_probs, "LOADERS": GATHER_LOADERS if gather else 1,
-                                     "CP_WARPS": cp_warps,
+                                     "HAS_PROBS": has_probs,
                                      "num_warps": 4},
                          attrs={(names.index(n),): [["tt.divisibility", 16]]
-                                for n in ("h_ptr", "dh_ptr", "probs_ptr", "parts_ptr", "offs_ptr", "rows_ptr", "src_ptr",
-                                          "stride_src", "OUT", "RED")})
+                                for n in ("h_ptr", "dh_ptr", "probs_ptr", "parts_ptr", "offs_ptr", "OUT", "RED")})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4, "maxnreg": 168})

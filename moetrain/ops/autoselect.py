@@ -15,7 +15,7 @@ round-robin balanced routing) and slower on a trained router's.
     op kind   "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad" (one GEMM each; the MoE
               expert path's "auto" picks each of its GEMMs this way), "moe_fc1_fwd" (the fused path's
               FC1 forward: "gather" or "copy", see GPU_VALIDATED), "moe_fc1_wgrad" (its weight gradient),
-              "moe_fc1_swiglu" (FC1 and SwiGLU: "separate", "fused" or "fused_gather")
+              "moe_fc1_swiglu" (FC1 and SwiGLU: "separate" or "fused")
     N, K      the layer's forward output and reduction sizes, w [G, N, K]
     bucket    next power of two of M / G (rows per group); M = routed rows
 Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), see
@@ -55,17 +55,15 @@ GPU_VALIDATED = {
     # reading x through the index ("gather"; its GPU tests passed on an H200).
     "moe_fc1_wgrad": ("copy", "gather"),
     # FC1 and SwiGLU (moe_fused.fc1_swiglu): the two kernels, or the ping-pong FC1 with SwiGLU in its epilogue
-    # (Hopper only; its GPU tests passed on an H200 in session 13) over a permuted copy of x or over rows it gathers
-    # ("fused_gather", session 25).
-    "moe_fc1_swiglu": ("separate", "fused", "fused_gather"),
+    # (Hopper only; its GPU tests passed on an H200 in session 13).
+    "moe_fc1_swiglu": ("separate", "fused"),
 }
 # What runs when every candidate of a kind failed to run (kinds not listed: the loop reference).
 FALLBACK = {"moe_fc1_fwd": "gather", "moe_fc1_wgrad": "copy", "moe_fc1_swiglu": "separate"}
 
 CACHE_FILE = "grouped_gemm_backends.json"
-VERSION = 5  # 2: grouped GEMMs timed on the caller's and a skewed routing; 3: the fused path's on relabeled tokens too;
-# 4: candidates timed queued (time_backend); 5: FC1 with SwiGLU gathering its rows joined, and the ping-pong forward
-# gathers rows for moe_fc1_fwd's "gather"
+VERSION = 4  # 2: grouped GEMMs timed on the caller's and a skewed routing; 3: the fused path's on relabeled tokens too;
+# 4: candidates timed queued (time_backend)
 
 _memory: dict | None = None  # key -> {"backend": str, "ms": {backend: ms}}; loaded lazily
 # The answers ``choose`` gave, by its arguments (no key string built): about 20 us of host time per lookup on the

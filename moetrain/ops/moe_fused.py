@@ -142,28 +142,25 @@ def fused_fc1_swiglu_applies(x: torch.Tensor, w1: torch.Tensor) -> bool:
             and E < 1023)
 
 
-def _fused_forward(variant: str, x, w1, offs, token_of_row, inverse, probs, activation: str):
-    """(h [M, 2I], a [M, I]) by one kernel over the rows x[token_of_row]: "fused" writes them first (x_perm, by
-    moe_rows.token_rows, freed on return), "fused_gather" has the kernel gather them by TMA row copies
-    (kernels/row_gather.py)."""
+def _fused_forward(x, w1, offs, inverse, probs, activation: str):
+    """(h [M, 2I], a [M, I]) by one kernel from x_perm = x[token_of_row], written here (moe_rows.token_rows) and
+    freed on return."""
     from moetrain.kernels.rowgroup_pingpong import grouped_gemm_fc1_swiglu_pingpong
 
-    if variant == "fused_gather":
-        return grouped_gemm_fc1_swiglu_pingpong(x, w1, offs, probs, activation, gather_rows=token_of_row)
     return grouped_gemm_fc1_swiglu_pingpong(moe_rows.row_kernels().token_rows(x, inverse), w1, offs, probs,
                                             activation)
 
 
 class FusedFC1(torch.autograd.Function):
     """(h, a) = FC1 of the token rows and a = act(h) * probs[:, None], by one kernel (SwiGLU in FC1's epilogue, over a
-    transient x_perm or rows gathered in the kernel: ``_fused_forward``'s variants). Differentiable in h only, with GatherFC1's backward: a's gradient reaches h through
+    transient x_perm). Differentiable in h only, with GatherFC1's backward: a's gradient reaches h through
     ``_SwiGLUOfFusedFC1``, SwiGLU's own node, so that h is freed after SwiGLU's backward as on the separate path
     (held by this node instead, it stayed alive through FC1's backward: +1.9 GB peak at Mixtral, session 13)."""
 
     @staticmethod
-    def forward(ctx, x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation, variant):
+    def forward(ctx, x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation):
         offs = offs.to(torch.int32)
-        h, a = _fused_forward(variant, x, w1, offs, token_of_row, inverse, probs, activation)
+        h, a = _fused_forward(x, w1, offs, inverse, probs, activation)
         _keep_for_fc1_backward(ctx, x, w1, offs, inverse, token_of_row, topk, gemm)
         ctx.mark_non_differentiable(a)
         # a's gradient is never used: materialized, it was a zero-filled [M, I] per backward (0.06-0.28 ms from
@@ -174,7 +171,7 @@ class FusedFC1(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dh, _da):  # (called only when h got a gradient: dh is never None here)
-        return _fc1_backward(ctx, dh) + (None,) * 8
+        return _fc1_backward(ctx, dh) + (None,) * 7
 
 
 class _SwiGLUOfFusedFC1(torch.autograd.Function):
@@ -199,24 +196,23 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_r
                gemm: str = "triton") -> torch.Tensor:
     """a [M, I] = act(h[:, :I], h[:, I:]) * probs[:, None] with h = FC1 of the token rows (``fc1_gathered``'s
     operands; probs [M] fp32 or None). With gemm "auto" where the fused kernel applies, "separate" (fc1_gathered,
-    then the SwiGLU kernel), "fused" and "fused_gather" (``FusedFC1`` over a copy of the rows or gathering them) are
-    measured once per shape (autoselect kind "moe_fc1_swiglu", forward only: every backward runs the same kernels);
-    otherwise "separate"."""
+    then the SwiGLU kernel) and "fused" (``FusedFC1``) are measured once per shape (autoselect kind
+    "moe_fc1_swiglu", forward only: both backwards run the same kernels); otherwise "separate"."""
     variant = "separate"
     if gemm == "auto" and fused_fc1_swiglu_applies(x, w1):
         G, N, K = w1.shape
 
         def run(name, rows, inv):
             with torch.no_grad():
-                if name != "separate":
-                    return _fused_forward(name, x, w1, offs.to(torch.int32), rows, inv, probs, activation)
+                if name == "fused":
+                    return _fused_forward(x, w1, offs.to(torch.int32), inv, probs, activation)
                 return moe_rows.swiglu(fc1_gathered(x, w1, offs, rows, inv, topk, gemm), activation, "triton",
                                        probs=probs)
 
         variant = autoselect.choose("moe_fc1_swiglu", x, N, K, token_of_row.shape[0], G,
                                     _on_both_token_orders(token_of_row, inverse, topk, run))
-    if variant != "separate":
-        h, a = FusedFC1.apply(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation, variant)
+    if variant == "fused":
+        h, a = FusedFC1.apply(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation)
         return _SwiGLUOfFusedFC1.apply(h, probs, a, activation)
     return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation, "triton",
                            probs=probs)

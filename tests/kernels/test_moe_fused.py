@@ -267,34 +267,30 @@ def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch
     assert len(dgrad_rows) == 1 and alive_at_wgrad == [False]
 
 
-def _fc1_swiglu_in_torch(variant, x, w1, offs, token_of_row, inverse, probs, activation):
-    """The fused kernel's contract (h, a) in plain torch, for the CPU tests of FusedFC1 and its SwiGLU node; the rows
-    from token_of_row ("fused_gather") or from inverse ("fused", whose copy is written through it)."""
+def _fc1_swiglu_in_torch(x, w1, offs, inverse, probs, activation):
+    """The fused kernel's contract (h, a) in plain torch, for the CPU tests of FusedFC1 and its SwiGLU node."""
     from moetrain.ops.moe_rows import swiglu_torch
 
-    if variant == "fused":
-        token_of_row = torch.empty_like(inverse)
-        token_of_row[inverse] = torch.arange(inverse.numel(), device=inverse.device) // (inverse.numel() // x.shape[0])
+    token_of_row = torch.empty_like(inverse)
+    token_of_row[inverse] = torch.arange(inverse.numel(), device=inverse.device) // (inverse.numel() // x.shape[0])
 
-    h = ops.grouped_gemm(x.index_select(0, token_of_row.long()), w1, offs, "loop")
+    h = ops.grouped_gemm(x.index_select(0, token_of_row), w1, offs, "loop")
     a = swiglu_torch(h, activation)
     return h, a if probs is None else (a * probs[:, None]).to(a.dtype)
 
 
-@pytest.mark.parametrize("activation, variant", [("swiglu", "fused"), ("swiglu_clamped", "fused"),
-                                                 ("swiglu", "fused_gather")])
-def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, activation, variant):
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
+def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, activation):
     # FC1 + SwiGLU fused (moe_fused.FusedFC1 and its SwiGLU node): the kernel needs a Hopper GPU, so here a torch
     # stand-in of the same contract runs; its backward (SwiGLU's backward kernel, FC1's data gradient + combine,
     # weight gradient) and the routing weights' gradient through probs are the real ones.
     fake_gpu_auto(monkeypatch, tmp_path, {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
                                           "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("gather",),
-                                          "moe_fc1_wgrad": ("copy",), "moe_fc1_swiglu": (variant,)})
+                                          "moe_fc1_wgrad": ("copy",), "moe_fc1_swiglu": ("fused",)})
     monkeypatch.setattr(moe_fused, "fused_fc1_swiglu_applies", lambda x, w1: True)
     h_refs, h_alive_in_fc1_backward = [], []
 
     def forward(*args):
-        assert args[0] == variant
         h, a = _fc1_swiglu_in_torch(*args)
         h_refs.append(weakref.ref(h))
         return h, a
@@ -329,8 +325,8 @@ def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, acti
     # Autograd keeps what the separate path keeps, no more.
     x, idx, weight, w1, w2 = (t.float().requires_grad_() if t.is_floating_point() else t for t in inputs[:5])
     shapes = {}
-    for each in (variant, "separate"):
-        monkeypatch.setitem(autoselect.GPU_VALIDATED, "moe_fc1_swiglu", (each,))
-        shapes[each] = sorted(tuple(t.shape) for t in _saved("auto", x, idx, weight, w1, w2))
-    assert shapes[variant] == shapes["separate"]
+    for variant in ("fused", "separate"):
+        monkeypatch.setitem(autoselect.GPU_VALIDATED, "moe_fc1_swiglu", (variant,))
+        shapes[variant] = sorted(tuple(t.shape) for t in _saved("auto", x, idx, weight, w1, w2))
+    assert shapes["fused"] == shapes["separate"]
     autoselect.reset()

@@ -62,20 +62,18 @@ def test_bf16_matches_fp64_reference(backend, T, H, I, E, K):
     check_against_fp64(backend, T, H, I, E, K)
 
 
-def fused_fc1_swiglu_only(monkeypatch, variant="fused"):
-    """auto with FC1 + SwiGLU forced to the fused ping-pong kernel, over a copy of the rows or gathering them (skips
-    unless it applies: Hopper)."""
+def fused_fc1_swiglu_only(monkeypatch):
+    """auto with FC1 + SwiGLU forced to the fused ping-pong kernel (skips unless it applies: Hopper)."""
     from moetrain.kernels.grouped_gemm import pingpong_applies
 
     if not pingpong_applies(torch.empty(1, device="cuda", dtype=torch.bfloat16)):
         pytest.skip("the fused FC1 + SwiGLU kernel needs a Hopper GPU")
-    monkeypatch.setitem(autoselect.GPU_VALIDATED, "moe_fc1_swiglu", (variant,))
+    monkeypatch.setitem(autoselect.GPU_VALIDATED, "moe_fc1_swiglu", ("fused",))
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused_gather"])
 @pytest.mark.parametrize("T,H,I,E,K", [(1000, 256, 128, 16, 4), (333, 128, 64, 1, 1), (517, 128, 96, 64, 8)])
-def test_fused_fc1_swiglu_layer_matches_fp64_reference(monkeypatch, variant, T, H, I, E, K):
-    fused_fc1_swiglu_only(monkeypatch, variant)
+def test_fused_fc1_swiglu_layer_matches_fp64_reference(monkeypatch, T, H, I, E, K):
+    fused_fc1_swiglu_only(monkeypatch)
     check_against_fp64("auto", T, H, I, E, K)
 
 
@@ -113,7 +111,7 @@ def test_auto_measures_each_gemm_once_and_caches_on_disk(tmp_path, monkeypatch):
     for key, entry in entries.items():
         names = {"torch", "triton"}
         if key.startswith("moe_fc1_"):
-            names = {"separate", "fused", "fused_gather"} if key.startswith("moe_fc1_swiglu") else {"gather", "copy"}
+            names = {"separate", "fused"} if key.startswith("moe_fc1_swiglu") else {"gather", "copy"}
         assert entry["backend"] in names and set(entry["ms"]) == names
 
     def no_timing(*a):
@@ -129,9 +127,8 @@ def test_cuda_graph_captures_layer_forward_backward_and_replays_new_routing(back
     check_graph_replays(backend)
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused_gather"])
-def test_cuda_graph_replays_the_layer_with_fused_fc1_swiglu(monkeypatch, variant):
-    fused_fc1_swiglu_only(monkeypatch, variant)
+def test_cuda_graph_replays_the_layer_with_fused_fc1_swiglu(monkeypatch):
+    fused_fc1_swiglu_only(monkeypatch)
     check_graph_replays("auto")
 
 
