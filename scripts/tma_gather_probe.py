@@ -1,19 +1,21 @@
-"""Can one producer warp feed a Hopper GEMM's A operand by TMA, one row per copy? (the gathered-rows question)
+"""Can producer warps feed a Hopper GEMM's A operand by TMA, one row per copy? (the gathered-rows question)
 
 Qwen3's layer spends ~0.5 ms per call writing permuted copies of token rows (x for FC1's forward and again for its
 weight gradient, dout for FC2's backward: `_combine_bwd_kernel`, bench/NOTES.md session 24 F), because the TMA loads
 of our GEMMs read A as one [BM, BK] box of consecutive rows. Hopper's TMA has no row gather (Blackwell's gather4
 does), but a box can be one row: [1, BK], 128 bytes, written at its row of a 128-byte-swizzled [BM, BK] stage
 (the swizzle follows the shared address, so single rows land where a whole box would put them). Per stage that is
-BM copies instead of one, each after a load of the row's index. Whether a single issuing thread keeps up decides
-whether a gathered ping-pong GEMM is worth building.
+BM copies instead of one, each after a load of the row's index.
 
-The probe: persistent programs, one per SM; a producer warp fills a ring of STAGES [BM, BK] bf16 stages from x [T, K]
-either as whole boxes of consecutive rows ("block") or row by row through an index ("rows", random token rows, as a
-trained router's order); a consumer warpgroup waits for each stage and either just releases it ("load") or also runs
-a [BM, BK] x [BK, 128] wgmma on it first ("mma": one ping-pong consumer's tile). Reported: us per stage per SM,
-and A's bytes per second. A GEMM consumer's MMA takes ~0.28 us per 128x128x64 stage at the H200's ~4,000 FLOP per
-clock per SM; a row-fed producer slower than that starves the tensor cores.
+The probe: persistent programs, one per SM; loader warps fill a ring of STAGES [BM, BK] bf16 stages from x [T, K]
+either as whole boxes of consecutive rows (one warp) or row by row through an index (random token rows, as a trained
+router's order): from 1, 2 or 4 warps (each its share of a stage's rows, each arriving on the stage's barrier with its
+bytes), each loading its rows' indices right before each copy or eight at a time before eight copies (ROW_WAYS). A
+consumer warpgroup waits for each stage and either just releases it ("load") or also runs a [BM, BK] x [BK, 128]
+wgmma on it first ("mma": one ping-pong consumer's tile). Reported: us per stage per SM, and A's bytes per second. A
+GEMM consumer's MMA takes ~0.28 us per 128x128x64 stage at the H200's ~4,000 FLOP per clock per SM; a row-fed producer
+slower than that starves the tensor cores. Session 25 A: four warps loading indices eight at a time match the whole
+box here (HBM-bound); inside a GEMM the same copies still lost (bench/NOTES.md session 25).
 
     python scripts/tma_gather_probe.py [--rows 131072] [--tokens 16384] [--k 2048] [--stages 4] [--reps 7]
 
