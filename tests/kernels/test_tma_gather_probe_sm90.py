@@ -1,6 +1,7 @@
-"""Compile scripts/tma_gather_probe.py's kernel (Gluon) for Hopper without a GPU: the row-by-row variant issues one
-TMA copy per row of each [128, 64] stage, each 128 bytes after the last in shared memory (where a whole box puts that
-row before the swizzle), the whole-box variant one; neither spills. The probe checks on a GPU that the rows land
+"""Compile scripts/tma_gather_probe.py's kernel (Gluon) for Hopper without a GPU: the row-by-row ways (one, two or
+four loader warps, each row's index loaded before its copy or eight at a time) issue one TMA copy per row of each
+[128, 64] stage, from one warp each 128 bytes after the last in shared memory (where a whole box puts that row before
+the swizzle), the whole-box way one; none spills. The probe checks on a GPU that the rows land
 where the MMA reads them. Runs in a subprocess (compiled kernels are unavailable in a process that set
 TRITON_INTERPRET)."""
 
@@ -27,8 +28,8 @@ for way in [probe.BOX] + probe.ROW_WAYS:
         ck = probe.aot_compile(way, mma)
         ptx = ck.asm["ptx"]
         dests = [int(d) for d in re.findall(r"add\.s32\s+%r\d+, %r\d+, (\d+);\s*\n\s*elect\.sync", ptx)]
-        rows.append(dict(gather=gather, loaders=loaders, batch=batch, mma=mma, copies=ptx.count("cp.async.bulk.tensor"), dests=dests,
-                         **compiled_facts(ck)))
+        rows.append(dict(gather=gather, loaders=loaders, batch=batch, mma=mma, dests=dests,
+                         copies=ptx.count("cp.async.bulk.tensor"), **compiled_facts(ck)))
 print(json.dumps(rows))
 """
 
