@@ -181,5 +181,6 @@ def _report(shape: str, tokens: int, mode: str, fn, args, timers: Timers, a) -> 
         print(f"{name:58s} {n:10.1f} {per_call:9.1f} {per_call / n:8.1f}")
     timers.reset()
 
+
 if __name__ == "__main__":
     main()

@@ -122,5 +122,6 @@ def first_and_hot(waits: dict, probes: dict, rounds: int):
             torch.cuda.synchronize()
         yield wname, {n: (statistics.median(times[(n, 0)]), statistics.median(times[(n, 2)])) for n in probes}
 
+
 if __name__ == "__main__":
     main()

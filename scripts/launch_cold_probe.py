@@ -82,5 +82,6 @@ def main() -> None:
     for wname, row in first_and_hot(waits, probes, a.rounds):
         print(f"{wname:10s} " + " ".join(f"{first:6.1f} / {hot:5.1f}" for first, hot in row.values()), flush=True)
 
+
 if __name__ == "__main__":
     main()
