@@ -21,6 +21,8 @@ with g' = min(g, 7), u' = clamp(u, -7, 7).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -116,10 +118,11 @@ def _activation_bwd(g, u, da, ACT: tl.constexpr):
 
 
 @triton.jit
-def _swiglu_tile(h_ptr, M, I, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    """Offsets into [M, I] and the gate/up values (fp32) of this program's [BLOCK_R, BLOCK_I] tile."""
+def _swiglu_tile(h_ptr, M, I, col_block, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    """Offsets into [M, I] and the gate/up values (fp32) of this program's [BLOCK_R, BLOCK_I] tile at column block
+    ``col_block`` (a block past I is all masked)."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    cols = col_block * BLOCK_I + tl.arange(0, BLOCK_I)
     mask = (rows[:, None] < M) & (cols[None, :] < I)
     gate_at = rows[:, None] * 2 * I + cols[None, :]
     g = tl.load(h_ptr + gate_at, mask=mask, other=0.0).to(tl.float32)
@@ -136,29 +139,34 @@ def _row_probs(probs_ptr, M, BLOCK_R: tl.constexpr):
 
 @triton.jit
 def _swiglu_fwd_kernel(h_ptr, probs_ptr, a_ptr, M, I, ACT: tl.constexpr, HAS_PROBS: tl.constexpr,
-                       BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    at, _, mask, g, u = _swiglu_tile(h_ptr, M, I, BLOCK_R, BLOCK_I)
-    a = _activation(g, u, ACT)
-    if HAS_PROBS:
-        a = a * _row_probs(probs_ptr, M, BLOCK_R)
-    tl.store(a_ptr + at, a.to(a_ptr.dtype.element_ty), mask=mask)
+                       BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, COL_STEPS: tl.constexpr):
+    for step in range(COL_STEPS):
+        at, _, mask, g, u = _swiglu_tile(h_ptr, M, I, tl.program_id(1) * COL_STEPS + step, BLOCK_R, BLOCK_I)
+        a = _activation(g, u, ACT)
+        if HAS_PROBS:
+            a = a * _row_probs(probs_ptr, M, BLOCK_R)
+        tl.store(a_ptr + at, a.to(a_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _swiglu_bwd_kernel(h_ptr, probs_ptr, da_ptr, dh_ptr, dprobs_part_ptr, M, I, ACT: tl.constexpr,
-                       HAS_PROBS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    at, gate_at, mask, g, u = _swiglu_tile(h_ptr, M, I, BLOCK_R, BLOCK_I)
-    da = tl.load(da_ptr + at, mask=mask, other=0.0).to(tl.float32)
+                       HAS_PROBS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
+                       COL_STEPS: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    part = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for step in range(COL_STEPS):
+        at, gate_at, mask, g, u = _swiglu_tile(h_ptr, M, I, tl.program_id(1) * COL_STEPS + step, BLOCK_R, BLOCK_I)
+        da = tl.load(da_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        if HAS_PROBS:
+            # d probs[r] = sum_i da[r, i] * act[r, i]: this program's columns' share (one partial per row and
+            # program column; the launcher sums them when there are several: deterministic, no atomics)
+            part += tl.sum(tl.where(mask, da * _activation(g, u, ACT), 0.0), axis=1)
+            da = da * _row_probs(probs_ptr, M, BLOCK_R)
+        dg, du = _activation_bwd(g, u, da, ACT)
+        tl.store(dh_ptr + gate_at, dg.to(dh_ptr.dtype.element_ty), mask=mask)
+        tl.store(dh_ptr + gate_at + I, du.to(dh_ptr.dtype.element_ty), mask=mask)
     if HAS_PROBS:
-        # d probs[r] = sum_i da[r, i] * act[r, i]: this program's column block's share, summed on the host
-        # side of the launch (one partial per row and column block: deterministic, no atomics)
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        part = tl.sum(tl.where(mask, da * _activation(g, u, ACT), 0.0), axis=1)
         tl.store(dprobs_part_ptr + rows.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), part, mask=rows < M)
-        da = da * _row_probs(probs_ptr, M, BLOCK_R)
-    dg, du = _activation_bwd(g, u, da, ACT)
-    tl.store(dh_ptr + gate_at, dg.to(dh_ptr.dtype.element_ty), mask=mask)
-    tl.store(dh_ptr + gate_at + I, du.to(dh_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,8 +176,43 @@ def _swiglu_bwd_kernel(h_ptr, probs_ptr, da_ptr, dh_ptr, dprobs_part_ptr, M, I, 
 _BLOCK = 1024
 
 
+@dataclass(frozen=True)
+class RowTile:
+    """A row kernel's program: ``rows`` rows (1 for the combines: a program per token) by ``cols`` columns at a time,
+    ``steps`` column blocks walked per program (SwiGLU: steps covering all of I leave one program per row block, and
+    the backward's d probs needs no second pass), ``warps`` warps. Powers of two, except steps."""
+    rows: int
+    cols: int
+    warps: int = 4
+    steps: int = 1
+
+    def __post_init__(self):
+        for name in ("rows", "cols", "warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"RowTile.{name}={value} must be a power of two")
+        if self.steps < 1:
+            raise ValueError(f"RowTile.steps={self.steps} must be >= 1")
+
+
 def _block(n: int) -> int:
     return min(_BLOCK, next_pow2(max(n, 16)))
+
+
+def combine_tile(hidden: int) -> RowTile:
+    """The combines' program: one token, all of H in one program up to 4096 columns, 8 warps from 4096 columns.
+    scripts/row_kernel_sweep.py on the H200 (bench/NOTES.md session 26): GPT-OSS's H = 2880 in one 4096-wide
+    program, 1.03-1.04x the earlier 1024-wide ones (three per token, the last mostly masked); Mixtral 1.01-1.02x;
+    Qwen3 1.00-1.03x."""
+    cols = min(4096, next_pow2(max(hidden, 16)))
+    return RowTile(1, cols, 8 if cols >= 4096 else 4)
+
+
+def _token_tile(tile: RowTile | None, hidden: int) -> RowTile:
+    tile = tile or combine_tile(hidden)
+    if tile.rows != 1 or tile.steps != 1:
+        raise ValueError(f"combine: {tile} must have rows=1 and steps=1 (a program per token and column block)")
+    return tile
 
 
 def _check_combine(inverse: torch.Tensor, weight: torch.Tensor | None, tokens: int, like: torch.Tensor) -> int:
@@ -183,9 +226,10 @@ def _check_combine(inverse: torch.Tensor, weight: torch.Tensor | None, tokens: i
     return topk
 
 
-def combine(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None, topk: int) -> torch.Tensor:
+def combine(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None, topk: int,
+            tile: RowTile | None = None) -> torch.Tensor:
     """out [T, H] = sum_k weight[t, k] * y[inverse[t*K + k]] (weight None: 1); y [M', H] with M' >= M =
-    T*K rows (rows no assignment reads are ignored) -> y's dtype."""
+    T*K rows (rows no assignment reads are ignored) -> y's dtype. tile: the program (``combine_tile`` by default)."""
     if y.dim() != 2 or topk < 1 or inverse.dim() != 1 or inverse.shape[0] % topk or y.shape[0] < inverse.shape[0]:
         raise ValueError(f"combine: y {tuple(y.shape)} must be [M', H] and inverse {tuple(inverse.shape)} [M], "
                          f"M a multiple of topk={topk} and M' >= M")
@@ -195,20 +239,20 @@ def combine(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None,
     _check_combine(inverse, weight, tokens, y)
     y, inverse = y.contiguous(), inverse.contiguous()
     H = y.shape[1]
+    tile = _token_tile(tile, H)
     out = torch.empty(tokens, H, dtype=y.dtype, device=y.device)
-    block = _block(H)
     with _on_device(y.device):
-        launch(_combine_kernel, (tokens, cdiv(H, block)),
+        launch(_combine_kernel, (tokens, cdiv(H, tile.cols)),
             y, inverse, weight if weight is not None else y, out, H, TOPK=topk,
-            HAS_WEIGHT=weight is not None, BLOCK_H=block, num_warps=4)
+            HAS_WEIGHT=weight is not None, BLOCK_H=tile.cols, num_warps=tile.warps)
     return out
 
 
 def combine_bwd(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tensor, weight: torch.Tensor | None,
-                rows: int | None = None):
+                rows: int | None = None, tile: RowTile | None = None):
     """Gradients of ``combine`` from dout [T, H]: (dy [rows, H] in dout's dtype, rows default M, rows past
     what the assignments read zero; dweight [T, K] fp32, or None when weight is None; y is read only with
-    a weight)."""
+    a weight). tile: the program (``combine_tile`` by default; with a weight a program walks all of H)."""
     tokens, H = dout.shape
     M = inverse.shape[0]
     rows = M if rows is None else rows
@@ -221,37 +265,40 @@ def combine_bwd(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch.Tenso
     topk = _check_combine(inverse, weight, tokens, dout)
     if weight is not None and (y is None or y.shape[1] != H or y.shape[0] < M):
         raise ValueError(f"combine_bwd: y must be [M', {H}] with M' >= {M} when weight is given")
+    tile = _token_tile(tile, H)
     dout, inverse = dout.contiguous(), inverse.contiguous()
     y = dout if y is None else y.contiguous()  # an unused pointer without a weight
     dy = alloc(rows, H, dtype=dout.dtype, device=dout.device)
     dweight = None if weight is None else torch.empty(tokens, topk, dtype=torch.float32, device=dout.device)
     with _on_device(dout.device):
-        block = _block(H)
-        grid = (tokens,) if weight is not None else (tokens, cdiv(H, block))
+        grid = (tokens,) if weight is not None else (tokens, cdiv(H, tile.cols))
         launch(_combine_bwd_kernel, grid,
             dout, y, inverse, weight if weight is not None else dout, dy, dweight if weight is not None else dout, H,
-            TOPK=topk, HAS_WEIGHT=weight is not None, BLOCK_H=block, num_warps=4)
+            TOPK=topk, HAS_WEIGHT=weight is not None, BLOCK_H=tile.cols, num_warps=tile.warps)
     return dy, dweight
 
 
-def token_rows(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+def token_rows(x: torch.Tensor, inverse: torch.Tensor, tile: RowTile | None = None) -> torch.Tensor:
     """x_perm [M, H] = x[token_of_row] (the token rows in expert order), written token by token: x [T, H], inverse
     [M] int64 (kernels.sort_rows') with M = T*K -> x_perm[inverse[t*K + k]] = x[t]. Each token's row is read from HBM
     once; a gather by row (x.index_select(0, token_of_row)) reads it K times whenever a token's K rows run far apart
     in time, as with random or skewed routing (Qwen3, skewed: 0.27 against 0.18 ms per gather, bench/NOTES.md
     session 17). combine's backward without weights is this very copy."""
-    return combine_bwd(x, None, inverse, None)[0]
+    return combine_bwd(x, None, inverse, None, tile=tile)[0]
 
 
-def _swiglu_tile_shape(inter: int) -> tuple[int, int]:
-    """(rows, columns) of a SwiGLU program's tile: ~4096 elements, so small I still fills programs. Columns: of 1024,
-    512 and 256 the width that leaves the fewest masked lanes past I (the widest on a tie): Qwen3's I = 768 takes
-    256, where 1024 left a quarter of every program's lanes idle."""
+def swiglu_tile(inter: int) -> RowTile:
+    """The SwiGLU kernels' program: [2048 / w, w] steps over all of I (one program per row block: the backward's
+    d probs in one pass) on 8 warps. Columns w: of 1024, 512 and 256 the width that leaves the fewest masked lanes
+    past I (the widest on a tie): Qwen3's I = 768 takes 256, where 1024 left a quarter of every program's lanes idle.
+    scripts/row_kernel_sweep.py on the H200 (bench/NOTES.md session 26), against one [4096 / w, w] step per program on
+    4 warps: the backward 1.06x at Qwen3 (8 x 256, 3 steps: 0.239 ms, 4.2 TB/s), 1.21x at GPT-OSS (2 x 1024, 3 steps);
+    the forward 1.05-1.07x."""
     if inter <= 256:
         block = _block(inter)
     else:
         block = min((1024, 512, 256), key=lambda width: (cdiv(inter, width) * width - inter, -width))
-    return max(1, 4096 // block), block
+    return RowTile(max(1, 2048 // block), block, 8, cdiv(inter, block))
 
 
 def _check_swiglu(h: torch.Tensor, activation: str) -> int:
@@ -269,9 +316,16 @@ def _check_probs(probs: torch.Tensor | None, rows: int, like: torch.Tensor) -> N
         _check_device(like, probs)
 
 
-def swiglu_fwd(h: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor | None = None) -> torch.Tensor:
+def _swiglu_grid(rows: int, inter: int, tile: RowTile) -> tuple[int, int]:
+    """(row blocks, programs per row block): the column blocks of I split into runs of tile.steps."""
+    return cdiv(rows, tile.rows), cdiv(cdiv(inter, tile.cols), tile.steps)
+
+
+def swiglu_fwd(h: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor | None = None,
+               tile: RowTile | None = None) -> torch.Tensor:
     """a [M, I] = act(h[:, :I], h[:, I:]) (* probs[:, None] when given) for h [M, 2I]; dtype of h.
-    probs [M] fp32: a per-row factor (e.g. the routing weight, applied before FC2 instead of after it)."""
+    probs [M] fp32: a per-row factor (e.g. the routing weight, applied before FC2 instead of after it).
+    tile: the program (``swiglu_tile`` by default)."""
     inter = _check_swiglu(h, activation)
     _check_device(h)
     _check_probs(probs, h.shape[0], h)
@@ -279,16 +333,20 @@ def swiglu_fwd(h: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor 
     a = torch.empty(h.shape[0], inter, dtype=h.dtype, device=h.device)
     if a.numel() == 0:
         return a
-    rows, block = _swiglu_tile_shape(inter)
+    tile = tile or swiglu_tile(inter)
     with _on_device(h.device):
-        launch(_swiglu_fwd_kernel, (cdiv(h.shape[0], rows), cdiv(inter, block)),
+        launch(_swiglu_fwd_kernel, _swiglu_grid(h.shape[0], inter, tile),
             h, probs if probs is not None else h, a, h.shape[0], inter, ACT=ACTIVATIONS[activation],
-            HAS_PROBS=probs is not None, BLOCK_R=rows, BLOCK_I=block, num_warps=4)
+            HAS_PROBS=probs is not None, BLOCK_R=tile.rows, BLOCK_I=tile.cols, COL_STEPS=tile.steps,
+            num_warps=tile.warps)
     return a
 
 
-def swiglu_bwd(h: torch.Tensor, da: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor | None = None):
-    """Gradients of ``swiglu_fwd`` from da [M, I]: (dh [M, 2I] in h's dtype, dprobs [M] fp32 or None)."""
+def swiglu_bwd(h: torch.Tensor, da: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor | None = None,
+               tile: RowTile | None = None):
+    """Gradients of ``swiglu_fwd`` from da [M, I]: (dh [M, 2I] in h's dtype, dprobs [M] fp32 or None).
+    tile: the program (``swiglu_tile`` by default); d probs is summed over a row's programs by a second (PyTorch)
+    pass only when the tile's steps leave more than one program per row block."""
     inter = _check_swiglu(h, activation)
     if da.shape != (h.shape[0], inter):
         raise ValueError(f"swiglu_bwd: da {tuple(da.shape)} must be [M, I] = [{h.shape[0]}, {inter}]")
@@ -298,11 +356,14 @@ def swiglu_bwd(h: torch.Tensor, da: torch.Tensor, activation: str = "swiglu", pr
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
     if dh.numel() == 0:
         return dh, None if probs is None else torch.zeros_like(probs)
-    rows, block = _swiglu_tile_shape(inter)
-    col_blocks = cdiv(inter, block)
-    parts = torch.empty(h.shape[0], col_blocks, dtype=torch.float32, device=h.device) if probs is not None else None
+    tile = tile or swiglu_tile(inter)
+    grid = _swiglu_grid(h.shape[0], inter, tile)
+    parts = torch.empty(h.shape[0], grid[1], dtype=torch.float32, device=h.device) if probs is not None else None
     with _on_device(h.device):
-        launch(_swiglu_bwd_kernel, (cdiv(h.shape[0], rows), col_blocks),
+        launch(_swiglu_bwd_kernel, grid,
             h, probs if probs is not None else h, da, dh, parts if parts is not None else dh, h.shape[0], inter,
-            ACT=ACTIVATIONS[activation], HAS_PROBS=probs is not None, BLOCK_R=rows, BLOCK_I=block, num_warps=4)
-    return dh, None if parts is None else parts.sum(dim=1)
+            ACT=ACTIVATIONS[activation], HAS_PROBS=probs is not None, BLOCK_R=tile.rows, BLOCK_I=tile.cols,
+            COL_STEPS=tile.steps, num_warps=tile.warps)
+    if parts is None:
+        return dh, None
+    return dh, parts.view(-1) if grid[1] == 1 else parts.sum(dim=1)

@@ -177,22 +177,44 @@ def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dpsum_ptr, dlogits_ptr, 
              mask=tok_ok[:, None] & valid[None, :])
 
 
-# Tokens per program: a [BLOCK_T, E] tile of ~4K scores (a few registers' worth per thread at 4 warps)
+# Tokens per program before session 26: a [BLOCK_T, E] tile of ~4K scores at 4 warps (still the rule where no
+# measurement below applies)
 ROUTE_TILE = 4096
+# (tokens per program, warps) by E rounded to a power of two, (forward, backward): the fastest programs that
+# scripts/row_kernel_sweep.py timed on the H200 at Qwen3's 128 experts and DeepSeek-V3's 256 without expert groups
+# (bench/NOTES.md session 26; forward 50.8 -> 33.6 us and 58.7 -> 38.2 us, backward 11.9 -> 9.4 and 14.3 -> 9.8 us).
+# Fewer scores per program than the old tile, on fewer warps: the K rounds of row reductions are the kernel's
+# latency. The group-limited forward keeps the old tile: its [tokens, groups, group size] tile with 2 tokens per
+# program picked experts past E on the H200 (Triton 3.6, session 26), so it takes no fewer than MIN_GROUPED_TOKENS.
+MEASURED_PROGRAMS = {128: ((8, 2), (2, 2)), 256: ((2, 2), (2, 2))}
+MIN_GROUPED_TOKENS = 8
 
 
-def _tokens_per_program(block_e: int, T: int) -> int:
-    # One rule for the forward and the backward; no wider than the (power-of-two rounded) token count
-    return max(1, min(ROUTE_TILE // block_e, next_pow2(T)))
+def _program(block_e: int, T: int, chosen: int | None, warps: int | None, backward: bool,
+             grouped: bool = False) -> tuple[int, int]:
+    """(tokens per program, warps): ``chosen`` / ``warps`` where given (the sweep's knobs; tokens a power of two),
+    else MEASURED_PROGRAMS (not for the group-limited forward), else ~ROUTE_TILE scores on 4 warps; never more tokens
+    than the (power-of-two rounded) token count."""
+    if chosen is not None and (chosen < 1 or chosen & (chosen - 1)):
+        raise ValueError(f"route: tokens_per_program={chosen} must be a power of two")
+    if chosen is not None and grouped and chosen < MIN_GROUPED_TOKENS:
+        raise ValueError(f"route: tokens_per_program={chosen} must be >= {MIN_GROUPED_TOKENS} with expert groups "
+                         "(fewer picked wrong experts on the H200, bench/NOTES.md session 26)")
+    if warps is not None and (warps < 2 or warps & (warps - 1)):
+        # one warp picked wrong experts on the group-limited path too (Triton 3.6, H200; session 26)
+        raise ValueError(f"route: warps={warps} must be a power of two >= 2")
+    measured = None if grouped else MEASURED_PROGRAMS.get(block_e)
+    tokens, rule_warps = measured[backward] if measured else (max(1, ROUTE_TILE // block_e), 4)
+    return chosen or min(tokens, next_pow2(T)), warps or rule_warps
 
 
 def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, topk_groups: int | None,
           group_score: str, expert_bias: torch.Tensor | None, scaling_factor: float, normalize: bool,
-          prob_sums: bool = False):
+          prob_sums: bool = False, tokens_per_program: int | None = None, warps: int | None = None):
     """(topk_idx [T, K] int64, topk_weight [T, K] fp32, counts [E] fp32, psum [E] fp32 or None); arguments as
     ops.route (checked there). prob_sums: psum[e] = sum over tokens of the aux loss's probability of e (the
     softmax scores, or the sigmoid scores normalized per token), from per-program column sums (no atomics: the
-    same bits every run)."""
+    same bits every run). tokens_per_program, warps: the program (default: ``_program``'s rule)."""
     _check_device(logits, *([] if expert_bias is None else [expert_bias]))
     if logits.dtype == torch.float64:
         raise ValueError("the Triton router computes in fp32; use impl='torch' for fp64 logits")
@@ -207,7 +229,7 @@ def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, t
         return idx, weight, counts, counts.clone() if prob_sums else None
     bias = expert_bias.to(torch.float32).contiguous() if expert_bias is not None else logits
     block_g, block_gs = next_pow2(groups), next_pow2(group_size)
-    block_t = _tokens_per_program(block_g * block_gs, T)
+    block_t, warps = _program(block_g * block_gs, T, tokens_per_program, warps, backward=False, grouped=groups > 1)
     programs = cdiv(T, block_t)
     parts = torch.empty(programs, E, dtype=torch.float32, device=logits.device) if prob_sums else counts
     with _on_device(logits.device):
@@ -217,16 +239,17 @@ def route(logits: torch.Tensor, topk: int, score: str, num_groups: int | None, t
             BLOCK_T=block_t, BLOCK_G=block_g, BLOCK_GS=block_gs,
             TOPK_GROUPS=topk_groups if num_groups is not None else groups, SIGMOID=score == "sigmoid",
             HAS_BIAS=expert_bias is not None, TOP2_SUM=group_score == "top2_sum", NORMALIZE=normalize,
-            HAS_PSUM=prob_sums, num_warps=4)
+            HAS_PSUM=prob_sums, num_warps=warps)
     return idx, weight, counts, parts.sum(0) if prob_sums else None
 
 
 def route_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.Tensor | None, score: str,
-                   normalize: bool, scaling_factor: float, dpsum: torch.Tensor | None = None) -> torch.Tensor:
+                   normalize: bool, scaling_factor: float, dpsum: torch.Tensor | None = None,
+                   tokens_per_program: int | None = None, warps: int | None = None) -> torch.Tensor:
     """d loss / d logits of the forward's topk_weight (and of its psum, given dpsum), in one kernel (see the module
     docstring). logits [T, E] fp32 / bf16 / fp16, topk_idx [T, K] int64 (the forward's), dweight [T, K] any float
     dtype or None (no gradient reached the weights), dpsum [E] or None -> dlogits [T, E] in logits' dtype
-    (contiguous). Any strides: an expanded dweight is read in place."""
+    (contiguous). Any strides: an expanded dweight is read in place. tokens_per_program, warps: as ``route``'s."""
     _check_device(logits, topk_idx, *(t for t in (dweight, dpsum) if t is not None))
     if logits.dtype == torch.float64:
         raise ValueError("the Triton router computes in fp32; use impl='torch' for fp64 logits")
@@ -244,7 +267,7 @@ def route_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.
     if dweight is None and dpsum is None:
         return dlogits.zero_()
     block_e = next_pow2(E)
-    block_t = _tokens_per_program(block_e, T)
+    block_t, warps = _program(block_e, T, tokens_per_program, warps, backward=True)
     dw = dweight if dweight is not None else topk_idx  # (unread without HAS_DWEIGHT)
     with _on_device(logits.device):
         launch(_route_bwd_kernel, (cdiv(T, block_t),),
@@ -252,5 +275,5 @@ def route_backward(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.
             float(scaling_factor), logits.stride(0), logits.stride(1), topk_idx.stride(0), topk_idx.stride(1),
             dw.stride(0), dw.stride(1),
             TOPK=topk_idx.shape[1], BLOCK_T=block_t, BLOCK_E=block_e, SIGMOID=score == "sigmoid",
-            NORMALIZE=normalize, HAS_DWEIGHT=dweight is not None, HAS_DPSUM=dpsum is not None, num_warps=4)
+            NORMALIZE=normalize, HAS_DWEIGHT=dweight is not None, HAS_DPSUM=dpsum is not None, num_warps=warps)
     return dlogits

@@ -36,8 +36,15 @@ from moetrain.kernels.grouped_gemm import _check_device, _on_device
 from moetrain.kernels.host import cdiv, next_pow2
 from moetrain.kernels.launch import launch
 
-SUB = 128  # assignments placed at once: a [SUB, SUB] comparison for the ranks inside the sub-block
-MAX_CHUNKS = 256  # chunks per sort at most (each program reads every chunk's counts once)
+# The placing programs: chunks of at least MIN_CHUNK assignments, at most MAX_CHUNKS of them (each program reads every
+# chunk's counts once), placed SUB at a time (a [SUB, SUB] comparison ranks a sub-block's keys) by PLACE_WARPS warps.
+# scripts/row_kernel_sweep.py on the H200 (bench/NOTES.md session 26): 512 / 32 / 2 warps placed Qwen3's 131072 rows
+# in 27.9 us and DeepSeek-V3's 65536 in 21.3, against 58.0 and 45.1 for the earlier 1024 / 128 / 8 (torch's
+# argsort-based sort: 52.0 and 44.8).
+MIN_CHUNK = 512
+MAX_CHUNKS = 256
+SUB = 32
+PLACE_WARPS = 2
 
 
 @triton.jit
@@ -111,10 +118,13 @@ def _weight_grad_kernel(dprobs_ptr, inverse_ptr, idx_ptr, out_ptr, M, BLOCK: tl.
     tl.store(out_ptr + a, d.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def sort_rows(topk_idx: torch.Tensor, num_experts: int, weights: torch.Tensor | None = None):
+def sort_rows(topk_idx: torch.Tensor, num_experts: int, weights: torch.Tensor | None = None, *,
+              chunk: int | None = None, sub: int = SUB, warps: int = PLACE_WARPS):
     """(offs [E] int32, row_map [M] int64, inverse [M] int64, token_of_row [M] int32) of topk_idx [T, K] int64
     (see the module docstring), and probs [M] fp32 after them when ``weights`` [T, K] (any float dtype) is given;
-    on CUDA or in the Triton interpreter. Sync-free. Not differentiable (ops.moe wraps it)."""
+    on CUDA or in the Triton interpreter. Sync-free. Not differentiable (ops.moe wraps it).
+    chunk, sub, warps: the placing programs (assignments per program, default ``chunk_size``'s rule; placed at once;
+    warps), powers of two with sub <= chunk; the row-kernel sweep's knobs."""
     _check_device(topk_idx, *([] if weights is None else [weights]))
     T, K = topk_idx.shape
     if weights is not None and tuple(weights.shape) != (T, K):
@@ -131,7 +141,12 @@ def sort_rows(topk_idx: torch.Tensor, num_experts: int, weights: torch.Tensor | 
     if M == 0:
         offs.zero_()
         return out
-    chunk = max(1024, next_pow2(cdiv(M, MAX_CHUNKS)))
+    chunk = chunk_size(M) if chunk is None else chunk
+    for name, value in (("chunk", chunk), ("sub", sub), ("warps", warps)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"sort_rows: {name}={value} must be a power of two")
+    if sub > chunk:
+        raise ValueError(f"sort_rows: sub={sub} must be <= chunk={chunk}")
     n_chunks = cdiv(M, chunk)
     block_e = next_pow2(E)
     counts = torch.empty(n_chunks, E, dtype=torch.int32, device=dev)
@@ -139,9 +154,14 @@ def sort_rows(topk_idx: torch.Tensor, num_experts: int, weights: torch.Tensor | 
         launch(_chunk_counts_kernel, (n_chunks,), idx, counts, M, E, CHUNK=chunk, BLOCK_E=block_e, num_warps=4)
         launch(_place_rows_kernel, (n_chunks,), idx, counts, offs, row_map, inverse, token_of_row,
                idx if weights is None else weights.contiguous(), offs if probs is None else probs, M, E, K, n_chunks,
-               CHUNK=chunk, SUB=SUB, BLOCK_E=block_e, BLOCK_C=max(1, min(16, 4096 // block_e)),
-               HAS_WEIGHTS=probs is not None, num_warps=8)
+               CHUNK=chunk, SUB=sub, BLOCK_E=block_e, BLOCK_C=max(1, min(16, 4096 // block_e)),
+               HAS_WEIGHTS=probs is not None, num_warps=warps)
     return out
+
+
+def chunk_size(assignments: int) -> int:
+    """Assignments per placing program: at least MIN_CHUNK, and at most MAX_CHUNKS programs."""
+    return max(MIN_CHUNK, next_pow2(cdiv(assignments, MAX_CHUNKS)))
 
 
 def routing_weight_grad(dprobs: torch.Tensor, inverse: torch.Tensor, topk_idx: torch.Tensor,

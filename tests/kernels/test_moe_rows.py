@@ -148,12 +148,69 @@ def test_combine_ignores_rows_no_assignment_reads(impl):
 
 
 def test_swiglu_tiles_leave_the_fewest_lanes_idle():
-    assert kernels._swiglu_tile_shape(768) == (16, 256)  # Qwen3: 1024 columns idled a quarter of the lanes
-    assert kernels._swiglu_tile_shape(2048) == (4, 1024)
-    assert kernels._swiglu_tile_shape(14336) == (4, 1024)
-    assert kernels._swiglu_tile_shape(2880) == (4, 1024)  # 192 idle at every width: the widest
-    assert kernels._swiglu_tile_shape(1100) == (16, 256)
-    assert kernels._swiglu_tile_shape(5) == (256, 16)
+    def shape(inter):
+        tile = kernels.swiglu_tile(inter)
+        return tile.rows, tile.cols, tile.steps
+
+    assert shape(768) == (8, 256, 3)  # Qwen3: 1024 columns idled a quarter of the lanes
+    assert shape(2048) == (2, 1024, 2)
+    assert shape(14336) == (2, 1024, 14)
+    assert shape(2880) == (2, 1024, 3)  # 192 idle at every width: the widest
+    assert shape(1100) == (8, 256, 5)
+    assert shape(5) == (128, 16, 1)
+    assert kernels.swiglu_tile(768).warps == 8
+
+
+def test_combine_programs_cover_a_token_up_to_4096_columns():
+    assert kernels.combine_tile(2048) == kernels.RowTile(1, 2048, 4)
+    assert kernels.combine_tile(2880) == kernels.RowTile(1, 4096, 8)
+    assert kernels.combine_tile(7168) == kernels.RowTile(1, 4096, 8)
+    assert kernels.combine_tile(5) == kernels.RowTile(1, 16, 4)
+
+
+@pytest.mark.parametrize("tile", [(1, 16, 1, 1), (1, 64, 2, 1), (1, 256, 8, 1)])
+def test_combines_give_the_same_bits_on_every_program_shape(tile):
+    # the row-kernel sweep's candidates (scripts/row_kernel_sweep.py) must change the speed only
+    T, K, H = 11, 3, 100
+    row_map, inverse, y, weight, dout = routed(T, K, H, seed=4, dtype=torch.float32)
+    y, inverse, weight, dout = y.to(DEVICE), inverse.to(DEVICE), weight.to(DEVICE), dout.to(DEVICE)
+    tile = kernels.RowTile(*tile)
+    assert torch.equal(kernels.combine(y, inverse, weight, K, tile=tile), kernels.combine(y, inverse, weight, K))
+    assert torch.equal(kernels.token_rows(dout, inverse, tile=tile), kernels.token_rows(dout, inverse))
+    got = kernels.combine_bwd(dout, y, inverse, weight, tile=tile)
+    want = kernels.combine_bwd(dout, y, inverse, weight)
+    assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+# Column steps: one program per row block covering all of I (3 blocks of 16 for I = 40: d probs written directly), two
+# of two (the second's second step past I, all masked), and one each (partial sums added after the kernel)
+@pytest.mark.parametrize("tile", [(4, 16, 2, 3), (8, 16, 4, 2), (2, 32, 1, 1), (16, 64, 4, 1)])
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
+def test_swiglu_gives_the_same_results_on_every_program_shape(tile, activation):
+    M, I = 21, 40  # noqa: E741
+    g = torch.Generator().manual_seed(7)
+    h = (torch.randn(M, 2 * I, generator=g) * 4).to(DEVICE)
+    da = torch.randn(M, I, generator=g).to(DEVICE)
+    probs = torch.rand(M, generator=g).to(DEVICE)
+    tile = kernels.RowTile(*tile)
+    assert torch.equal(kernels.swiglu_fwd(h, activation, probs, tile=tile), kernels.swiglu_fwd(h, activation, probs))
+    dh, dprobs = kernels.swiglu_bwd(h, da, activation, probs, tile=tile)
+    want_dh, want_dprobs = kernels.swiglu_bwd(h, da, activation, probs)
+    assert torch.equal(dh, want_dh)
+    close(dprobs, (da.double() * moe_rows.swiglu_torch(h.double(), activation)).sum(1), torch.float32)
+    close(dprobs, want_dprobs, torch.float32)
+    dh_plain, none = kernels.swiglu_bwd(h, da, activation, None, tile=tile)
+    assert none is None and torch.equal(dh_plain, kernels.swiglu_bwd(h, da, activation)[0])
+
+
+def test_bad_program_shapes_are_errors():
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.RowTile(3, 64)
+    with pytest.raises(ValueError, match="steps"):
+        kernels.RowTile(1, 64, 4, 0)
+    inverse = torch.arange(4, device=DEVICE)
+    with pytest.raises(ValueError, match="rows=1"):
+        kernels.combine(torch.zeros(4, 8, device=DEVICE), inverse, None, 2, tile=kernels.RowTile(2, 16))
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])

@@ -28,10 +28,11 @@ CASES = {
     "groups_max_not_pow2": (13, 20, 3, dict(num_groups=4, topk_groups=2, group_score="max")),
     "e_not_pow2_k8": (11, 60, 8, dict(bias=True)),
     "single_expert": (5, 1, 1, {}),
-    # several programs of several tokens each, the last one partial (tokens per program: 4096 / E)
+    # several programs of several tokens each, the last one partial (tokens per program: kernels.route._program)
     "blocks_qwen3_like": (77, 128, 8, {}),
     "blocks_dsv3_like": (40, 256, 8, dict(score="sigmoid", num_groups=8, topk_groups=4, group_score="top2_sum",
                                           bias=True, scaling_factor=2.5)),
+    "blocks_256_experts_no_groups": (43, 256, 8, {}),  # session 26's measured programs: 2 tokens each, 2 warps
 }
 
 
@@ -68,7 +69,7 @@ def test_triton_route_matches_torch(name, prob_sums, monkeypatch):
 
 
 BWD_CASES = {
-    # name: (T, E, K, score, normalize, scaling_factor); tokens per program 4096 / next_pow2(E), at most next_pow2(T)
+    # name: (T, E, K, score, normalize, scaling_factor); tokens per program kernels.route._program's
     "softmax_blocks_partial_last": (77, 128, 8, "softmax", True, 1.0),
     "sigmoid_e_not_pow2_k8": (45, 60, 8, "sigmoid", True, 2.5),
     "softmax_k1_unnormalized": (13, 20, 1, "softmax", False, 1.0),
@@ -76,6 +77,7 @@ BWD_CASES = {
     "softmax_k1_normalized": (7, 12, 1, "softmax", True, 1.0),  # w = c: a gradient of ~0
     "sigmoid_unnormalized_k8": (30, 257, 8, "sigmoid", False, 1.0),
     "one_token_per_program": (3, 4100, 2, "softmax", True, 1.0),  # BLOCK_E 8192 > the tile
+    "sigmoid_256_experts": (41, 256, 8, "sigmoid", True, 2.5),  # session 26's measured program: 2 tokens, 2 warps
 }
 
 
@@ -129,6 +131,34 @@ def test_route_backward_repeated_ids_add_up_like_the_reference(poisoned_empty):
 def test_route_backward_of_no_tokens_is_empty():
     logits, idx, dweight = bwd_inputs(0, 16, 4, seed=1, dtype=torch.bfloat16)
     check_route_backward(logits, idx, dweight, "softmax", True, 1.0)
+
+
+@pytest.mark.parametrize("tokens,warps", [(8, 2), (16, 2), (64, 8)])
+def test_every_program_shape_routes_alike(tokens, warps, poisoned_empty):
+    # the row-kernel sweep's candidates (scripts/row_kernel_sweep.py) must change the speed only
+    T, E, K, kw = CASES["blocks_dsv3_like"]
+    kw = dict(kw)
+    g = torch.Generator().manual_seed(2)
+    logits = (torch.randn(T, E, generator=g) * 2).to(DEVICE)
+    bias = (torch.randn(E, generator=g) * 0.1).to(DEVICE) if kw.pop("bias") else None
+    args = (logits, K, kw["score"], kw["num_groups"], kw["topk_groups"], kw["group_score"], bias,
+            kw["scaling_factor"], True, True)
+    got = kernels.route(*args, tokens_per_program=tokens, warps=warps)
+    want = kernels.route(*args)
+    assert torch.equal(got[0], want[0])
+    for a, b in zip(got[1:], want[1:]):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+    dweight = torch.randn(T, K, generator=g).to(DEVICE)
+    bwd = (logits, got[0], dweight, "sigmoid", True, 2.5)
+    assert torch.allclose(kernels.route_backward(*bwd, tokens_per_program=tokens, warps=warps),
+                          kernels.route_backward(*bwd), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.route(*args, tokens_per_program=3)
+    # wrong experts on this path on the H200 (session 26)
+    with pytest.raises(ValueError, match="warps=1"):
+        kernels.route(*args, warps=1)
+    with pytest.raises(ValueError, match="expert groups"):
+        kernels.route(*args, tokens_per_program=2)
 
 
 def test_group_limited_selection_stays_in_the_best_groups():

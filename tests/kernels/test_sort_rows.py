@@ -62,6 +62,21 @@ def test_matches_the_pytorch_sort(name, poisoned_empty):
     assert torch.equal(tokens.cpu().long(), want_map.cpu() // K)
 
 
+@pytest.mark.parametrize("knobs", [dict(chunk=256, sub=32, warps=4), dict(chunk=512, sub=64, warps=2),
+                                   dict(chunk=128, sub=128, warps=8)])
+def test_every_program_shape_gives_the_same_sort(knobs, poisoned_empty):
+    # the row-kernel sweep's candidates (scripts/row_kernel_sweep.py) must change the speed only
+    T, K, E, opts = CASES["dsv3_like_256_experts"]
+    idx = routing(T, K, E, seed=3, **opts).to(DEVICE)
+    weights = torch.rand(T, K, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    for got, want in zip(kernel.sort_rows(idx, E, weights, **knobs), kernel.sort_rows(idx, E, weights)):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="power of two"):
+        kernel.sort_rows(idx, E, chunk=300)
+    with pytest.raises(ValueError, match="sub=256"):
+        kernel.sort_rows(idx, E, chunk=128, sub=256)
+
+
 @pytest.mark.parametrize("name", ["dropped", "dsv3_like_256_experts", "single_expert", "empty"])
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
 def test_weights_in_row_order_and_their_gradient(name, wdtype, poisoned_empty):
