@@ -157,6 +157,8 @@ def test_every_program_shape_routes_alike(tokens, warps, poisoned_empty):
     # wrong experts on this path on the H200 (session 26)
     with pytest.raises(ValueError, match="warps=1"):
         kernels.route(*args, warps=1)
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.route(*args, warps=3)
     with pytest.raises(ValueError, match="expert groups"):
         kernels.route(*args, tokens_per_program=2)
 
