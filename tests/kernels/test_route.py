@@ -240,15 +240,19 @@ fwd = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "idx_ptr": "*i64", "weight_pt
 bwd = {"logits_ptr": "*fp32", "idx_ptr": "*i64", "dweight_ptr": "*fp32", "dpsum_ptr": "*fp32", "dlogits_ptr": "*fp32",
        "T": "i32", "E": "i32", "scaling": "fp32",
        **{n: "i32" for n in ("stride_lt", "stride_le", "stride_it", "stride_ik", "stride_dt", "stride_dk")}}
-for E, G, sig in ((128, 1, False), (256, 8, True)):  # Qwen3's softmax; DeepSeek-V3's sigmoid with groups
-    c = dict(TOPK=8, BLOCK_K=8, GROUPS=G, GROUP_SIZE=E // G, BLOCK_T=4096 // E, BLOCK_G=G, BLOCK_GS=E // G,
+# Qwen3's softmax; DeepSeek-V3's sigmoid with groups and without: the programs the launchers pick (k._program)
+for E, G, sig in ((128, 1, False), (256, 8, True), (256, 1, True)):
+    tokens, warps = k._program(E, 16384, None, None, backward=False, grouped=G > 1)
+    c = dict(TOPK=8, BLOCK_K=8, GROUPS=G, GROUP_SIZE=E // G, BLOCK_T=tokens, BLOCK_G=G, BLOCK_GS=E // G,
              TOPK_GROUPS=max(1, G // 2), SIGMOID=sig, HAS_BIAS=sig, TOP2_SUM=sig, NORMALIZE=True, HAS_PSUM=True)
-    triton.compile(ASTSource(fn=k._route_kernel, signature={**fwd, **dict.fromkeys(c, "constexpr")}, constexprs=c),
-                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ck = triton.compile(ASTSource(fn=k._route_kernel, signature={**fwd, **dict.fromkeys(c, "constexpr")},
+                                  constexprs=c), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    assert spill_bytes(ck.asm["ptx"]) in (0, None), (E, G)
+    tokens, warps = k._program(E, 16384, None, None, backward=True)
     for has_dw in (True, False):
-        c = dict(TOPK=8, BLOCK_T=4096 // E, BLOCK_E=E, SIGMOID=sig, NORMALIZE=True, HAS_DWEIGHT=has_dw, HAS_DPSUM=True)
+        c = dict(TOPK=8, BLOCK_T=tokens, BLOCK_E=E, SIGMOID=sig, NORMALIZE=True, HAS_DWEIGHT=has_dw, HAS_DPSUM=True)
         ck = triton.compile(ASTSource(fn=k._route_bwd_kernel, signature={**bwd, **dict.fromkeys(c, "constexpr")},
-                                      constexprs=c), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+                                      constexprs=c), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         assert spill_bytes(ck.asm["ptx"]) in (0, None), (E, has_dw)
 print("ok")
 """
