@@ -29,24 +29,16 @@ DEVICE = "cuda"
 
 def graph_ms(run, calls: int, reps: int = 5) -> float:
     """Median GPU milliseconds per call of ``run()``, from a CUDA graph of ``calls`` calls replayed ``reps`` times
-    (captured after one eager call, which compiles)."""
+    after one untimed replay (captured after one eager call, which compiles)."""
+    from moetrain.kernels.timing import median_ms
+
     run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
             run()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    del graph
-    return sorted(times)[len(times) // 2]
+    return median_ms(graph.replay, warmup=1, reps=reps) / calls
 
 
 def pow2_upto(lo: int, hi: int) -> list[int]:

@@ -18,6 +18,13 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def require_pow2(what: str, value: int) -> None:
+    """Refuse a block, program or warp count that is not a power of two >= 1: ValueError "<what>=<value> must be a
+    power of two" (what names the knob, e.g. "sort_rows: chunk")."""
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"{what}={value} must be a power of two")
+
+
 def rows_bucket(rows: int, groups: int) -> int:
     """Rows per group rounded up to a power of two (1, 2, 4, ...): the shape bucket that run-time choices
     (the config autotuner, backend "auto") are keyed by."""

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moetrain.kernels.host import cdiv, next_pow2
+from moetrain.kernels.host import cdiv, next_pow2, require_pow2
 
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
 from moetrain.kernels.launch import launch
@@ -188,9 +188,7 @@ class RowTile:
 
     def __post_init__(self):
         for name in ("rows", "cols", "warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"RowTile.{name}={value} must be a power of two")
+            require_pow2(f"RowTile.{name}", getattr(self, name))
         if self.steps < 1:
             raise ValueError(f"RowTile.steps={self.steps} must be >= 1")
 

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moetrain.kernels.host import cdiv, next_pow2
+from moetrain.kernels.host import cdiv, next_pow2, require_pow2
 
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
 from moetrain.kernels.launch import launch
@@ -195,10 +195,10 @@ def _program(block_e: int, T: int, chosen: int | None, warps: int | None, backwa
     """(tokens per program, warps): ``chosen`` / ``warps`` where given (the sweep's knobs; tokens a power of two),
     else MEASURED_PROGRAMS (not for the group-limited forward), else ~ROUTE_TILE scores on 4 warps; never more tokens
     than the (power-of-two rounded) token count."""
-    if chosen is not None and (chosen < 1 or chosen & (chosen - 1)):
-        raise ValueError(f"route: tokens_per_program={chosen} must be a power of two")
-    if warps is not None and (warps < 1 or warps & (warps - 1)):
-        raise ValueError(f"route: warps={warps} must be a power of two")
+    if chosen is not None:
+        require_pow2("route: tokens_per_program", chosen)
+    if warps is not None:
+        require_pow2("route: warps", warps)
     # With expert groups only what the GPU tests cleared: 2 tokens per program on 1 warp and on 2 picked experts past
     # E on the H200 (bench/NOTES.md session 26); without groups the sweep's every program agreed
     if grouped and chosen is not None and chosen < MIN_GROUPED_TOKENS:

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from moetrain.kernels.grouped_gemm import _check_device, _on_device
-from moetrain.kernels.host import cdiv, next_pow2
+from moetrain.kernels.host import cdiv, next_pow2, require_pow2
 from moetrain.kernels.launch import launch
 
 # The placing programs: chunks of at least MIN_CHUNK assignments, at most MAX_CHUNKS of them (each program reads every
@@ -143,8 +143,7 @@ def sort_rows(topk_idx: torch.Tensor, num_experts: int, weights: torch.Tensor | 
         return out
     chunk = chunk_size(M) if chunk is None else chunk
     for name, value in (("chunk", chunk), ("sub", sub), ("warps", warps)):
-        if value < 1 or value & (value - 1):
-            raise ValueError(f"sort_rows: {name}={value} must be a power of two")
+        require_pow2(f"sort_rows: {name}", value)
     if sub > chunk:
         raise ValueError(f"sort_rows: sub={sub} must be <= chunk={chunk}")
     n_chunks = cdiv(M, chunk)
