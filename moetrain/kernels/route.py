@@ -6,8 +6,8 @@ Legend: T tokens, E experts, K top-k, G expert groups of GS = E / G consecutive 
     logits [T, E] (fp32 / bf16 / fp16)  ->  topk_idx [T, K] int64, topk_weight [T, K] fp32,
                                             counts [E] fp32 (zeroed here, then atomic adds of each program's counts)
 
-One program per BLOCK_T tokens holds their logits as a [BLOCK_T, G, GS] tile (padded to powers of two;
-no groups = one group of E), so group ranking and the expert top-k work on the same registers, and the
+One program per BLOCK_T tokens holds their logits as a [BLOCK_T, G * GS] tile (G and GS padded to powers of
+two; no groups = one group of E), so group ranking and the expert top-k work on the same registers, and the
 counts take one atomic add per expert per program. (One program per token with one atomic add per
 assignment, all on E addresses, took 0.114 ms at Qwen3-30B-A3B's 16384 tokens x 128 experts; this 0.064 ms
 on the H200, bench/NOTES.md session 7: the rest is the K rounds of block reductions.)
@@ -59,58 +59,60 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, psum_pt
     rt = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = rt < T
     t = tl.minimum(rt, T - 1)  # rows past T redo the last token; nothing of theirs is stored or counted
-    g = tl.arange(0, BLOCK_G)
-    j = tl.arange(0, BLOCK_GS)
-    expert = g[:, None] * GROUP_SIZE + j[None, :]  # [BLOCK_G, BLOCK_GS]
-    valid = (g[:, None] < GROUPS) & (j[None, :] < GROUP_SIZE)
-    x = tl.load(logits_ptr + t[:, None, None] * E + expert[None, :, :], mask=valid[None, :, :],
-                other=-float("inf")).to(tl.float32)  # [BLOCK_T, BLOCK_G, BLOCK_GS]
+    # Slot s of the [BLOCK_T, BLOCK_E] tile holds expert g * GROUP_SIZE + j of group g = s // BLOCK_GS, j = s % BLOCK_GS.
+    # The tile stays two-dimensional throughout: only the group scores view it as [BLOCK_T, BLOCK_G, BLOCK_GS], and
+    # the chosen groups come back as a compare per slot (a [tokens, groups, group size] tile flattened for the top-k
+    # picked experts past E with 2 tokens per program on the H200, Triton 3.6: bench/NOTES.md session 26)
+    BLOCK_E: tl.constexpr = BLOCK_G * BLOCK_GS
+    slot = tl.arange(0, BLOCK_E)
+    group_of = slot // BLOCK_GS
+    member = slot % BLOCK_GS
+    expert = group_of * GROUP_SIZE + member
+    valid = (group_of < GROUPS) & (member < GROUP_SIZE)
+    x = tl.load(logits_ptr + t[:, None] * E + expert[None, :], mask=valid[None, :],
+                other=-float("inf")).to(tl.float32)  # [BLOCK_T, BLOCK_E]
     if SIGMOID:
-        s = tl.where(valid[None, :, :], tl.sigmoid(x), 0.0)
+        s = tl.where(valid[None, :], tl.sigmoid(x), 0.0)
     else:
-        top = tl.max(tl.max(x, axis=2), axis=1)
-        e = tl.where(valid[None, :, :], tl.exp(x - top[:, None, None]), 0.0)
-        s = e / tl.sum(tl.sum(e, axis=2), axis=1)[:, None, None]
+        e = tl.where(valid[None, :], tl.exp(x - tl.max(x, axis=1)[:, None]), 0.0)
+        s = e / tl.sum(e, axis=1)[:, None]
     if HAS_PSUM:  # this program's column sums of the aux loss's probabilities (a row of psum_ptr [programs, E])
         p = s
         if SIGMOID:  # normalized over the experts per token, as the PyTorch loss does
-            p = s / tl.sum(tl.sum(s, axis=2), axis=1)[:, None, None]
-        p = tl.sum(tl.where(tok_ok[:, None, None], p, 0.0), axis=0)
+            p = s / tl.sum(s, axis=1)[:, None]
+        p = tl.sum(tl.where(tok_ok[:, None], p, 0.0), axis=0)
         tl.store(psum_ptr + tl.program_id(0).to(tl.int64) * E + expert, p, mask=valid)
     sel = s
     if HAS_BIAS:
-        sel = sel + tl.load(bias_ptr + expert, mask=valid, other=0.0)[None, :, :]
-    sel = tl.where(valid[None, :, :], sel, -float("inf"))
+        sel = sel + tl.load(bias_ptr + expert, mask=valid, other=0.0)[None, :]
+    sel = tl.where(valid[None, :], sel, -float("inf"))
     if TOPK_GROUPS < GROUPS:
-        gscore = tl.max(sel, axis=2)  # [BLOCK_T, BLOCK_G]
+        by_group = tl.reshape(sel, [BLOCK_T, BLOCK_G, BLOCK_GS])
+        gscore = tl.max(by_group, axis=2)  # [BLOCK_T, BLOCK_G]
         if TOP2_SUM:
-            first = tl.argmax(sel, axis=2)
-            gscore = gscore + tl.max(tl.where(j[None, None, :] == first[:, :, None], -float("inf"), sel), axis=2)
+            j = tl.arange(0, BLOCK_GS)
+            first = tl.argmax(by_group, axis=2)
+            gscore = gscore + tl.max(tl.where(j[None, None, :] == first[:, :, None], -float("inf"), by_group), axis=2)
+        g = tl.arange(0, BLOCK_G)
         gscore = tl.where(g[None, :] < GROUPS, gscore, -float("inf"))
-        keep = tl.zeros([BLOCK_T, BLOCK_G], dtype=tl.int1)
+        keep = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.int1)
         for _ in tl.static_range(TOPK_GROUPS):
-            best_g = tl.argmax(gscore, axis=1)
-            picked = g[None, :] == best_g[:, None]
-            keep = keep | picked
-            gscore = tl.where(picked, -float("inf"), gscore)
-        sel = tl.where(keep[:, :, None], sel, -float("inf"))
-    BLOCK_E: tl.constexpr = BLOCK_G * BLOCK_GS
-    flat_sel = tl.reshape(sel, [BLOCK_T, BLOCK_E])
-    flat_s = tl.reshape(s, [BLOCK_T, BLOCK_E])
-    flat_expert = tl.reshape(expert, [BLOCK_E])
-    slot = tl.arange(0, BLOCK_E)
+            best_g = tl.argmax(gscore, axis=1)  # [BLOCK_T]
+            gscore = tl.where(g[None, :] == best_g[:, None], -float("inf"), gscore)
+            keep = keep | (group_of[None, :] == best_g[:, None])
+        sel = tl.where(keep, sel, -float("inf"))
     ks = tl.arange(0, BLOCK_K)
     ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
     weights = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
     picks = tl.zeros([BLOCK_E], dtype=tl.float32)  # this block's assignments per slot
     for k in tl.static_range(TOPK):
-        best = tl.argmax(flat_sel, axis=1)  # [BLOCK_T]
+        best = tl.argmax(sel, axis=1)  # [BLOCK_T]
         chosen = slot[None, :] == best[:, None]
-        e_id = tl.sum(tl.where(chosen, flat_expert[None, :], 0), axis=1)
+        e_id = tl.sum(tl.where(chosen, expert[None, :], 0), axis=1)
         ids = tl.where(ks[None, :] == k, e_id.to(tl.int64)[:, None], ids)
-        w_k = tl.sum(tl.where(chosen, flat_s, 0.0), axis=1)
+        w_k = tl.sum(tl.where(chosen, s, 0.0), axis=1)
         weights = tl.where(ks[None, :] == k, w_k[:, None], weights)
-        flat_sel = tl.where(chosen, -float("inf"), flat_sel)
+        sel = tl.where(chosen, -float("inf"), sel)
         picks += tl.sum(tl.where(chosen & tok_ok[:, None], 1.0, 0.0), axis=0)
     if NORMALIZE:
         total = tl.sum(weights, axis=1)
@@ -121,8 +123,8 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, psum_pt
     tl.store(idx_ptr + rt[:, None] * TOPK + ks[None, :], ids, mask=out)
     tl.store(weight_ptr + rt[:, None] * TOPK + ks[None, :], weights * scaling, mask=out)
     # One atomic per expert per program (see the module docstring)
-    slot_ok = tl.reshape(valid, [BLOCK_E]) & (picks > 0)
-    tl.atomic_add(counts_ptr + flat_expert, picks, mask=slot_ok)
+    slot_ok = valid & (picks > 0)
+    tl.atomic_add(counts_ptr + expert, picks, mask=slot_ok)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -182,32 +184,30 @@ def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dpsum_ptr, dlogits_ptr, 
 ROUTE_TILE = 4096
 # (tokens per program, warps) by E rounded to a power of two, (forward, backward): the fastest programs that
 # scripts/row_kernel_sweep.py timed on the H200 at Qwen3's 128 experts and DeepSeek-V3's 256 without expert groups
-# (bench/NOTES.md session 26; forward 50.8 -> 33.6 us and 58.7 -> 38.2 us, backward 11.9 -> 9.4 and 14.3 -> 9.8 us).
+# (bench/NOTES.md sessions 26-27: forward 50.8 -> 37.5 us and 58.7 -> 29.7 us, backward 11.9 -> 9.4 and 14.3 -> 9.8 us).
 # Fewer scores per program than the old tile, on fewer warps: the K rounds of row reductions are the kernel's
-# latency. The group-limited forward keeps the old tile: its [tokens, groups, group size] tile with 2 tokens per
-# program picked experts past E on the H200 (Triton 3.6, session 26), so it takes no fewer than MIN_GROUPED_TOKENS.
-MEASURED_PROGRAMS = {128: ((8, 2), (2, 2)), 256: ((2, 2), (2, 2))}
-MIN_GROUPED_TOKENS = 8
+# latency, and more programs hide it.
+MEASURED_PROGRAMS = {128: ((8, 2), (2, 2)), 256: ((1, 1), (2, 2))}
+# The group-limited forward (the backward is the same kernel with or without groups): DeepSeek-V3's own routing
+# (sigmoid + bias, 8 groups ranked by their two best scores, 4 kept) at 256 experts, and the same routing at
+# Qwen3's 128 (session 27: 73.4 -> 40.3 us and 62.4 -> 44.9 us).
+MEASURED_GROUPED_FORWARD = {128: (4, 2), 256: (1, 1)}
 
 
 def _program(block_e: int, T: int, chosen: int | None, warps: int | None, backward: bool,
              grouped: bool = False) -> tuple[int, int]:
-    """(tokens per program, warps): ``chosen`` / ``warps`` where given (the sweep's knobs; tokens a power of two),
-    else MEASURED_PROGRAMS (not for the group-limited forward), else ~ROUTE_TILE scores on 4 warps; never more tokens
-    than the (power-of-two rounded) token count."""
+    """(tokens per program, warps): ``chosen`` / ``warps`` where given (the sweep's knobs; powers of two), else
+    the measured program for E (MEASURED_GROUPED_FORWARD for the group-limited forward, else MEASURED_PROGRAMS), else
+    ~ROUTE_TILE scores on 4 warps; never more tokens than the (power-of-two rounded) token count."""
     if chosen is not None:
         require_pow2("route: tokens_per_program", chosen)
     if warps is not None:
         require_pow2("route: warps", warps)
-    # With expert groups only what the GPU tests cleared: 2 tokens per program on 1 warp and on 2 picked experts past
-    # E on the H200 (bench/NOTES.md session 26); without groups the sweep's every program agreed
-    if grouped and chosen is not None and chosen < MIN_GROUPED_TOKENS:
-        raise ValueError(f"route: tokens_per_program={chosen} must be >= {MIN_GROUPED_TOKENS} with expert groups "
-                         "(fewer picked wrong experts on the H200, bench/NOTES.md session 26)")
-    if grouped and warps == 1:
-        raise ValueError("route: warps=1 is not cleared with expert groups (bench/NOTES.md session 26); take >= 2")
-    measured = None if grouped else MEASURED_PROGRAMS.get(block_e)
-    tokens, rule_warps = measured[backward] if measured else (max(1, ROUTE_TILE // block_e), 4)
+    if grouped and not backward:
+        measured = MEASURED_GROUPED_FORWARD.get(block_e)
+    else:
+        measured = MEASURED_PROGRAMS.get(block_e, (None, None))[backward]
+    tokens, rule_warps = measured or (max(1, ROUTE_TILE // block_e), 4)
     return chosen or min(tokens, next_pow2(T)), warps or rule_warps
 
 

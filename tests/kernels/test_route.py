@@ -133,7 +133,8 @@ def test_route_backward_of_no_tokens_is_empty():
     check_route_backward(logits, idx, dweight, "softmax", True, 1.0)
 
 
-@pytest.mark.parametrize("tokens,warps", [(8, 2), (16, 2), (64, 8)])
+# (2, 1) and (2, 2): the programs that picked experts past E on the H200 with the tile of session 26
+@pytest.mark.parametrize("tokens,warps", [(2, 1), (2, 2), (4, 1), (8, 2), (16, 2), (64, 8)])
 def test_every_program_shape_routes_alike(tokens, warps, poisoned_empty):
     # the row-kernel sweep's candidates (scripts/row_kernel_sweep.py) must change the speed only
     T, E, K, kw = CASES["blocks_dsv3_like"]
@@ -154,13 +155,8 @@ def test_every_program_shape_routes_alike(tokens, warps, poisoned_empty):
                           kernels.route_backward(*bwd), rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="power of two"):
         kernels.route(*args, tokens_per_program=3)
-    # wrong experts on this path on the H200 (session 26)
-    with pytest.raises(ValueError, match="warps=1"):
-        kernels.route(*args, warps=1)
     with pytest.raises(ValueError, match="power of two"):
         kernels.route(*args, warps=3)
-    with pytest.raises(ValueError, match="expert groups"):
-        kernels.route(*args, tokens_per_program=2)
 
 
 def test_group_limited_selection_stays_in_the_best_groups():
@@ -240,8 +236,9 @@ fwd = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "idx_ptr": "*i64", "weight_pt
 bwd = {"logits_ptr": "*fp32", "idx_ptr": "*i64", "dweight_ptr": "*fp32", "dpsum_ptr": "*fp32", "dlogits_ptr": "*fp32",
        "T": "i32", "E": "i32", "scaling": "fp32",
        **{n: "i32" for n in ("stride_lt", "stride_le", "stride_it", "stride_ik", "stride_dt", "stride_dk")}}
-# Qwen3's softmax; DeepSeek-V3's sigmoid with groups and without: the programs the launchers pick (k._program)
-for E, G, sig in ((128, 1, False), (256, 8, True), (256, 1, True)):
+# Qwen3's softmax, and with 8 groups; DeepSeek-V3's sigmoid with groups and without: the programs the launchers pick
+# (k._program)
+for E, G, sig in ((128, 1, False), (128, 8, True), (256, 8, True), (256, 1, True)):
     tokens, warps = k._program(E, 16384, None, None, backward=False, grouped=G > 1)
     c = dict(TOPK=8, BLOCK_K=8, GROUPS=G, GROUP_SIZE=E // G, BLOCK_T=tokens, BLOCK_G=G, BLOCK_GS=E // G,
              TOPK_GROUPS=max(1, G // 2), SIGMOID=sig, HAS_BIAS=sig, TOP2_SUM=sig, NORMALIZE=True, HAS_PSUM=True)
