@@ -184,10 +184,10 @@ def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dpsum_ptr, dlogits_ptr, 
 ROUTE_TILE = 4096
 # (tokens per program, warps) by E rounded to a power of two, (forward, backward): the fastest programs that
 # scripts/row_kernel_sweep.py timed on the H200 at Qwen3's 128 experts and DeepSeek-V3's 256 without expert groups
-# (bench/NOTES.md sessions 26-27: forward 50.8 -> 37.5 us and 58.7 -> 29.7 us, backward 11.9 -> 9.4 and 14.3 -> 9.8 us).
+# (bench/NOTES.md sessions 26-27: forward 50.8 -> 37.5 us and 58.7 -> 29.7 us, backward 11.9 -> 9.4 and 14.3 -> 7.9 us).
 # Fewer scores per program than the old tile, on fewer warps: the K rounds of row reductions are the kernel's
 # latency, and more programs hide it.
-MEASURED_PROGRAMS = {128: ((8, 2), (2, 2)), 256: ((1, 1), (2, 2))}
+MEASURED_PROGRAMS = {128: ((8, 2), (2, 2)), 256: ((1, 1), (1, 1))}
 # The group-limited forward (the backward is the same kernel with or without groups): DeepSeek-V3's own routing
 # (sigmoid + bias, 8 groups ranked by their two best scores, 4 kept) at 256 experts, and the same routing at
 # Qwen3's 128 (session 27: 73.4 -> 40.3 us and 62.4 -> 44.9 us).
