@@ -32,7 +32,9 @@ CASES = {
     "blocks_qwen3_like": (77, 128, 8, {}),
     "blocks_dsv3_like": (40, 256, 8, dict(score="sigmoid", num_groups=8, topk_groups=4, group_score="top2_sum",
                                           bias=True, scaling_factor=2.5)),
-    "blocks_256_experts_no_groups": (43, 256, 8, {}),  # session 26's measured programs: 2 tokens each, 2 warps
+    "blocks_256_experts_no_groups": (43, 256, 8, {}),  # a measured program: 1 token on 1 warp
+    # DeepSeek-V2's routing: 160 experts in 8 groups of 20, padded to [8, 32] (256 slots, a measured program)
+    "dsv2_like_groups_padded": (19, 160, 6, dict(num_groups=8, topk_groups=3, group_score="max", normalize=False)),
 }
 
 
