@@ -1,6 +1,6 @@
 # Sourced by the device scripts (scripts/h200_*.sh): the output folder ($1, else $OUT), the repository on the
 # Python path, unbuffered output, `filter` to drop warning noise from what comes back, `gpu_tests SECONDS` and
-# `gpu_test_subset NAME SECONDS PYTEST_ARGS...`.
+# `gpu_test_subset NAME SECONDS PYTEST_ARGS...`, `kernel_tests`, `row_sweep`, `run_bench`, `run_gemm_bench` (each below).
 # Call with `source scripts/device_common.sh "$@"` from the repository root (where the run tool starts).
 set -uo pipefail
 out="${1:-${OUT:-/tmp/moetrain-out}}"
@@ -21,6 +21,20 @@ gpu_test_subset() {
   local rc=$?
   grep -E "passed|failed|FAILED|Error|Timeout" "$out/$name.log" | tail -6
   [ "$rc" -eq 0 ] || { echo "== $name: pytest exit $rc"; return 1; }
+}
+# Every test of some kernel test files (they run on the GPU when there is one, unmarked), killed after SECONDS:
+# `kernel_tests NAME SECONDS FILES...`; the log goes to $out/NAME.log, the summary lines to stdout.
+kernel_tests() {
+  local name=$1 limit=$2; shift 2
+  timeout -k 10 "$limit" python3 -m pytest -q -p no:cacheprovider -rf "$@" > "$out/$name.log" 2>&1
+  echo "$name rc $?"; grep -E "passed|failed|FAILED|Error" "$out/$name.log" | tail -12
+}
+# The row kernels' sweep: `row_sweep NAME SECONDS ARGS...` (scripts/row_kernel_sweep.py's arguments); its JSON goes to
+# $out/NAME.json, its table to stdout.
+row_sweep() {
+  local name=$1 limit=$2; shift 2
+  timeout -k 10 "$limit" python3 scripts/row_kernel_sweep.py "$@" --json "$out/$name.json" 2>&1 | filter
+  echo "$name rc $?"
 }
 # Nsight Compute, when the machine has it: `ncu_profile NAME COMMAND...` profiles the launches COMMAND brackets with
 # cudaProfilerStart/Stop (full set, SASS with stall samples, clocks left alone) into $out/NAME.ncu-rep, writes the

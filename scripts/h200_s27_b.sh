@@ -4,11 +4,8 @@
 # the same new candidates (1 token, 1 warp); then DeepSeek-V3's layer on both routings without the compiled
 # reference (not re-run since session 24; the row kernels changed in session 26, the route in this session).
 source scripts/device_common.sh "$@"
-timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_route.py > "$out/tests_route.log" 2>&1
-echo "route tests rc $?"; grep -E "passed|failed|FAILED|Error" "$out/tests_route.log" | tail -12
+kernel_tests tests_route 150 tests/kernels/test_route.py
 echo "== routing backward, deepseek-v3 and qwen3"
-timeout -k 10 90 python3 scripts/row_kernel_sweep.py --shapes deepseek-v3,qwen3-30b-a3b --kernels route_bwd,route \
-  --rounds 5 --json "$out/sweep_route_bwd.json" 2>&1 | filter
-echo "sweep rc $?"
+row_sweep sweep_route_bwd 90 --shapes deepseek-v3,qwen3-30b-a3b --kernels route_bwd,route --rounds 5
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 run_bench deepseek-v3 balanced,skewed 3 1 410 --no-compile

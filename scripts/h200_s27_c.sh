@@ -3,7 +3,6 @@
 # 7.9 us): the route tests on the GPU; then Qwen3's layer on both routings with every peer, the compiled reference
 # included (skewed not re-run since session 24; the row kernels changed in session 26).
 source scripts/device_common.sh "$@"
-timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider -rf tests/kernels/test_route.py > "$out/tests_route.log" 2>&1
-echo "route tests rc $?"; grep -E "passed|failed|FAILED|Error" "$out/tests_route.log" | tail -12
+kernel_tests tests_route 150 tests/kernels/test_route.py
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 run_bench qwen3-30b-a3b balanced,skewed 5 2 340
