@@ -15,8 +15,9 @@ sweeps). Prints per kernel the rule, the peer, the ceiling and the fastest candi
 bytes the kernel must move, and speedup over the rule. A candidate whose outputs differ from the rule's is named and
 left out of the timing, and the sweep exits with status 1 at the end.
 
-route_grouped is DeepSeek-V3's own routing on the shape's logits (sigmoid scores with a bias, 8 groups ranked by
-their two best experts, 4 kept; the benchmarks' layers route with a plain softmax top-k).
+route_grouped is DeepSeek-V3's own routing (sigmoid scores with a bias, 8 groups ranked by their two best experts, 4
+kept) on the shape's random logits without the benchmark's forcing; the benchmarks' layers route with a plain
+softmax top-k.
 """
 
 from __future__ import annotations

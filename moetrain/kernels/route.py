@@ -59,7 +59,7 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, psum_pt
     rt = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = rt < T
     t = tl.minimum(rt, T - 1)  # rows past T redo the last token; nothing of theirs is stored or counted
-    # Slot s of the [BLOCK_T, BLOCK_E] tile holds expert g * GROUP_SIZE + j of group g = s // BLOCK_GS, j = s % BLOCK_GS.
+    # Slot s of the [BLOCK_T, BLOCK_E] tile holds expert g * GROUP_SIZE + j, g = s // BLOCK_GS, j = s % BLOCK_GS.
     # The tile stays two-dimensional throughout: only the group scores view it as [BLOCK_T, BLOCK_G, BLOCK_GS], and
     # the chosen groups come back as a compare per slot (a [tokens, groups, group size] tile flattened for the top-k
     # picked experts past E with 2 tokens per program on the H200, Triton 3.6: bench/NOTES.md session 26)
@@ -184,7 +184,8 @@ def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dpsum_ptr, dlogits_ptr, 
 ROUTE_TILE = 4096
 # (tokens per program, warps) by E rounded to a power of two, (forward, backward): the fastest programs that
 # scripts/row_kernel_sweep.py timed on the H200 at Qwen3's 128 experts and DeepSeek-V3's 256 without expert groups
-# (bench/NOTES.md sessions 26-27: forward 50.8 -> 37.5 us and 58.7 -> 29.7 us, backward 11.9 -> 9.4 and 14.3 -> 7.9 us).
+# (bench/NOTES.md, each pair from one run. Session 26: forward 50.8 -> 33.6 us and 58.7 -> 38.2, backward 11.9 -> 9.4
+# and 14.3 -> 9.8; session 27 at 256 experts, one token on one warp: forward 43.3 -> 29.7, backward 9.8 -> 7.9).
 # Fewer scores per program than the old tile, on fewer warps: the K rounds of row reductions are the kernel's
 # latency, and more programs hide it.
 MEASURED_PROGRAMS = {128: ((8, 2), (2, 2)), 256: ((1, 1), (1, 1))}
