@@ -31,9 +31,10 @@ Contenders:
                          others; "/ GEMMs" = a contender's median time over this floor's (the issue's
                          "within 10% of the GEMM-only time"); "paired" = the median over the rounds of a
                          contender's time over the floor's time in the same round (drift between rounds
-                         cancels). With --host-ahead also "six torch GEMMs, host ahead",
-                         behind the same queued work, and the host-ahead rows are divided by it (an idle
-                         GPU runs the next call at other clocks than a busy one: compare like with like)
+                         cancels), "range" the lowest and highest of those rounds' ratios. With
+                         --host-ahead also "six torch GEMMs, host ahead", behind the same queued work, and
+                         the host-ahead rows are divided by it (an idle GPU runs the next call at other
+                         clocks than a busy one: compare like with like)
 Before anything is timed every contender runs once (the correctness check) and then --warmup
 times: Triton autotuning and auto's measurement happen there, never inside the timed reps.
 Routing is forced through the router logits so that all contenders route identically:
@@ -60,7 +61,8 @@ import torch
 import torch.nn.functional as F
 
 from moetrain import ops
-from moetrain.bench.moe_report import print_auto_choices, skew_summary
+from moetrain.bench.moe_report import (TABLE_HEADER, paired_range, paired_ratio, print_auto_choices, skew_summary,
+                                       table_line)
 from moetrain.errors import UserError
 
 
@@ -470,19 +472,13 @@ def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: di
                      "spread_pct": spread,
                      "tflops": flops / ms / 1e9, "peak_gib": float("nan") if no_peak else peak,
                      "vs_eager": ref / ms, "vs_gemms": ms / floor,
-                     "vs_gemms_paired": paired_ratio(reps_ms, timed[floor_name][4]), "rel_err": errors[name],
+                     "vs_gemms_paired": paired_ratio(reps_ms, timed[floor_name][4]),
+                     "paired_range": paired_range(reps_ms, timed[floor_name][4]), "rel_err": errors[name],
                      "alloc_events": alloc_events, "reps_ms": reps_ms})
     return rows
 
 
 FLOOR = "six torch GEMMs"
-
-
-def paired_ratio(reps_ms: list[float], floor_reps_ms: list[float]) -> float:
-    """Median over the repetitions of a contender's time over the floor's time of the same round. The contenders
-    run in turns, so a round's two calls meet the same clocks: the paired ratio leaves out the drift between rounds
-    that the ratio of the two medians carries (the floor's own spread was 2.5-8.8% on the H200, session 17)."""
-    return statistics.median(a / b for a, b in zip(reps_ms, floor_reps_ms, strict=True))
 
 
 def routed_offs(s: Shape, routing: str, device) -> torch.Tensor:
@@ -569,19 +565,14 @@ def main(argv=None) -> None:
     tokens = "" if args.tokens is None else f"; {args.tokens} tokens per call at every shape"
     print(f"MoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           f"TFLOP/s counts the six expert GEMMs{tokens}", flush=True)
-    print(f"{'shape':16s} {'routing':8s} {'contender':30s} {'ms':>8s} {'+-%':>5s} {'TFLOP/s':>8s} {'x eager':>8s} "
-          f"{'/ GEMMs':>8s} {'paired':>7s} {'peak GiB':>9s} {'rel err':>8s} {'mallocs':>7s}", flush=True)
+    print(TABLE_HEADER, flush=True)
     rows = []
     for shape in shapes:
         for routing in args.routing.split(","):
             new = run_shape(shape, routing, backends, args.warmup, args.reps,
                             not args.no_compile, args.profile, args.graphs, args.host_ahead)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
-                print(f"{r['shape']:16s} {r['routing']:8s} {r['contender']:30s} {r['ms']:8.2f} {r['spread_pct']:5.1f} "
-                      f"{r['tflops']:8.1f} "
-                      f"{r['vs_eager']:8.2f} {r['vs_gemms']:8.2f} {r['vs_gemms_paired']:7.3f} {r['peak_gib']:9.2f} "
-                      f"{r['rel_err']:8.1e} "
-                      f"{r['alloc_events']:7d}", flush=True)
+                print(table_line(r), flush=True)
             rows += new
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))

@@ -167,11 +167,27 @@ def test_layer_ab_scripts_share_their_options_with_their_own_defaults():
 
 
 def test_the_paired_ratio_takes_each_round_against_the_same_rounds_floor():
-    from moetrain.bench.moe_layer import paired_ratio
+    from moetrain.bench.moe_report import paired_range, paired_ratio
 
     # the machine slows down over the rounds: every round ours is 1.02x the floor, the ratio of the medians 0.68
     ours, floor = [10.2, 10.2, 15.3], [10.0, 15.0, 15.0]
     assert paired_ratio(ours, floor) == pytest.approx(1.02)
     assert sorted(ours)[1] / sorted(floor)[1] == pytest.approx(0.68)
+    assert paired_range(ours, floor) == pytest.approx((0.68, 1.02))  # the second round alone: 10.2 / 15.0
     with pytest.raises(ValueError):
         paired_ratio([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        paired_range([1.0], [1.0, 2.0])
+
+
+def test_a_table_line_shows_the_rounds_range_under_its_header():
+    from moetrain.bench.moe_report import TABLE_HEADER, table_line
+
+    row = {"shape": "qwen3-30b-a3b", "routing": "skewed", "contender": "ours (auto), host ahead", "ms": 6.98,
+           "spread_pct": 1.1, "tflops": 531.7, "vs_eager": 2.02, "vs_gemms": 1.03, "vs_gemms_paired": 1.035,
+           "paired_range": (1.002, 1.046), "peak_gib": 0.95, "rel_err": 6.2e-3, "alloc_events": 0}
+    line = table_line(row)
+    assert line.split()[-7:] == ["2.02", "1.03", "1.035", "1.002-1.046", "0.95", "6.2e-03", "0"]
+    # each value sits under its column's name
+    for name, value in (("paired", "1.035"), ("range", "1.002-1.046"), ("peak GiB", "0.95"), ("mallocs", "0")):
+        assert TABLE_HEADER.index(name) + len(name) == line.rindex(value) + len(value)
