@@ -1,4 +1,7 @@
-"""The MoE layer benchmark's contenders compute the same function (CPU, fp64, small shape)."""
+"""The MoE layer benchmark's contenders compute the same function (CPU, fp64, small shape), and its table says what
+it timed."""
+
+import json
 
 import pytest
 import torch
@@ -119,6 +122,7 @@ def test_host_ahead_rows_are_divided_by_the_host_ahead_floor_and_reference():
     assert all(rows[name]["peak_gib"] != rows[name]["peak_gib"] for name in (ml.FLOOR, f"{ml.FLOOR}, host ahead"))
     assert rows["ours (auto)"]["peak_gib"] == 1.0 and rows["ours (auto)"]["reps_ms"] == [10.0, 10.1]
     assert rows["ours (auto), host ahead"]["vs_gemms_paired"] == pytest.approx((9 / 6 + 9.1 / 6.1) / 2)
+    assert rows["ours (auto), host ahead"]["paired_range"] == pytest.approx((9.1 / 6.1, 9 / 6))
     # without host-ahead twins every row is divided by the plain floor and reference
     del timed["reference eager, host ahead"], timed[f"{ml.FLOOR}, host ahead"]
     rows = {r["contender"]: r for r in ml.table_rows(s, "balanced", timed, dict.fromkeys(timed, 0.0), {})}
@@ -150,6 +154,25 @@ def test_tokens_replace_every_shapes_token_count(monkeypatch, capsys):
                                                             ("deepseek-v3", 4096, 7168, 256, "balanced")]
     assert "4096 tokens per call at every shape" in capsys.readouterr().out
     assert ml.SHAPES["qwen3-30b-a3b"].T == 16384  # the table itself is unchanged
+
+
+def test_main_prints_and_saves_the_rows_table_rows_makes(monkeypatch, capsys, tmp_path):
+    from moetrain.bench import moe_layer as ml
+
+    def run_shape(s, routing, *a):
+        timed = {name: (ms, 1.0, 0.5, 0, [ms, ms * 1.1]) for name, ms in
+                 {"reference eager": 20.0, "ours (triton)": 10.0, ml.FLOOR: 8.0}.items()}
+        return ml.table_rows(s, routing, timed, dict.fromkeys(timed, 0.0), {})
+
+    monkeypatch.setattr(ml.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ml.torch.cuda, "get_device_name", lambda *a: "a fake GPU")
+    monkeypatch.setattr(ml, "parse_backends", lambda names, device: ["triton"])
+    monkeypatch.setattr(ml, "run_shape", run_shape)
+    ml.main(["--shapes", "qwen3-30b-a3b", "--routing", "balanced", "--json", str(tmp_path / "rows.json")])
+    ours = next(line for line in capsys.readouterr().out.splitlines() if "ours (triton)" in line)
+    assert ours.split()[-7:] == ["2.00", "1.25", "1.250", "1.250-1.250", "1.00", "0.0e+00", "0"]
+    saved = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["paired_range"] for r in saved if r["contender"] == "ours (triton)"] == [[1.25, 1.25]]
 
 
 def test_layer_ab_scripts_share_their_options_with_their_own_defaults():
