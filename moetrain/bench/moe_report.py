@@ -7,7 +7,8 @@ from __future__ import annotations
 import statistics
 
 TABLE_HEADER = (f"{'shape':16s} {'routing':8s} {'contender':30s} {'ms':>8s} {'+-%':>5s} {'TFLOP/s':>8s} "
-                f"{'x eager':>8s} {'/ GEMMs':>8s} {'paired':>7s} {'range':>11s} {'peak GiB':>9s} {'rel err':>8s} {'mallocs':>7s}")
+                f"{'x eager':>8s} {'/ GEMMs':>8s} {'paired':>7s} {'range':>11s} {'peak GiB':>9s} {'rel err':>8s} "
+                f"{'mallocs':>7s}")
 
 
 def table_line(r: dict) -> str:
