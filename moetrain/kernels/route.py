@@ -50,6 +50,16 @@ def route_ref(logits: torch.Tensor, topk: int, **kw):
     return route_op(logits, topk, impl="torch", **kw)
 
 
+@triton.jit
+def _scores(x, valid, SIGMOID: tl.constexpr):
+    """fp32 logits [BLOCK_T, BLOCK_E] (-inf at padded slots, valid [BLOCK_E]) -> scores, 0 at padded slots: sigmoid,
+    or softmax over the row. One function for both kernels: the backward recomputes the forward's scores."""
+    if SIGMOID:
+        return tl.where(valid[None, :], tl.sigmoid(x), 0.0)
+    e = tl.where(valid[None, :], tl.exp(x - tl.max(x, axis=1)[:, None]), 0.0)
+    return e / tl.sum(e, axis=1)[:, None]
+
+
 @triton.jit(do_not_specialize=["T"])
 def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, psum_ptr, T, E, scaling,
                   TOPK: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr,
@@ -71,11 +81,7 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, psum_pt
     valid = (group_of < GROUPS) & (member < GROUP_SIZE)
     x = tl.load(logits_ptr + t[:, None] * E + expert[None, :], mask=valid[None, :],
                 other=-float("inf")).to(tl.float32)  # [BLOCK_T, BLOCK_E]
-    if SIGMOID:
-        s = tl.where(valid[None, :], tl.sigmoid(x), 0.0)
-    else:
-        e = tl.where(valid[None, :], tl.exp(x - tl.max(x, axis=1)[:, None]), 0.0)
-        s = e / tl.sum(e, axis=1)[:, None]
+    s = _scores(x, valid, SIGMOID)
     if HAS_PSUM:  # this program's column sums of the aux loss's probabilities (a row of psum_ptr [programs, E])
         p = s
         if SIGMOID:  # normalized over the experts per token, as the PyTorch loss does
@@ -140,11 +146,7 @@ def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dpsum_ptr, dlogits_ptr, 
     valid = expert < E
     x = tl.load(logits_ptr + t[:, None] * stride_lt + expert[None, :] * stride_le, mask=valid[None, :],
                 other=-float("inf")).to(tl.float32)  # [BLOCK_T, BLOCK_E]
-    if SIGMOID:
-        s = tl.where(valid[None, :], tl.sigmoid(x), 0.0)
-    else:
-        e = tl.where(valid[None, :], tl.exp(x - tl.max(x, axis=1)[:, None]), 0.0)
-        s = e / tl.sum(e, axis=1)[:, None]
+    s = _scores(x, valid, SIGMOID)
     # Dense per-expert sums over the picks (a repeated id adds up, as the reference's scatter_add does):
     # ds = dL/d(chosen score) before the normalization, picks = how often each expert was chosen
     ds = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
