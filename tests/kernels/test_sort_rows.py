@@ -43,7 +43,8 @@ CASES = {  # name: (T, K, E, options)
     "k1": (1000, 1, 128, {}),
     "k8_qwen3_like": (1500, 8, 128, {}),
     "dsv3_like_256_experts": (700, 8, 256, {"skew": True, "dropped": 0.05}),
-    "many_chunks": (16385, 8, 32, {"dropped": 0.01}),  # 131080 rows: chunks of 1024 (past MAX_CHUNKS of 512), 129
+    # 131080 rows: chunks of MIN_CHUNK (512) would be past MAX_CHUNKS (256), so chunks of 1024, 129 of them
+    "many_chunks": (16385, 8, 32, {"dropped": 0.01}),
     "empty": (0, 4, 8, {}),
 }
 
