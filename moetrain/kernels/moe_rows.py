@@ -140,11 +140,13 @@ def _row_probs(probs_ptr, M, BLOCK_R: tl.constexpr):
 @triton.jit
 def _swiglu_fwd_kernel(h_ptr, probs_ptr, a_ptr, M, I, ACT: tl.constexpr, HAS_PROBS: tl.constexpr,
                        BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, COL_STEPS: tl.constexpr):
+    if HAS_PROBS:  # one load per program: every column step scales the same rows
+        probs = _row_probs(probs_ptr, M, BLOCK_R)
     for step in range(COL_STEPS):
         at, _, mask, g, u = _swiglu_tile(h_ptr, M, I, tl.program_id(1) * COL_STEPS + step, BLOCK_R, BLOCK_I)
         a = _activation(g, u, ACT)
         if HAS_PROBS:
-            a = a * _row_probs(probs_ptr, M, BLOCK_R)
+            a = a * probs
         tl.store(a_ptr + at, a.to(a_ptr.dtype.element_ty), mask=mask)
 
 
@@ -154,6 +156,8 @@ def _swiglu_bwd_kernel(h_ptr, probs_ptr, da_ptr, dh_ptr, dprobs_part_ptr, M, I, 
                        COL_STEPS: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     part = tl.zeros([BLOCK_R], dtype=tl.float32)
+    if HAS_PROBS:  # one load per program, as in the forward
+        probs = _row_probs(probs_ptr, M, BLOCK_R)
     for step in range(COL_STEPS):
         at, gate_at, mask, g, u = _swiglu_tile(h_ptr, M, I, tl.program_id(1) * COL_STEPS + step, BLOCK_R, BLOCK_I)
         da = tl.load(da_ptr + at, mask=mask, other=0.0).to(tl.float32)
@@ -161,7 +165,7 @@ def _swiglu_bwd_kernel(h_ptr, probs_ptr, da_ptr, dh_ptr, dprobs_part_ptr, M, I, 
             # d probs[r] = sum_i da[r, i] * act[r, i]: this program's columns' share (one partial per row and
             # program column; the launcher sums them when there are several: deterministic, no atomics)
             part += tl.sum(tl.where(mask, da * _activation(g, u, ACT), 0.0), axis=1)
-            da = da * _row_probs(probs_ptr, M, BLOCK_R)
+            da = da * probs
         dg, du = _activation_bwd(g, u, da, ACT)
         tl.store(dh_ptr + gate_at, dg.to(dh_ptr.dtype.element_ty), mask=mask)
         tl.store(dh_ptr + gate_at + I, du.to(dh_ptr.dtype.element_ty), mask=mask)
