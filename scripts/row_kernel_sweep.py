@@ -126,7 +126,8 @@ def kernel_cases(kernel: str, inp: Inputs):
                 lambda: ((row_ops.swiglu_torch(inp.h, "swiglu") * inp.probs.unsqueeze(1)).to(inp.h.dtype),),
                 3 * M * s.I * 2, 2, (0,))
     if kernel in ("route", "route_grouped", "route_bwd"):
-        cands = list(itertools.product((1, 2, 4, 8, 16), (1, 2, 4)))
+        # up to 16 tokens per program, more where a program of 16 holds few scores (~1024 at most)
+        cands = list(itertools.product(pow2_upto(1, max(16, 1024 // next_pow2(s.E))), (1, 2, 4)))
         grouped = kernel == "route_grouped"
         rule = route_kernels._program(next_pow2(s.E), s.T, None, None, kernel == "route_bwd", grouped=grouped)
         if grouped:

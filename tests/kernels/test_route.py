@@ -30,6 +30,8 @@ CASES = {
     "single_expert": (5, 1, 1, {}),
     # several programs of several tokens each, the last one partial (tokens per program: kernels.route._program)
     "blocks_qwen3_like": (77, 128, 8, {}),
+    "blocks_mixtral_like": (37, 8, 2, {}),  # session 28's measured programs at 8 and 32 experts: 16 tokens each
+    "blocks_gpt_oss_like": (37, 32, 4, {}),
     # (T kept small: the measured programs at 256 experts take 1 token each, and the interpreter's time goes by programs)
     "blocks_dsv3_like": (20, 256, 8, dict(score="sigmoid", num_groups=8, topk_groups=4, group_score="top2_sum",
                                           bias=True, scaling_factor=2.5)),
@@ -74,6 +76,8 @@ def test_triton_route_matches_torch(name, prob_sums, monkeypatch):
 BWD_CASES = {
     # name: (T, E, K, score, normalize, scaling_factor); tokens per program kernels.route._program's
     "softmax_blocks_partial_last": (77, 128, 8, "softmax", True, 1.0),
+    "softmax_mixtral_like": (37, 8, 2, "softmax", True, 1.0),  # 16 tokens per program, the last partial
+    "softmax_gpt_oss_like": (37, 32, 4, "softmax", True, 1.0),
     "sigmoid_e_not_pow2_k8": (45, 60, 8, "sigmoid", True, 2.5),
     "softmax_k1_unnormalized": (13, 20, 1, "softmax", False, 1.0),
     "sigmoid_k1_unnormalized": (9, 24, 1, "sigmoid", False, 0.5),
@@ -239,18 +243,19 @@ fwd = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "idx_ptr": "*i64", "weight_pt
 bwd = {"logits_ptr": "*fp32", "idx_ptr": "*i64", "dweight_ptr": "*fp32", "dpsum_ptr": "*fp32", "dlogits_ptr": "*fp32",
        "T": "i32", "E": "i32", "scaling": "fp32",
        **{n: "i32" for n in ("stride_lt", "stride_le", "stride_it", "stride_ik", "stride_dt", "stride_dk")}}
-# Qwen3's softmax, and with 8 groups; DeepSeek-V3's sigmoid with groups and without: the programs the launchers pick
-# (k._program)
-for E, G, sig in ((128, 1, False), (128, 8, True), (256, 8, True), (256, 1, True)):
+# Qwen3's softmax, and with 8 groups; DeepSeek-V3's sigmoid with groups and without; Mixtral's and GPT-OSS's softmax:
+# the programs the launchers pick (k._program)
+for E, G, sig, K in ((128, 1, False, 8), (128, 8, True, 8), (256, 8, True, 8), (256, 1, True, 8), (8, 1, False, 2),
+                     (32, 1, False, 4)):
     tokens, warps = k._program(E, 16384, None, None, backward=False, grouped=G > 1)
-    c = dict(TOPK=8, BLOCK_K=8, GROUPS=G, GROUP_SIZE=E // G, BLOCK_T=tokens, BLOCK_G=G, BLOCK_GS=E // G,
+    c = dict(TOPK=K, BLOCK_K=K, GROUPS=G, GROUP_SIZE=E // G, BLOCK_T=tokens, BLOCK_G=G, BLOCK_GS=E // G,
              TOPK_GROUPS=max(1, G // 2), SIGMOID=sig, HAS_BIAS=sig, TOP2_SUM=sig, NORMALIZE=True, HAS_PSUM=True)
     ck = triton.compile(ASTSource(fn=k._route_kernel, signature={**fwd, **dict.fromkeys(c, "constexpr")},
                                   constexprs=c), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     assert spill_bytes(ck.asm["ptx"]) in (0, None), (E, G)
     tokens, warps = k._program(E, 16384, None, None, backward=True)
     for has_dw in (True, False):
-        c = dict(TOPK=8, BLOCK_T=tokens, BLOCK_E=E, SIGMOID=sig, NORMALIZE=True, HAS_DWEIGHT=has_dw, HAS_DPSUM=True)
+        c = dict(TOPK=K, BLOCK_T=tokens, BLOCK_E=E, SIGMOID=sig, NORMALIZE=True, HAS_DWEIGHT=has_dw, HAS_DPSUM=True)
         ck = triton.compile(ASTSource(fn=k._route_bwd_kernel, signature={**bwd, **dict.fromkeys(c, "constexpr")},
                                       constexprs=c), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         assert spill_bytes(ck.asm["ptx"]) in (0, None), (E, has_dw)
