@@ -21,7 +21,8 @@ H200 = {
     "gpt-oss-20b-4l": (86.88, 0.1713),
 }
 
-# Session 3, a fresh out-of-sample run on another lent H200 (same code as session 2's; scripts/h200_next_a.sh):
+# Session 3, a fresh out-of-sample run on another lent H200 (same code as session 2's;
+# scripts/device_calls/h200_next_a.sh):
 # name -> (peak GiB, median step s, {block kind: (forward s, backward s)} from measure_blocks).
 H200_S3 = {
     "tiny-wide": (0.34, 0.0653, {"dense": (0.00257, 0.00369), "moe": (0.00566, 0.00500)}),
@@ -40,7 +41,7 @@ H200_S3 = {
 
 # Session 4, out of sample after the session-4 refit (ELEMENTWISE, BWD_MEM, CE_FWD/CE_BWD fitted to
 # scripts/plan_calibrate.py's layers and heads timed alone, none of these configs), current code (tensor-core
-# router GEMM): scripts/h200_s4_b.sh. Same fields as H200_S3.
+# router GEMM): scripts/device_calls/h200_s4_b.sh. Same fields as H200_S3.
 H200_S4 = {
     "tiny-wide": (0.32, 0.0539, {"dense": (0.00283, 0.00377), "moe": (0.00535, 0.00654)}),
     "qwen3-4l": (70.47, 0.1640, {"moe": (0.00400, 0.00860)}),
@@ -56,7 +57,8 @@ H200_S4 = {
     "gpt-oss-20b-4l": (86.79, 0.1774, {"moe": (0.00814, 0.01051)}),
 }
 
-# Session 5, call E (scripts/h200_s5_e.sh): the trainer reads the next micro-batch while the GPU runs the backward
+# Session 5, call E (scripts/device_calls/h200_s5_e.sh): the trainer reads the next micro-batch while the GPU runs
+# the backward
 # (its steps lost ~5-13 ms of data work against earlier sessions), measured blocks include the main-grad hooks
 # (measured_hooks). Same fields as H200_S3 plus the head timed alone. STEP_OVERHEAD_S was refitted (5 -> 1.4 ms) on
 # that call's calibration configs before these were compared.
@@ -77,7 +79,8 @@ H200_S5 = {
     "gpt-oss-20b-4l": (86.79, 0.1686, {"moe": (0.00830, 0.01353), "head": (0.00591, 0.01074)}),
 }
 
-# Session 5, call F (scripts/h200_s5_f.sh): a fresh validate of the same code, another lent host (no refit between).
+# Session 5, call F (scripts/device_calls/h200_s5_f.sh): a fresh validate of the same code, another lent host (no refit
+# between).
 H200_S5_F = {
     "tiny-wide": (0.32, 0.0522, {"dense": (0.00248, 0.00414), "moe": (0.00479, 0.00639), "head": (0.00067, 0.00101)}),
     "qwen3-4l": (70.47, 0.1362, {"moe": (0.00393, 0.01077), "head": (0.01494, 0.02029)}),
@@ -95,7 +98,8 @@ H200_S5_F = {
     "gpt-oss-20b-4l": (86.79, 0.1671, {"moe": (0.00821, 0.01343), "head": (0.00588, 0.01079)}),
 }
 
-# Session 6, call C (scripts/h200_s6_c.sh): the full validate after the router fix (its forward no longer scaled into
+# Session 6, call C (scripts/device_calls/h200_s6_c.sh): the full validate after the router fix (its forward no longer
+# scaled into
 # the elementwise backward), same trainer as session 5 for these eager configs; another lent host (a fast one: tiny-wide
 # 38.6 ms). H200_S6_GRAPHS: train.cuda_graph with the update captured and one stream (calls D and E, two hosts),
 # after STEP_OVERHEAD_GRAPH_S was fitted on the calibration configs cal-tiny-graph / cal-qwen3-2l-graph (call E).
@@ -121,7 +125,8 @@ H200_S6_GRAPHS = {
 }
 H200_S6_TINY_WIDE_STEPS = (0.05561, 0.04429)
 
-# Session 11 (scripts/h200_clip_fold.sh, `moetrain plan validate --steps 16`): the current trainer, whose eager step
+# Session 11 (scripts/device_calls/h200_clip_fold.sh, `moetrain plan validate --steps 16`): the current trainer, whose
+# eager step
 # clips inside the fused AdamW (grad_scale) instead of a separate scaling pass over the gradients; the earlier runs
 # above had that pass. Same code for the graphed configs as session 6's. Another lent host (tiny-wide 45.2 ms).
 H200_S11 = {

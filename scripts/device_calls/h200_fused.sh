@@ -2,7 +2,7 @@
 # The fused expert path (Triton row kernels + per-op auto GEMMs) on the H200, in one device call:
 #   1. every kernel test on the GPU (bf16 row kernels, fused path, auto, graph capture) + trainer GPU tests
 #   2. the MoE layer, all issue shapes, balanced and skewed, against eager / compiled references
-# Usage on the GPU machine from the repo root: bash scripts/h200_fused.sh [OUT_DIR]
+# Usage on the GPU machine from the repo root: bash scripts/device_calls/h200_fused.sh [OUT_DIR]
 set -uo pipefail
 out="${1:-${OUT:-/tmp/moetrain-out}}"
 mkdir -p "$out"

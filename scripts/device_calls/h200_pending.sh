@@ -3,7 +3,7 @@
 #   1. GPU tests: trainer (torch.compile in bf16), kernels, the fused expert path, auto, graph capture
 #   2. grouped GEMM sweep vs torch on the remaining shapes (Qwen3 was measured: bench/NOTES.md)
 #   3. the MoE layer with each backend, after the combine change (e15cf28)
-# Usage on the GPU machine from the repo root: bash scripts/h200_pending.sh [OUT_DIR]
+# Usage on the GPU machine from the repo root: bash scripts/device_calls/h200_pending.sh [OUT_DIR]
 set -uo pipefail
 out="${1:-${OUT:-/tmp/moetrain-out}}"
 mkdir -p "$out"

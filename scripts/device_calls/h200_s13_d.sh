@@ -8,4 +8,4 @@ for spec in "qwen3-30b-a3b 100" "gpt-oss-20b 130" "mixtral-8x7b 230"; do
   filter < "$out/ab_$1.log" | tail -9
 done
 # (The first run, call D, stopped at GPT-OSS: the key filter took every shape's choice from the cache file. Call E
-# re-ran GPT-OSS and Mixtral after the fix: `bash scripts/h200_s13_e.sh`.)
+# re-ran GPT-OSS and Mixtral after the fix: `bash scripts/device_calls/h200_s13_e.sh`.)

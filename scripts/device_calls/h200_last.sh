@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Short call: the fixes after scripts/h200_validate.sh (auto's torch wgrad layout, event timing
+# Short call: the fixes after scripts/device_calls/h200_validate.sh (auto's torch wgrad layout, event timing
 # without do_bench's L2 buffer, fp32 on the torch path, test fixes).
 set -uo pipefail
 out="${1:-${OUT:-/tmp/moetrain-out}}"

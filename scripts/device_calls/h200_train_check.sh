@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, `moetrain train` on tiny and on a reduced
 # qwen3-30b-a3b, then the training-step benchmark against HF transformers.
-# Usage on the GPU machine, from the repo root: bash scripts/h200_train_check.sh [OUT_DIR]
+# Usage on the GPU machine, from the repo root: bash scripts/device_calls/h200_train_check.sh [OUT_DIR]
 set -uo pipefail
 out="${1:-${OUT:-/tmp/moetrain-out}}"
 mkdir -p "$out"
