@@ -13,11 +13,16 @@ gpu_tests() {
   timeout -k 10 "$1" python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf -k "not compiled" 2>&1 \
     | tee "$out/gpu_tests.log" | grep -E "passed|failed|FAILED|Error|tiny step" | tail -8
 }
+# pytest killed after SECONDS: `pytest_to_log NAME SECONDS PYTEST_ARGS...`, its output to $out/NAME.log; returns
+# pytest's exit status (124 / 137: timed out).
+pytest_to_log() {
+  local name=$1 limit=$2; shift 2
+  timeout -k 10 "$limit" python3 -m pytest -q -p no:cacheprovider -rf "$@" > "$out/$name.log" 2>&1
+}
 # Some GPU tests, killed after SECONDS: `gpu_test_subset NAME SECONDS PYTEST_ARGS...`; the log goes to $out/NAME.log,
 # the summary lines to stdout; returns non-zero when a test failed or the run timed out (a hang: a barrier bug).
 gpu_test_subset() {
-  local name=$1 limit=$2; shift 2
-  timeout -k 10 "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider -rf "$@" > "$out/$name.log" 2>&1
+  local name=$1; pytest_to_log "$@" -m gpu
   local rc=$?
   grep -E "passed|failed|FAILED|Error|Timeout" "$out/$name.log" | tail -6
   [ "$rc" -eq 0 ] || { echo "== $name: pytest exit $rc"; return 1; }
@@ -25,8 +30,7 @@ gpu_test_subset() {
 # Every test of some kernel test files (they run on the GPU when there is one, unmarked), killed after SECONDS:
 # `kernel_tests NAME SECONDS FILES...`; the log goes to $out/NAME.log, the summary lines to stdout.
 kernel_tests() {
-  local name=$1 limit=$2; shift 2
-  timeout -k 10 "$limit" python3 -m pytest -q -p no:cacheprovider -rf "$@" > "$out/$name.log" 2>&1
+  local name=$1; pytest_to_log "$@"
   echo "$name rc $?"; grep -E "passed|failed|FAILED|Error" "$out/$name.log" | tail -12
 }
 # The row kernels' sweep: `row_sweep NAME SECONDS ARGS...` (scripts/row_kernel_sweep.py's arguments); its JSON goes to
