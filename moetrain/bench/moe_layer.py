@@ -38,7 +38,8 @@ Contenders:
 Before anything is timed every contender runs once (the correctness check) and then --warmup
 times: Triton autotuning and auto's measurement happen there, never inside the timed reps.
 Routing is forced through the router logits so that all contenders route identically:
-balanced (round-robin) or skewed (per-expert shares drawn from a Dirichlet).
+balanced (round-robin) or skewed (per-expert shares drawn from a Dirichlet: Dirichlet(0.3), or --routing
+skewed:A for Dirichlet(A); each (shape, routing) first prints how uneven its rows per expert are).
 "peak GiB": the most memory a contender's warm-up calls held beyond the inputs, the weights and one set of
 gradients (each call frees the previous call's gradients and makes its own).
 "mallocs": the caching allocator's cudaMalloc calls and allocation retries (a retry frees cached blocks: a
@@ -85,16 +86,39 @@ SHAPES = {
 }
 
 
-def forcing_logits(s: Shape, routing: str, device, seed: int = 0) -> torch.Tensor:
-    """[T, E] fp32 added to the router logits so that top-k picks a chosen pattern."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+SKEW_ALPHA = 0.3  # "skewed": the Dirichlet concentration #6's skew criterion is measured on (sessions 1-29)
+ROUTINGS = ("balanced (round-robin), skewed (per-expert shares drawn from Dirichlet(0.3)), skewed:A (from "
+            "Dirichlet(A), A > 0: smaller is more uneven)")
+
+
+def skew_alpha(routing: str) -> float | None:
+    """None for balanced routing, else the Dirichlet concentration of a skewed one ("skewed": SKEW_ALPHA,
+    "skewed:A": A); any other name is a UserError (it used to route as skewed without a word)."""
     if routing == "balanced":
+        return None
+    if routing == "skewed":
+        return SKEW_ALPHA
+    name, _, value = routing.partition(":")
+    try:
+        alpha = float(value) if name == "skewed" else float("nan")
+    except ValueError:
+        alpha = float("nan")
+    if not 0 < alpha < float("inf"):
+        raise UserError(f"unknown routing {routing!r}; valid: {ROUTINGS}")
+    return alpha
+
+
+def forcing_logits(s: Shape, routing: str, device, seed: int = 0) -> torch.Tensor:
+    """[T, E] fp32 added to the router logits so that top-k picks a chosen pattern (routing: see ROUTINGS)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    alpha = skew_alpha(routing)
+    if alpha is None:
         t = torch.arange(s.T).unsqueeze(1)
         chosen = (t * s.K + torch.arange(s.K)) % s.E
-    else:  # skewed: each token draws K distinct experts from Dirichlet(0.3) shares
+    else:  # skewed: each token draws K distinct experts from Dirichlet(alpha) shares
         with torch.random.fork_rng(devices=[]):  # Dirichlet draws from the global generator: pin it
             torch.manual_seed(seed)
-            shares = torch.distributions.Dirichlet(torch.full((s.E,), 0.3)).sample()
+            shares = torch.distributions.Dirichlet(torch.full((s.E,), alpha)).sample()
         chosen = torch.multinomial(shares.expand(s.T, s.E), s.K, replacement=False, generator=g)
     forcing = torch.zeros(s.T, s.E)
     # Decreasing bonuses keep the order of the K picks stable and dwarf the real logits.
@@ -487,6 +511,14 @@ def routed_offs(s: Shape, routing: str, device) -> torch.Tensor:
     return torch.cumsum(torch.bincount(chosen, minlength=s.E), 0).to(torch.int32)
 
 
+def routing_line(s: Shape, routing: str) -> str:
+    """How uneven a routing's rows per expert are: the largest over the mean, their coefficient of variation and the
+    experts left without rows (balanced: 1.00, 0.00, none when E divides T*K)."""
+    rows = torch.diff(routed_offs(s, routing, "cpu"), prepend=torch.zeros(1, dtype=torch.int32)).double()
+    return (f"  {s.name} {routing}: rows per expert max / mean {(rows.max() / rows.mean()).item():.2f}, "
+            f"CV {(rows.std(correction=0) / rows.mean()).item():.2f}, {int((rows == 0).sum())} of {s.E} experts empty")
+
+
 def six_gemms(s: Shape, routing: str, device, dtype=torch.bfloat16, weights=None):
     """A callable running the layer's six grouped GEMMs alone (torch._grouped_mm: FC1/FC2 forward, data
     and weight gradients) on random operands with this routing's group sizes, returning their outputs:
@@ -536,7 +568,7 @@ def parse_backends(text: str, device: torch.device) -> list[str]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="moetrain bench moe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
-    parser.add_argument("--routing", default="balanced,skewed")
+    parser.add_argument("--routing", default="balanced,skewed", help="comma-separated: " + ROUTINGS)
     parser.add_argument("--backends", default="torch",
                         help="moetrain.ops backends to include, comma-separated: torch, triton, auto, reference")
     parser.add_argument("--warmup", type=int, default=3)
@@ -556,6 +588,9 @@ def main(argv=None) -> None:
     for name in args.shapes.split(","):  # the arguments first: a typo is reported on a machine without a GPU too
         if name not in SHAPES:
             raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
+    routings = args.routing.split(",")
+    for routing in routings:
+        skew_alpha(routing)
     if args.tokens is not None and args.tokens < 1:
         raise UserError(f"--tokens {args.tokens}: at least 1 token per layer call")
     shapes = [shape_at(n, args.tokens) for n in args.shapes.split(",")]
@@ -568,7 +603,8 @@ def main(argv=None) -> None:
     print(TABLE_HEADER, flush=True)
     rows = []
     for shape in shapes:
-        for routing in args.routing.split(","):
+        for routing in routings:
+            print(routing_line(shape, routing), flush=True)
             new = run_shape(shape, routing, backends, args.warmup, args.reps,
                             not args.no_compile, args.profile, args.graphs, args.host_ahead)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured

@@ -46,6 +46,23 @@ def test_six_gemms_are_the_layers_grouped_gemms():
     torch.testing.assert_close(outs[5][0], dh[s0:e0].T @ x[s0:e0])
 
 
+def test_skewed_routing_takes_its_concentration_and_says_how_uneven_it_is():
+    from moetrain.bench.moe_layer import routing_line, skew_alpha
+
+    assert skew_alpha("balanced") is None and skew_alpha("skewed") == 0.3 and skew_alpha("skewed:2.5") == 2.5
+    s = Shape("t", T=4000, H=8, I=4, E=16, K=2)
+    assert torch.equal(forcing_logits(s, "skewed:0.3", "cpu"), forcing_logits(s, "skewed", "cpu"))
+
+    def max_over_mean(routing):
+        counts = torch.bincount(forcing_logits(s, routing, "cpu").topk(2, dim=-1).indices.flatten(), minlength=16)
+        return (counts.max() / counts.float().mean()).item()
+
+    assert max_over_mean("skewed:0.1") > max_over_mean("skewed:3") > max_over_mean("balanced") == 1.0
+    line = routing_line(s, "balanced")
+    assert line == "  t balanced: rows per expert max / mean 1.00, CV 0.00, 0 of 16 experts empty"
+    assert f"max / mean {max_over_mean('skewed:3'):.2f}," in routing_line(s, "skewed:3")
+
+
 def test_skewed_routing_is_the_same_on_every_call():
     s = Shape("t", T=64, H=8, I=4, E=8, K=2)
     first = forcing_logits(s, "skewed", "cpu", seed=3)
@@ -54,7 +71,11 @@ def test_skewed_routing_is_the_same_on_every_call():
 
 
 @pytest.mark.parametrize("argv, match", [(["--shapes", "qwen3"], "unknown shape 'qwen3'"),
-                                         (["--tokens", "0"], "at least 1 token")])
+                                         (["--tokens", "0"], "at least 1 token"),
+                                         (["--routing", "balanced,uniform"], "unknown routing 'uniform'"),
+                                         (["--routing", "skewed:0"], "unknown routing 'skewed:0'"),
+                                         (["--routing", "skewed:x"], "unknown routing 'skewed:x'"),
+                                         (["--routing", "skewed:inf"], "unknown routing 'skewed:inf'")])
 def test_bad_arguments_are_one_line_errors_before_any_gpu_check(argv, match):
     from moetrain.bench.moe_layer import main
     from moetrain.errors import UserError
@@ -72,6 +93,9 @@ def test_skew_summary_compares_each_contender_across_routings():
             {"shape": "a", "routing": "skewed", "contender": "ref", "ms": 19.0},
             {"shape": "b", "routing": "balanced", "contender": "ours", "ms": 5.0}]  # one routing only: no line
     assert skew_summary(rows) == ["a: skewed over balanced: ours +15.0%, ref -5.0%"]
+    rows.insert(3, {"shape": "a", "routing": "skewed:2", "contender": "ours", "ms": 10.5})  # another concentration
+    assert skew_summary(rows) == ["a: skewed over balanced: ours +15.0%, ref -5.0%",
+                                  "a: skewed:2 over balanced: ours +5.0%"]
 
 
 def test_layer_ab_times_each_forced_layer_eager_and_host_ahead_against_the_peers(monkeypatch, capsys):
