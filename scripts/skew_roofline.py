@@ -1,6 +1,7 @@
 """What skewed routing costs the six expert GEMMs under two schedules, by roofline alone (CPU only, no timing).
 
-    python scripts/skew_roofline.py [--tflops 660] [--tbps 4.25] [--tail 64]
+    python scripts/skew_roofline.py [--tflops 660] [--tbps 4.25] [--tail 64] [--shapes S] [--routing skewed,skewed:1]
+                                    [--tokens N]
 
 Per group g with r rows and per GEMM: MMA time (rows padded to our tiles: 128-row tiles with a 64-row tail in the
 forward and data gradient, 64-row reduction steps, at least one, in the weight gradient) at --tflops, and HBM time
@@ -9,8 +10,9 @@ at --tbps for the bytes the group must move: its weight slice read (forward, dat
   in step   every program on the same group at once (group-major tiles: the weight gradient's 1,792 tiles per
             DeepSeek-V3 expert keep all 132 SMs on one group), so each group takes max(MMA, HBM): the sum of maxima
   mixed     store- or load-bound groups under MMA-bound ones: max(sum of MMA, sum of HBM)
-Printed per layer shape: the six GEMMs' time on bench moe's balanced and skewed routings under both, and skewed
-over balanced. bench/NOTES.md (session 11) sets them beside the measured +30% (DeepSeek-V3), +12% (Qwen3, EP8).
+Printed per layer shape and routing (bench moe's: balanced first, then --routing's): the six GEMMs' time under both,
+over balanced's, and the in-step time per token (to set --tokens runs beside each other: balanced routing is
+padding-free only where every group's rows are a multiple of 128). bench/NOTES.md (session 11) sets them beside the measured +30% (DeepSeek-V3), +12% (Qwen3, EP8).
 """
 
 from __future__ import annotations
@@ -71,21 +73,25 @@ def main(argv=None) -> int:
     ap.add_argument("--tbps", type=float, default=4.25, help="HBM bandwidth (the H200's copy: 4.25 TB/s)")
     ap.add_argument("--tail", type=int, default=64, help="rows of a group's last tile / step (64 now; 16 or 32: what "
                     "swap-AB tiles for light groups would allow)")
+    ap.add_argument("--shapes", default="deepseek-v3,qwen3-30b-a3b,deepseek-v3-ep8,gpt-oss-20b,mixtral-8x7b")
+    ap.add_argument("--routing", default="skewed",
+                    help="bench moe routings to set beside balanced, comma-separated (skewed, skewed:A, balanced)")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens per layer call instead of each shape's own T")
     args = ap.parse_args(argv)
     global TAIL
     TAIL = args.tail
-    print(f"{'shape':16s} {'in step: balanced, skewed ms':>30s} {'skew':>6s}   {'mixed: balanced, skewed ms':>28s} "
-          f"{'skew':>6s}")
-    for name in ("deepseek-v3", "qwen3-30b-a3b", "deepseek-v3-ep8", "gpt-oss-20b", "mixtral-8x7b"):
-        s = ml.SHAPES[name]
-        out = {}
-        for routing in ("balanced", "skewed"):
+    print(f"{'shape':16s} {'tokens':>6s} {'routing':12s} {'in step ms':>10s} {'skew':>7s} {'mixed ms':>9s} {'skew':>7s} "
+          f"{'in step us/token':>16s}")
+    for name in args.shapes.split(","):
+        s = ml.shape_at(name, args.tokens)
+        base = None
+        for routing in ["balanced"] + [r for r in args.routing.split(",") if r != "balanced"]:
             ends = ml.routed_offs(s, routing, torch.device("cpu"))
             rows = torch.diff(ends, prepend=torch.zeros(1, dtype=ends.dtype)).tolist()
-            out[routing] = layer_times(rows, s.H, s.I, args.tflops, args.tbps)
-        (b_step, b_mix), (s_step, s_mix) = out["balanced"], out["skewed"]
-        print(f"{name:16s} {1e3 * b_step:14.2f} {1e3 * s_step:14.2f} {100 * (s_step / b_step - 1):+5.1f}%   "
-              f"{1e3 * b_mix:13.2f} {1e3 * s_mix:13.2f} {100 * (s_mix / b_mix - 1):+5.1f}%", flush=True)
+            step, mix = layer_times(rows, s.H, s.I, args.tflops, args.tbps)
+            base = base or (step, mix)
+            print(f"{name:16s} {s.T:6d} {routing:12s} {1e3 * step:10.2f} {100 * (step / base[0] - 1):+6.1f}% "
+                  f"{1e3 * mix:9.2f} {100 * (mix / base[1] - 1):+6.1f}% {1e6 * step / s.T:16.3f}", flush=True)
     return 0
 
 

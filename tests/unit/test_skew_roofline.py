@@ -1,0 +1,35 @@
+"""scripts/skew_roofline.py (CPU): its padding rule and its table over bench moe's routings, which bench/NOTES.md
+quotes beside measured layers."""
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "skew_roofline.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("skew_roofline", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_padding_follows_our_tiles():
+    roofline = load_script()
+    assert [roofline.padded(r, "fwd") for r in (0, 40, 64, 65, 128, 256, 260, 330)] == [0, 64, 64, 128, 128, 256, 320,
+                                                                                        384]
+    assert [roofline.padded(r, "wgrad") for r in (0, 1, 64, 65, 260)] == [64, 64, 64, 128, 320]
+    assert roofline.padded(260, "fwd", tail=16) == 272
+
+
+def test_table_over_routings_and_token_counts(capsys):
+    roofline = load_script()
+    assert roofline.main(["--shapes", "deepseek-v3", "--routing", "skewed:10,skewed"]) == 0
+    assert roofline.main(["--shapes", "deepseek-v3", "--tokens", "8320", "--routing", "balanced"]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("deepseek-v3")]
+    assert [(t, r) for _, t, r, *_ in lines] == [("8192", "balanced"), ("8192", "skewed:10"), ("8192", "skewed"),
+                                                 ("8320", "balanced")]
+    assert lines[0][4] == "+0.0%" and all(float(line[4].rstrip("%")) > 10 for line in lines[1:3])
+    # balanced routing at 8192 tokens gives every expert 256 rows (two whole tiles), at 8320 260 (a 64-row tail each)
+    us_per_token = [float(line[-1]) for line in lines]
+    assert us_per_token[3] > 1.15 * us_per_token[0]
