@@ -1,21 +1,15 @@
 """scripts/skew_roofline.py (CPU): its padding rule and its table over bench moe's routings, which bench/NOTES.md
 quotes beside measured layers."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "skew_roofline.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("skew_roofline", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+import skew_roofline as roofline  # noqa: E402  (scripts/, put on the path above)
 
 
 def test_padding_follows_our_tiles():
-    roofline = load_script()
     assert [roofline.padded(r, "fwd") for r in (0, 40, 64, 65, 128, 256, 260, 330)] == [0, 64, 64, 128, 128, 256, 320,
                                                                                         384]
     assert [roofline.padded(r, "wgrad") for r in (0, 1, 64, 65, 260)] == [64, 64, 64, 128, 320]
@@ -23,7 +17,6 @@ def test_padding_follows_our_tiles():
 
 
 def test_table_over_routings_and_token_counts(capsys):
-    roofline = load_script()
     assert roofline.main(["--shapes", "deepseek-v3", "--routing", "skewed:10,skewed"]) == 0
     assert roofline.main(["--shapes", "deepseek-v3", "--tokens", "8320", "--routing", "balanced"]) == 0
     lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("deepseek-v3")]
