@@ -86,7 +86,7 @@ SHAPES = {
 }
 
 
-SKEW_ALPHA = 0.3  # "skewed": the Dirichlet concentration #6's skew criterion is measured on (sessions 1-29)
+SKEW_ALPHA = 0.3  # "skewed": the Dirichlet concentration that #6's skew criterion is measured on
 ROUTINGS = ("balanced (round-robin), skewed (per-expert shares drawn from Dirichlet(0.3)), skewed:A (from "
             "Dirichlet(A), A > 0: smaller is more uneven)")
 
