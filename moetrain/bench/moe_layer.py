@@ -39,7 +39,8 @@ Before anything is timed every contender runs once (the correctness check) and t
 times: Triton autotuning and auto's measurement happen there, never inside the timed reps.
 Routing is forced through the router logits so that all contenders route identically:
 balanced (round-robin) or skewed (per-expert shares drawn from a Dirichlet: Dirichlet(0.3), or --routing
-skewed:A for Dirichlet(A); each (shape, routing) first prints how uneven its rows per expert are).
+skewed:A for Dirichlet(A); each (shape, routing) first prints how uneven its rows per expert are, and its --json
+rows carry the same: rows_max_over_mean, rows_cv, empty_experts).
 "peak GiB": the most memory a contender's warm-up calls held beyond the inputs, the weights and one set of
 gradients (each call frees the previous call's gradients and makes its own).
 "mallocs": the caching allocator's cudaMalloc calls and allocation retries (a retry frees cached blocks: a
@@ -479,6 +480,7 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
 def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: dict) -> list[dict]:
     """bench moe's rows (one dict per contender) from time_contenders' results and check_correct's errors."""
     flops = layer_flops(s)
+    unevenness = routing_stats(s, routing)
     ref_ms = timed["reference eager"][0]
     ahead_floor = f"{FLOOR}, host ahead"
     rows = []
@@ -498,7 +500,7 @@ def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: di
                      "vs_eager": ref / ms, "vs_gemms": ms / floor,
                      "vs_gemms_paired": paired_ratio(reps_ms, timed[floor_name][4]),
                      "paired_range": paired_range(reps_ms, timed[floor_name][4]), "rel_err": errors[name],
-                     "alloc_events": alloc_events, "reps_ms": reps_ms})
+                     "alloc_events": alloc_events, "reps_ms": reps_ms, **unevenness})
     return rows
 
 
@@ -511,12 +513,19 @@ def routed_offs(s: Shape, routing: str, device) -> torch.Tensor:
     return torch.cumsum(torch.bincount(chosen, minlength=s.E), 0).to(torch.int32)
 
 
-def routing_line(s: Shape, routing: str) -> str:
+def routing_stats(s: Shape, routing: str) -> dict:
     """How uneven a routing's rows per expert are: the largest over the mean, their coefficient of variation and the
-    experts left without rows (balanced: 1.00, 0.00, none when E divides T*K)."""
+    experts left without rows (balanced: 1.0, 0.0 and none when E divides T*K)."""
     rows = torch.diff(routed_offs(s, routing, "cpu"), prepend=torch.zeros(1, dtype=torch.int32)).double()
-    return (f"  {s.name} {routing}: rows per expert max / mean {(rows.max() / rows.mean()).item():.2f}, "
-            f"CV {(rows.std(correction=0) / rows.mean()).item():.2f}, {int((rows == 0).sum())} of {s.E} experts empty")
+    return {"rows_max_over_mean": (rows.max() / rows.mean()).item(),
+            "rows_cv": (rows.std(correction=0) / rows.mean()).item(), "empty_experts": int((rows == 0).sum())}
+
+
+def routing_line(s: Shape, routing: str) -> str:
+    """routing_stats as the line bench moe prints before a (shape, routing)'s rows."""
+    st = routing_stats(s, routing)
+    return (f"  {s.name} {routing}: rows per expert max / mean {st['rows_max_over_mean']:.2f}, CV {st['rows_cv']:.2f}, "
+            f"{st['empty_experts']} of {s.E} experts empty")
 
 
 def six_gemms(s: Shape, routing: str, device, dtype=torch.bfloat16, weights=None):

@@ -193,10 +193,13 @@ def test_main_prints_and_saves_the_rows_table_rows_makes(monkeypatch, capsys, tm
     monkeypatch.setattr(ml, "parse_backends", lambda names, device: ["triton"])
     monkeypatch.setattr(ml, "run_shape", run_shape)
     ml.main(["--shapes", "qwen3-30b-a3b", "--routing", "balanced", "--json", str(tmp_path / "rows.json")])
-    ours = next(line for line in capsys.readouterr().out.splitlines() if "ours (triton)" in line)
+    out = capsys.readouterr().out.splitlines()
+    ours = next(line for line in out if "ours (triton)" in line)
     assert ours.split()[-7:] == ["2.00", "1.25", "1.250", "1.250-1.250", "1.00", "0.0e+00", "0"]
+    assert "  qwen3-30b-a3b balanced: rows per expert max / mean 1.00, CV 0.00, 0 of 128 experts empty" in out
     saved = json.loads((tmp_path / "rows.json").read_text())
     assert [r["paired_range"] for r in saved if r["contender"] == "ours (triton)"] == [[1.25, 1.25]]
+    assert {(r["rows_max_over_mean"], r["rows_cv"], r["empty_experts"]) for r in saved} == {(1.0, 0.0, 0)}
 
 
 def test_layer_ab_scripts_share_their_options_with_their_own_defaults():
