@@ -12,7 +12,8 @@ at --tbps for the bytes the group must move: its weight slice read (forward, dat
   mixed     store- or load-bound groups under MMA-bound ones: max(sum of MMA, sum of HBM)
 Printed per layer shape and routing (bench moe's: balanced first, then --routing's): the six GEMMs' time under both,
 over balanced's, and the in-step time per token (to set --tokens runs beside each other: balanced routing is
-padding-free only where every group's rows are a multiple of 128). bench/NOTES.md (session 11) sets them beside the measured +30% (DeepSeek-V3), +12% (Qwen3, EP8).
+padding-free only where every group's rows are a multiple of 128). bench/NOTES.md (session 11) sets them beside the
+measured +30% (DeepSeek-V3), +12% (Qwen3, EP8).
 """
 
 from __future__ import annotations
@@ -80,14 +81,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     global TAIL
     TAIL = args.tail
-    print(f"{'shape':16s} {'tokens':>6s} {'routing':12s} {'in step ms':>10s} {'skew':>7s} {'mixed ms':>9s} {'skew':>7s} "
-          f"{'in step us/token':>16s}")
+    print(f"{'shape':16s} {'tokens':>6s} {'routing':12s} {'in step ms':>10s} {'skew':>7s} {'mixed ms':>9s} "
+          f"{'skew':>7s} {'in step us/token':>16s}")
     for name in args.shapes.split(","):
         s = ml.shape_at(name, args.tokens)
         base = None
         for routing in ["balanced"] + [r for r in args.routing.split(",") if r != "balanced"]:
-            ends = ml.routed_offs(s, routing, torch.device("cpu"))
-            rows = torch.diff(ends, prepend=torch.zeros(1, dtype=ends.dtype)).tolist()
+            rows = ml.routed_rows(s, routing, torch.device("cpu")).tolist()
             step, mix = layer_times(rows, s.H, s.I, args.tflops, args.tbps)
             base = base or (step, mix)
             print(f"{name:16s} {s.T:6d} {routing:12s} {1e3 * step:10.2f} {100 * (step / base[0] - 1):+6.1f}% "

@@ -43,8 +43,7 @@ def main(argv=None) -> int:
     for name in ("deepseek-v3", "qwen3-30b-a3b", "deepseek-v3-ep8", "gpt-oss-20b", "mixtral-8x7b"):
         s = ml.SHAPES[name]
         for routing in ("balanced", "skewed"):
-            ends = ml.routed_offs(s, routing, torch.device("cpu"))
-            rows = torch.diff(ends, prepend=torch.zeros(1, dtype=ends.dtype)).tolist()
+            rows = ml.routed_rows(s, routing, torch.device("cpu")).tolist()
             heavy = sorted(range(len(rows)), key=lambda g: -rows[g])  # stable, as skew_schedule
             for layer, (n, k) in sweep.layer_gemms(s.H, s.I).items():
                 per_group = math.ceil(n / 128) * math.ceil(k / 128)

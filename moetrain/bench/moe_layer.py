@@ -480,7 +480,6 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
 def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: dict) -> list[dict]:
     """bench moe's rows (one dict per contender) from time_contenders' results and check_correct's errors."""
     flops = layer_flops(s)
-    unevenness = routing_stats(s, routing)
     ref_ms = timed["reference eager"][0]
     ahead_floor = f"{FLOOR}, host ahead"
     rows = []
@@ -500,32 +499,36 @@ def table_rows(s: Shape, routing: str, timed: dict, errors: dict, contenders: di
                      "vs_eager": ref / ms, "vs_gemms": ms / floor,
                      "vs_gemms_paired": paired_ratio(reps_ms, timed[floor_name][4]),
                      "paired_range": paired_range(reps_ms, timed[floor_name][4]), "rel_err": errors[name],
-                     "alloc_events": alloc_events, "reps_ms": reps_ms, **unevenness})
+                     "alloc_events": alloc_events, "reps_ms": reps_ms})
     return rows
 
 
 FLOOR = "six torch GEMMs"
 
 
-def routed_offs(s: Shape, routing: str, device) -> torch.Tensor:
-    """[E] int32 group ends of this routing (the same top-k picks the contenders make)."""
+def routed_rows(s: Shape, routing: str, device) -> torch.Tensor:
+    """[E] int64 rows per expert of this routing (the same top-k picks the contenders make)."""
     chosen = forcing_logits(s, routing, device).topk(s.K, dim=-1).indices.flatten()
-    return torch.cumsum(torch.bincount(chosen, minlength=s.E), 0).to(torch.int32)
+    return torch.bincount(chosen, minlength=s.E)
+
+
+def routed_offs(s: Shape, routing: str, device) -> torch.Tensor:
+    """[E] int32 group ends of this routing (routed_rows, summed up)."""
+    return torch.cumsum(routed_rows(s, routing, device), 0).to(torch.int32)
 
 
 def routing_stats(s: Shape, routing: str) -> dict:
     """How uneven a routing's rows per expert are: the largest over the mean, their coefficient of variation and the
     experts left without rows (balanced: 1.0, 0.0 and none when E divides T*K)."""
-    rows = torch.diff(routed_offs(s, routing, "cpu"), prepend=torch.zeros(1, dtype=torch.int32)).double()
+    rows = routed_rows(s, routing, "cpu").double()
     return {"rows_max_over_mean": (rows.max() / rows.mean()).item(),
             "rows_cv": (rows.std(correction=0) / rows.mean()).item(), "empty_experts": int((rows == 0).sum())}
 
 
-def routing_line(s: Shape, routing: str) -> str:
-    """routing_stats as the line bench moe prints before a (shape, routing)'s rows."""
-    st = routing_stats(s, routing)
-    return (f"  {s.name} {routing}: rows per expert max / mean {st['rows_max_over_mean']:.2f}, CV {st['rows_cv']:.2f}, "
-            f"{st['empty_experts']} of {s.E} experts empty")
+def routing_line(s: Shape, routing: str, stats: dict) -> str:
+    """routing_stats(s, routing) as the line bench moe prints before a (shape, routing)'s rows."""
+    return (f"  {s.name} {routing}: rows per expert max / mean {stats['rows_max_over_mean']:.2f}, "
+            f"CV {stats['rows_cv']:.2f}, {stats['empty_experts']} of {s.E} experts empty")
 
 
 def six_gemms(s: Shape, routing: str, device, dtype=torch.bfloat16, weights=None):
@@ -613,10 +616,12 @@ def main(argv=None) -> None:
     rows = []
     for shape in shapes:
         for routing in routings:
-            print(routing_line(shape, routing), flush=True)
+            unevenness = routing_stats(shape, routing)
+            print(routing_line(shape, routing, unevenness), flush=True)
             new = run_shape(shape, routing, backends, args.warmup, args.reps,
                             not args.no_compile, args.profile, args.graphs, args.host_ahead)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
+                r.update(unevenness)
                 print(table_line(r), flush=True)
             rows += new
             if args.json:

@@ -47,7 +47,7 @@ def test_six_gemms_are_the_layers_grouped_gemms():
 
 
 def test_skewed_routing_takes_its_concentration_and_says_how_uneven_it_is():
-    from moetrain.bench.moe_layer import routing_line, skew_alpha
+    from moetrain.bench.moe_layer import routing_line, routing_stats, skew_alpha
 
     assert skew_alpha("balanced") is None and skew_alpha("skewed") == 0.3 and skew_alpha("skewed:2.5") == 2.5
     s = Shape("t", T=4000, H=8, I=4, E=16, K=2)
@@ -58,9 +58,9 @@ def test_skewed_routing_takes_its_concentration_and_says_how_uneven_it_is():
         return (counts.max() / counts.float().mean()).item()
 
     assert max_over_mean("skewed:0.1") > max_over_mean("skewed:3") > max_over_mean("balanced") == 1.0
-    line = routing_line(s, "balanced")
+    line = routing_line(s, "balanced", routing_stats(s, "balanced"))
     assert line == "  t balanced: rows per expert max / mean 1.00, CV 0.00, 0 of 16 experts empty"
-    assert f"max / mean {max_over_mean('skewed:3'):.2f}," in routing_line(s, "skewed:3")
+    assert f"max / mean {max_over_mean('skewed:3'):.2f}," in routing_line(s, "skewed:3", routing_stats(s, "skewed:3"))
 
 
 def test_skewed_routing_is_the_same_on_every_call():
