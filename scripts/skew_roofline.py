@@ -68,6 +68,7 @@ def layer_times(rows: list[int], h: int, i: int, tflops: float, tbps: float) -> 
 
 def main(argv=None) -> int:
     from moetrain.bench import moe_layer as ml
+    from moetrain.errors import UserError
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tflops", type=float, default=660.0, help="dense bf16 MMA rate (the H200's GEMMs: 660-790)")
@@ -79,6 +80,14 @@ def main(argv=None) -> int:
                     help="bench moe routings to set beside balanced, comma-separated (skewed, skewed:A, balanced)")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per layer call instead of each shape's own T")
     args = ap.parse_args(argv)
+    for routing in args.routing.split(","):  # a typo: one line from argparse, not a traceback
+        try:
+            ml.skew_alpha(routing)
+        except UserError as err:
+            ap.error(str(err))
+    for name in args.shapes.split(","):
+        if name not in ml.SHAPES:
+            ap.error(f"unknown shape {name!r}; valid: {', '.join(ml.SHAPES)}")
     global TAIL
     TAIL = args.tail
     print(f"{'shape':16s} {'tokens':>6s} {'routing':12s} {'in step ms':>10s} {'skew':>7s} {'mixed ms':>9s} "

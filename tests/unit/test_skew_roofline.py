@@ -4,6 +4,8 @@ quotes beside measured layers."""
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import skew_roofline as roofline  # noqa: E402  (scripts/, put on the path above)
@@ -26,3 +28,11 @@ def test_table_over_routings_and_token_counts(capsys):
     # balanced routing at 8192 tokens gives every expert 256 rows (two whole tiles), at 8320 260 (a 64-row tail each)
     us_per_token = [float(line[-1]) for line in lines]
     assert us_per_token[3] > 1.15 * us_per_token[0]
+
+
+def test_bad_routing_or_shape_is_one_argparse_line(capsys):
+    for argv, match in ((["--routing", "uniform"], "unknown routing 'uniform'"),
+                        (["--shapes", "qwen3"], "unknown shape 'qwen3'")):
+        with pytest.raises(SystemExit) as exit_info:
+            roofline.main(argv)
+        assert exit_info.value.code == 2 and match in capsys.readouterr().err
