@@ -13,7 +13,7 @@ import os
 import sys
 
 from moetrain import __version__
-from moetrain.errors import UserError
+from moetrain.errors import UserError, os_reason
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -163,15 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
-        if err.filename is None:
-            raise
-        print(f"error: {err.strerror}: {err.filename}", file=sys.stderr)
-        return EXIT_USER_ERROR
     except BrokenPipeError:
         # `moetrain config show | head`: the reader went away; not an error worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as err:
+        # A file-system failure not caught closer to its cause (disk full, read-only, permission):
+        # one line naming the path; an OSError without a path is a bug and keeps its traceback.
+        if err.filename is None:
+            raise
+        print(f"error: {os_reason(err)}: {err.filename}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":
