@@ -157,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(parser, argv)  # usage errors: argparse prints usage and exits 2
     try:
         return args.func(args)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        # The trainer's interrupts say what was and was not saved.
+        detail = f": {_one_line(str(err))}" if str(err) else ""
+        print(f"error: interrupted{detail}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except UserError as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)

@@ -161,6 +161,11 @@ class TrainConfig:
                                   "moe.backend=reference; the optimizer state in one dtype per parameter.")
     max_skipped_steps: int = doc(5, "Abort after this many consecutive steps with a non-finite loss or grad.")
     tensorboard: bool = doc(False, "Also write TensorBoard scalars under out_dir/tensorboard.")
+    overwrite: bool = doc(
+        False, "Start a fresh run in an out_dir that holds another run: its files move to out_dir/replaced/ "
+        "(never deleted). Without it such an out_dir is refused.")
+    skip_memory_check: bool = doc(
+        False, "Train even when the planner projects that the run will not fit the device's memory.")
 
 
 @dataclass

@@ -1,84 +1,143 @@
-"""Checkpoints under <out_dir>/checkpoints/step_<N>/, written atomically.
+"""Checkpoints under <out_dir>/checkpoints/step_<N>/: atomic, verified, and safe to load.
 
-A checkpoint is written into a sibling temporary directory and renamed into place only when
-every file is on disk; ``meta.json`` is written last inside it. A crash or kill mid-save
-therefore leaves at most a ``*.partial`` directory, which loading ignores and the next save
-removes. Contents: model.pt (parameters and buffers), optimizer.pt, trainer.pt (step,
-scheduler, data position, RNG states), config.yaml (the resolved config), meta.json.
+Layout of one checkpoint (format 2):
+
+* ``model.pt``, ``optimizer.pt``: state dicts of tensors;
+* ``trainer.pt``: step, data position and RNG states as tensors, ints and strings only;
+* ``config.yaml``: the resolved config; ``meta.json``: format, step, run id, time;
+* ``manifest.json``, written last: every other file's size and CRC-32.
+
+Every ``.pt`` file loads with ``torch.load(weights_only=True)``: nothing in a checkpoint can run
+code. The files are written into ``step_<N>.partial`` and renamed into place once the manifest is
+on disk, so a crash, a kill or a full disk leaves at most a ``.partial`` directory, which loading
+ignores and the next save removes. Loading checks the manifest (a truncated or overwritten file is
+named, not loaded) and refuses non-finite weights or optimizer state.
+
+The manifest lists files by path relative to the checkpoint directory, so a sharded checkpoint
+(one set of files per rank, e.g. ``model/shard_3.distcp``) carries the same manifest: each rank
+contributes its files' entries.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
 import time
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
-from moetrain.errors import UserError
+from moetrain.errors import UserError, format_bytes, free_bytes, os_error
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+LEGACY_FORMAT = 1  # trainer.pt pickled numpy arrays; read with a numpy-only allowlist, no manifest
+MANIFEST = "manifest.json"
+CHECKSUM = "crc32"
+STATE_FILES = ("model.pt", "optimizer.pt", "trainer.pt")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_CHUNK = 16 << 20
+
+
+class DamagedCheckpoint(UserError):
+    """A checkpoint that is incomplete, truncated, corrupted or holds non-finite values."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"checkpoint {path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+@dataclass
+class Saved:
+    path: Path
+    bytes: int
+    seconds: float
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:
     return Path(out_dir) / "checkpoints"
 
 
+def step_of(path: Path) -> int:
+    match = _STEP_DIR.match(path.name)
+    if not match:
+        raise ValueError(f"not a checkpoint directory name: {path.name}")
+    return int(match.group(1))
+
+
+# ---- RNG states in weights-only form -----------------------------------------------------------
+
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, numpy, torch (and CUDA) RNG states as tuples, ints, floats and tensors."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    if isinstance(n, dict):
+        keys = n["keys"].numpy().astype(np.uint32)
+        np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    else:  # format 1: numpy's own tuple
+        np.random.set_state(n)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save_file(obj, path: Path) -> None:
+# ---- writing -----------------------------------------------------------------------------------
+
+class _ChecksumWriter:
+    """A binary file that keeps the size and CRC-32 of everything written through it."""
+
+    def __init__(self, f):
+        self.f, self.bytes, self.crc = f, 0, 0
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.bytes += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write(path: Path, obj=None, text: str | None = None) -> dict:
+    """Write ``obj`` with torch.save (or ``text``), fsync, and return its manifest entry."""
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        out = _ChecksumWriter(f)
+        if text is not None:
+            out.write(text.encode())
+        else:
+            torch.save(obj, out)
         f.flush()
         os.fsync(f.fileno())
+    return {"bytes": out.bytes, CHECKSUM: f"{out.crc:08x}"}
 
 
-def save_checkpoint(out_dir: str | Path, step: int, *, model_state: dict, optimizer_state: dict,
-                    trainer_state: dict, config_yaml: str, keep_last: int = 0) -> Path:
-    """Write step_<step> atomically and prune old checkpoints beyond ``keep_last`` (0 keeps all)."""
-    root = checkpoint_root(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob("*.partial"):
-        shutil.rmtree(stale, ignore_errors=True)
-    final = root / f"step_{step}"
-    tmp = root / f"step_{step}.partial"
-    tmp.mkdir()
-    _save_file(model_state, tmp / "model.pt")
-    _save_file(optimizer_state, tmp / "optimizer.pt")
-    _save_file(trainer_state, tmp / "trainer.pt")
-    (tmp / "config.yaml").write_text(config_yaml)
-    meta = {"format_version": FORMAT_VERSION, "step": step, "saved_at": time.time()}
-    with open(tmp / "meta.json", "w") as f:
-        json.dump(meta, f)
-        f.flush()
-        os.fsync(f.fileno())
-    if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    if keep_last > 0:
-        for old in list_checkpoints(out_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+def state_bytes(obj) -> int:
+    """Bytes of the tensors in a nested state (what a save writes, give or take a few KiB)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -89,48 +148,246 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _intact_before(out_dir: Path, step: int) -> str:
+    """What the user can fall back on, for error messages."""
+    earlier = [p for p in list_checkpoints(out_dir) if step_of(p) != step and verify(p) is None]
+    return f"the previous checkpoint {earlier[-1]} is intact" if earlier else "no earlier checkpoint exists"
+
+
+def save_checkpoint(out_dir: str | Path, step: int, *, model_state: dict, optimizer_state: dict,
+                    trainer_state: dict, config_yaml: str, run_id: str, keep_last: int = 0) -> Saved:
+    """Write step_<step> atomically; then keep only the newest ``keep_last`` of run ``run_id`` (0 keeps all).
+
+    Raises UserError (the previous checkpoint untouched, nothing partial left) when the disk is full or
+    not writable; a KeyboardInterrupt mid-save also removes the partial directory before propagating.
+    """
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    root = checkpoint_root(out_dir)
+    final, tmp = root / f"step_{step}", root / f"step_{step}.partial"
+    needed = state_bytes(model_state) + state_bytes(optimizer_state) + state_bytes(trainer_state) + len(config_yaml)
+    doing = f"saving checkpoint {final}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob("*.partial"):
+            shutil.rmtree(stale, ignore_errors=True)
+        free = free_bytes(root)
+        if free is not None and free < needed:
+            raise UserError(f"{doing}: not enough disk space: needs about {format_bytes(needed)}, "
+                            f"{format_bytes(free)} free; {_intact_before(out_dir, step)}")
+        tmp.mkdir()
+        files = {
+            "model.pt": _write(tmp / "model.pt", model_state),
+            "optimizer.pt": _write(tmp / "optimizer.pt", optimizer_state),
+            "trainer.pt": _write(tmp / "trainer.pt", trainer_state),
+            "config.yaml": _write(tmp / "config.yaml", text=config_yaml),
+        }
+        meta = {"format_version": FORMAT_VERSION, "step": step, "run_id": run_id, "saved_at": time.time()}
+        files["meta.json"] = _write(tmp / "meta.json", text=json.dumps(meta))
+        manifest = {"format_version": FORMAT_VERSION, "checksum": CHECKSUM, "files": files}
+        _write(tmp / MANIFEST, text=json.dumps(manifest, indent=1))
+        _install(tmp, final)
+        _fsync_dir(root)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise os_error(err, doing, needed_bytes=needed, after=_intact_before(out_dir, step)) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_last > 0:
+        prune(out_dir, run_id, keep_last)
+    total = sum(entry["bytes"] for entry in files.values())
+    return Saved(final, total, time.perf_counter() - started)
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``; an older ``final`` (the same step saved again) is replaced only after."""
+    if not final.exists():
+        os.rename(tmp, final)
+        return
+    old = final.with_name(final.name + ".replaced.partial")
+    shutil.rmtree(old, ignore_errors=True)
+    os.rename(final, old)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def prune(out_dir: str | Path, run_id: str, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` intact checkpoints of run ``run_id``; returns the deleted.
+
+    Checkpoints of other runs, damaged ones and those of the old format are never deleted here."""
+    mine = [p for p in list_checkpoints(out_dir) if read_meta(p).get("run_id") == run_id and verify(p) is None]
+    doomed = mine[:-keep_last] if keep_last > 0 else []
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+# ---- reading -----------------------------------------------------------------------------------
+
 def list_checkpoints(out_dir: str | Path) -> list[Path]:
-    """Complete checkpoints (those with meta.json), oldest first."""
+    """Every step_<N> directory under out_dir/checkpoints (intact or not), oldest first."""
     root = checkpoint_root(out_dir)
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and (child / "meta.json").is_file():
-            found.append((int(match.group(1)), child))
-    return [path for _, path in sorted(found)]
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()]
+    return sorted(found, key=step_of)
 
 
-def resolve_resume(resume: str | None, out_dir: str | Path) -> Path | None:
-    """checkpoint.resume -> the directory to load, or None to start fresh.
+def read_meta(path: Path) -> dict:
+    """meta.json of a checkpoint, or {} when it is missing or unreadable (verify says why)."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
-    'auto' takes the latest complete checkpoint under out_dir and starts fresh when there is
-    none; an explicit path must be a complete checkpoint.
+
+def _crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def verify(path: Path) -> str | None:
+    """None when the checkpoint at ``path`` is complete and matches its manifest, else what is wrong."""
+    if not (path / "meta.json").is_file():
+        return "no meta.json (the save did not finish)"
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"meta.json is not valid JSON ({err})"
+    if not isinstance(meta, dict) or "format_version" not in meta:
+        return "meta.json holds no format_version"
+    version = meta["format_version"]
+    if version == LEGACY_FORMAT:
+        missing = [f for f in STATE_FILES if not (path / f).is_file()]
+        return f"missing {', '.join(missing)}" if missing else None
+    if version != FORMAT_VERSION:
+        return f"checkpoint format {version!r} is not one this moetrain reads ({LEGACY_FORMAT} or {FORMAT_VERSION})"
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return f"no {MANIFEST} (the save did not finish)"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{MANIFEST} is unreadable ({err})"
+    for name, entry in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            return f"{name} is {size} bytes, the manifest says {entry['bytes']} (truncated or overwritten)"
+        if _crc32(file) != entry[CHECKSUM]:
+            return f"{name} does not match its checksum (corrupted)"
+    return None
+
+
+def _legacy_trainer(file: Path) -> dict:
+    # Format 1 pickled numpy's RNG state: allow exactly numpy's array reconstruction, nothing else.
+    core = getattr(np, "_core", None) or np.core
+    allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), core.multiarray._reconstruct]
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def first_non_finite(state, prefix: str = "") -> str | None:
+    """The dotted name of the first floating tensor in a nested state with a NaN or inf, else None."""
+    tensors = []
+
+    def walk(obj, name):
+        if isinstance(obj, torch.Tensor):
+            if obj.is_floating_point():
+                tensors.append((name, obj))
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{name}.{k}" if name else str(k))
+
+    walk(state, prefix)
+    if not tensors:
+        return None
+    finite = torch.stack([torch.isfinite(t).all() for _, t in tensors]).cpu()  # one sync for all
+    bad = [name for (name, _), ok in zip(tensors, finite.tolist()) if not ok]
+    return bad[0] if bad else None
+
+
+def load_checkpoint(path: Path, device: str | torch.device = "cpu", *, check_finite: bool = True) -> dict:
+    """Verify and read a checkpoint (tensors on ``device``; memory-mapped on the CPU).
+
+    Raises DamagedCheckpoint when the files do not match the manifest or cannot be read, and, with
+    ``check_finite``, when the weights or optimizer state hold a NaN or inf (the trainer checks them
+    on its device after loading instead: faster than on the host).
+    """
+    reason = verify(path)
+    if reason is not None:
+        raise DamagedCheckpoint(path, reason)
+    meta = read_meta(path)
+    mmap = torch.device(device).type == "cpu"
+    try:
+        model = torch.load(path / "model.pt", map_location=device, weights_only=True, mmap=mmap)
+        optimizer = torch.load(path / "optimizer.pt", map_location=device, weights_only=True, mmap=mmap)
+        if meta["format_version"] == LEGACY_FORMAT:
+            trainer = _legacy_trainer(path / "trainer.pt")
+        else:
+            trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        unsafe = re.search(r"GLOBAL (\S+)", str(err))
+        what = f" ({unsafe.group(1)})" if unsafe else ""
+        raise DamagedCheckpoint(path, f"cannot be read safely: it holds objects other than tensors and plain "
+                                      f"values{what}, which could run code; refused") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as err:
+        raise DamagedCheckpoint(path, f"cannot be read ({str(err).splitlines()[0]})") from None
+    if check_finite:
+        for what, state in (("model.pt", model), ("optimizer.pt", optimizer)):
+            bad = first_non_finite(state)
+            if bad is not None:
+                raise DamagedCheckpoint(path, non_finite_reason(what, bad))
+    return {"meta": meta, "model": model, "optimizer": optimizer, "trainer": trainer}
+
+
+def non_finite_reason(what: str, name: str) -> str:
+    return f"{what} holds non-finite values (NaN or inf) in {name}"
+
+
+def resume_candidates(resume: str | None, out_dir: str | Path,
+                      warn: Callable[[str], None]) -> tuple[list[Path], list[Path]]:
+    """checkpoint.resume -> (intact checkpoints to try, newest first; damaged ones skipped).
+
+    'auto' verifies every checkpoint under out_dir, newest first, warning about each damaged one;
+    an explicit path must be intact, else a one-line UserError says what is wrong with it.
     """
     if resume is None:
-        return None
-    if resume == "auto":
-        found = list_checkpoints(out_dir)
-        return found[-1] if found else None
-    path = Path(resume)
-    if not (path / "meta.json").is_file():
-        raise UserError(f"checkpoint.resume = {resume}: not a complete checkpoint directory (no meta.json)")
-    return path
+        return [], []
+    if resume != "auto":
+        path = Path(resume)
+        if not path.is_dir():
+            raise UserError(f"checkpoint.resume = {resume}: no such checkpoint directory")
+        reason = verify(path)
+        if reason is not None:
+            raise explicit_damaged(resume, reason)
+        return [path], []
+    intact, skipped = [], []
+    for path in reversed(list_checkpoints(out_dir)):
+        reason = verify(path)
+        if reason is None:
+            intact.append(path)
+        else:
+            warn(f"skipping damaged checkpoint {path}: {reason}")
+            skipped.append(path)
+    return intact, skipped
 
 
-def load_checkpoint(path: Path, device: torch.device) -> dict:
-    """Read a checkpoint written by save_checkpoint; tensors land on ``device``."""
-    meta = json.loads((path / "meta.json").read_text())
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{path}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}")
-    try:
-        return {
-            "meta": meta,
-            "model": torch.load(path / "model.pt", map_location=device, weights_only=True),
-            "optimizer": torch.load(path / "optimizer.pt", map_location=device, weights_only=True),
-            # trainer.pt holds python/numpy RNG states (tuples, numpy arrays): not weights-only.
-            "trainer": torch.load(path / "trainer.pt", map_location="cpu", weights_only=False),
-        }
-    except (OSError, RuntimeError, EOFError) as err:
-        raise UserError(f"{path}: cannot read checkpoint ({err})") from err
+def explicit_damaged(resume: str, reason: str) -> UserError:
+    return UserError(f"checkpoint.resume = {resume}: {reason}; pick another checkpoint "
+                     "(or checkpoint.resume=auto for the newest intact one)")
+
+
+def latest_intact(out_dir: str | Path) -> Path | None:
+    """The newest checkpoint under out_dir that matches its manifest, or None."""
+    for path in reversed(list_checkpoints(out_dir)):
+        if verify(path) is None:
+            return path
+    return None

@@ -108,9 +108,12 @@ class ProgressDisplay:
         else:
             print(f"step {record['step']}/{self.progress.tasks[0].total}  {text}", file=sys.stderr, flush=True)
 
-    def log(self, message: str) -> None:
+    def log(self, message: str, style: str | None = None) -> None:
+        """One line above the bar (plain text: brackets in paths or lists are not markup)."""
         if self.enabled:
-            self.progress.console.log(message)
+            from rich.text import Text
+
+            self.progress.console.log(Text(message, style=style or ""))
         else:
             print(message, file=sys.stderr, flush=True)
 

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from moetrain.config.schema import Config
-from moetrain.errors import UserError
+from moetrain.errors import UserError, format_bytes
 from moetrain.train import checkpoint as ckpt
+from moetrain.train import memory_check, resume, run_dir
 from moetrain.train.lr import lr_at
 from moetrain.train.metrics import MetricsLog, ProgressDisplay, summary_table
 from moetrain.train.optim import DTYPES, PrecisionAwareAdamW
@@ -38,6 +39,7 @@ class TrainResult:
     records: list[dict] = field(default_factory=list)
     last_step: int = 0
     interrupted: bool = False
+    finished: bool = False  # the resumed checkpoint had already reached train.steps
 
 
 class _StopFlag:
@@ -46,6 +48,7 @@ class _StopFlag:
 
     def __init__(self):
         self.requested = False
+        self.raised = False
         self._previous = {}
 
     def __enter__(self):
@@ -56,6 +59,9 @@ class _StopFlag:
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
+            if self.raised:  # already stopping at once: let the cleanup finish
+                return
+            self.raised = True
             raise KeyboardInterrupt
         self.requested = True
 
@@ -115,16 +121,22 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     dtype = compute_dtype(cfg, device)
     t, o = cfg.train, cfg.optim
     out_dir = Path(t.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     if show_progress is None:
         show_progress = sys.stderr.isatty()
+    say = _Say(show_progress)
+    run_dir.prepare_out_dir(out_dir)
+    projection = memory_check.check(cfg, device, lambda m: say(m, "yellow"))
+    start = resume.open_run(cfg, out_dir, lambda m: say(m, "yellow"))
+    if start.finished_at is not None:
+        say(f"nothing to train: checkpoint {start.candidates[0]} is at step {start.finished_at} and train.steps = "
+            f"{t.steps}; the run is finished (raise train.steps to train further)")
+        return TrainResult(out_dir=out_dir, last_step=start.finished_at, finished=True)
 
     seed_everything(t.seed)
-    resume_from = ckpt.resolve_resume(cfg.checkpoint.resume, out_dir)
     with torch.device(device):
         model = build_model(cfg)
     model.to(dtype)
-    if cfg.model.from_hf and resume_from is None:  # initial weights from HF (a resume overwrites them)
+    if cfg.model.from_hf and not start.candidates:  # initial weights from HF (a resume overwrites them)
         from moetrain.models.hf import load_hf_weights
 
         load_hf_weights(model, cfg.model.from_hf, progress=show_progress)
@@ -136,16 +148,14 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     vocab = cfg.model.vocab_size
     train_data = build_data(cfg, vocab, "train")
 
-    start_step, skipped_in_row = 0, 0
-    if resume_from is not None:
-        state = ckpt.load_checkpoint(resume_from, device)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        trainer_state = state["trainer"]
-        start_step = trainer_state["step"]
-        skipped_in_row = trainer_state["skipped_in_row"]
-        train_data.load_state_dict(trainer_state["data"])
-        ckpt.set_rng_state(trainer_state["rng"])
+    start_step, skipped_in_row, resume_from = 0, 0, None
+    if start.candidates:
+        resume_from, trainer_state = resume.load_into(start, cfg, model, optimizer, train_data,
+                                                      cfg.checkpoint.resume != "auto", lambda m: say(m, "yellow"))
+        start_step = int(trainer_state["step"])
+        skipped_in_row = int(trainer_state["skipped_in_row"])
+        resume.set_aside_later(out_dir, resume_from, lambda m: say(m, "yellow"))
+    run_dir.claim(out_dir, start.run_id, resume_from)
 
     accum = cfg.grad_accum_steps
     batches = BatchAhead(train_data, t.micro_batch_size)
@@ -170,13 +180,19 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     if t.manual_gc:
         gc.disable()
 
-    def save(step: int) -> Path:
-        return ckpt.save_checkpoint(
-            out_dir, step,
-            model_state=model.state_dict(), optimizer_state=optimizer.state_dict(),
-            trainer_state={"step": step, "skipped_in_row": skipped_in_row,
-                           "data": batches.state_dict(), "rng": ckpt.rng_state()},
-            config_yaml=config_yaml, keep_last=cfg.checkpoint.keep_last)
+    def save(step: int) -> None:
+        model_state, optimizer_state = model.state_dict(), optimizer.state_dict()
+        _refuse_non_finite(model_state, optimizer_state, step, out_dir)
+        try:
+            saved = ckpt.save_checkpoint(
+                out_dir, step, model_state=model_state, optimizer_state=optimizer_state,
+                trainer_state={"step": step, "skipped_in_row": skipped_in_row,
+                               "data": batches.state_dict(), "rng": ckpt.rng_state()},
+                config_yaml=config_yaml, run_id=start.run_id, keep_last=cfg.checkpoint.keep_last)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"during the save of checkpoint step_{step}, which was not written; "
+                                    f"{_latest_note(out_dir)}") from None
+        display.log(f"saved checkpoint {saved.path} ({format_bytes(saved.bytes)} in {saved.seconds:.1f} s)")
 
     last_saved = start_step if resume_from is not None else None
     try:
@@ -248,8 +264,9 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                             model.update_expert_bias(cfg.moe.expert_bias_update_rate)
                 else:
                     skipped_in_row += 1
-                    display.log(f"[yellow]step {step}: non-finite loss ({loss}) or grad norm ({norm}); step skipped "
-                                f"({skipped_in_row} in a row, limit train.max_skipped_steps = {t.max_skipped_steps})")
+                    display.log(f"step {step}: non-finite loss ({loss}) or grad norm ({norm}); step skipped "
+                                f"({skipped_in_row} in a row, limit train.max_skipped_steps = {t.max_skipped_steps})",
+                                style="yellow")
                     if skipped_in_row > t.max_skipped_steps:
                         metrics.close()
                         raise UserError(
@@ -270,6 +287,7 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 }
                 if t.eval_interval and step % t.eval_interval == 0:
                     record["eval_loss"] = evaluate(model, cfg, device, build_data)
+                    display.log(f"step {step}: eval loss {record['eval_loss']:.4f} ({t.eval_steps} micro-batches)")
                 metrics.write(record)
                 result.records.append(record)
                 result.last_step = step
@@ -289,6 +307,13 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
             if not result.interrupted and cfg.checkpoint.save_final and last_saved != result.last_step \
                     and result.last_step > 0:
                 save(result.last_step)
+    except torch.cuda.OutOfMemoryError as err:
+        raise UserError(memory_check.oom_message(projection, result.last_step + 1, err)) from None
+    except KeyboardInterrupt as err:
+        if str(err):  # raised by save() with what was and was not written
+            raise
+        raise KeyboardInterrupt(f"stopped at once during step {result.last_step + 1} (Ctrl-C twice), without "
+                                f"saving it; {_latest_note(out_dir)}") from None
     finally:
         # Also on errors (divergence abort, Ctrl-C twice): close files, hand GC back, drop hooks.
         metrics.close()
@@ -301,6 +326,36 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
 
         Console(stderr=True).print(summary_table(result.records, f"{cfg.model.name}: training summary"))
     return result
+
+
+class _Say:
+    """Messages before the progress display exists: rich on a terminal, plain lines otherwise."""
+
+    def __init__(self, rich_output: bool):
+        self.rich_output = rich_output
+
+    def __call__(self, message: str, style: str | None = None) -> None:
+        if self.rich_output:
+            from rich.console import Console
+            from rich.text import Text
+
+            Console(stderr=True).log(Text(message, style=style or ""))
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+
+def _latest_note(out_dir: Path) -> str:
+    latest = ckpt.latest_intact(out_dir)
+    return f"the latest checkpoint {latest} is intact" if latest else "no checkpoint was saved"
+
+
+def _refuse_non_finite(model_state: dict, optimizer_state: dict, step: int, out_dir: Path) -> None:
+    """A checkpoint of NaN/inf weights would become the latest and poison every resume: stop instead."""
+    for what, state in (("weights", model_state), ("optimizer state", optimizer_state.get("params", {}))):
+        bad = ckpt.first_non_finite(state)
+        if bad is not None:
+            raise UserError(f"training diverged: the {what} hold non-finite values (NaN or inf) in {bad} at step "
+                            f"{step}; not saved; {_latest_note(out_dir)}; lower optim.lr or check the data")
 
 
 @torch.no_grad()
