@@ -227,7 +227,9 @@ class _Writer:
             out[pos:end - 1] = ids
             out[end - 1] = self.tok.eos_id
             pos = int(end)
-        out.tofile(self.f)
+        # file.write, not ndarray.tofile: tofile loses small writes to a full disk silently and
+        # reports large ones without an errno.
+        self.f.write(memoryview(out))
         base = self.offsets[-1]
         self.offsets.extend((ends + base).tolist())
 

@@ -1,5 +1,6 @@
 """`moetrain data prepare` (moetrain.train.tokenize): exact file contents for hand-computed inputs."""
 
+import errno
 import hashlib
 import importlib.util
 import json
@@ -210,3 +211,15 @@ def test_trained_bpe_round_trip(tmp_path):
         assert ids[-1] == eos and eos not in ids[:-1]
         assert ids[:-1] == tok.encode(text, add_special_tokens=False).ids
         assert tok.decode(ids[:-1]) == text   # byte-level BPE decodes back to the exact text
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_writer_reports_a_full_disk_with_its_errno(tmp_path):
+    # /dev/full fails every write with ENOSPC; a chunk smaller than any buffer must still fail.
+    writer = tokenize._Writer(tmp_path, tokenize.ByteTokenizer())
+    writer.f.close()
+    writer.f = open("/dev/full", "wb")
+    writer.add("abc")
+    with pytest.raises(OSError) as e:
+        writer.close()
+    assert e.value.errno == errno.ENOSPC
