@@ -1,13 +1,19 @@
 """`moetrain data prepare`: turn text files into a token dataset that `TokenDataset` reads.
 
 Inputs
-  * ``.txt``: documents are separated by one or more blank lines (lines holding only
-    whitespace). The lines of one document are joined with a single ``\\n``; line endings
-    (``\\n`` or ``\\r\\n``) are not part of the text. A file without blank lines is one document.
+  Each input is a file or a directory; a directory stands for every regular file under it,
+  recursively, in sorted path order, skipping names that start with ``.`` (and the output
+  directory itself).
   * ``.jsonl`` (or ``.ndjson``): one JSON object per line with a string field ``"text"``;
     each line is one document. Blank lines are skipped. A line that is not valid JSON or
     has no string ``"text"`` is a UserError naming the file and the 1-based line number.
-  Files must be UTF-8.
+  * any other file (``.txt``, ``.md``, ``README``, ...) is text: documents are separated by
+    one or more blank lines (lines holding only whitespace). The lines of one document are
+    joined with a single ``\\n``; line endings (``\\n`` or ``\\r\\n``) are not part of the
+    text. A file without blank lines is one document.
+  Files must be UTF-8. Compressed files, archives and binary formats (gzip, zstd, zip,
+  Parquet, ...: recognised by their first bytes, or a NUL byte near the start) are refused
+  with what they are and what to do, before any work.
 
 Tokenizers
   * ``bytes``: byte-level; token id = UTF-8 byte value (0..255), end-of-document id 256,
@@ -44,14 +50,13 @@ from typing import Iterator
 
 import numpy as np
 
-from moetrain.errors import UserError
+from moetrain.errors import UserError, os_error
 
 FORMAT_VERSION = 1
 BYTE_VOCAB_SIZE = 257
 BYTE_EOS_ID = 256
 # Special tokens that mark the end of a document in common tokenizers, in order of preference.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[EOS]", "<|im_end|>")
-TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 # Flush the document buffer to the tokenizer once it holds this many characters (or documents).
 _CHUNK_CHARS = 4 << 20
@@ -140,7 +145,7 @@ def _decode(raw: bytes, path: Path, lineno: int) -> str:
 def read_txt(path: Path, counter: _Counter) -> Iterator[str]:
     """Documents of a .txt file: runs of non-blank lines, joined with '\\n'."""
     lines: list[str] = []
-    with open(path, "rb") as f:
+    with _open_input(path) as f:
         for lineno, raw in enumerate(f, 1):
             counter.bytes += len(raw)
             line = _decode(raw, path, lineno).rstrip("\r\n")
@@ -155,7 +160,7 @@ def read_txt(path: Path, counter: _Counter) -> Iterator[str]:
 
 def read_jsonl(path: Path, counter: _Counter) -> Iterator[str]:
     """Documents of a .jsonl file: the "text" field of each non-blank line."""
-    with open(path, "rb") as f:
+    with _open_input(path) as f:
         for lineno, raw in enumerate(f, 1):
             counter.bytes += len(raw)
             line = _decode(raw, path, lineno)
@@ -172,15 +177,91 @@ def read_jsonl(path: Path, counter: _Counter) -> Iterator[str]:
             yield obj["text"]
 
 
+def _open_input(path: Path):
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise os_error(e, f"reading input {str(path)!r}") from None
+
+
+_EXTRACT = "extract it and give its text files (or their directory)"
+_EXPORT = 'export the text as .jsonl (one {"text": ...} object per line)'
+# (offset, bytes, what the file is, what to do): formats that are not text.
+_BINARY_SIGNATURES = (
+    (0, b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
+    (0, b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first (zstd -d)"),
+    (4, b"1AY&SY", "bzip2-compressed", "decompress it first (bunzip2)"),
+    (0, b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz)"),
+    (0, b"\x04\x22\x4d\x18", "lz4-compressed", "decompress it first (lz4 -d)"),
+    (0, b"PK\x03\x04", "a zip archive", _EXTRACT),
+    (0, b"PK\x05\x06", "a zip archive", _EXTRACT),
+    (0, b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", _EXTRACT),
+    (257, b"ustar", "a tar archive", _EXTRACT),
+    (0, b"PAR1", "a Parquet file", _EXPORT),
+    (0, b"ARROW1", "an Arrow file", _EXPORT),
+    (0, b"SQLite format 3\x00", "an SQLite database", _EXPORT),
+    (0, b"\x93NUMPY", "a NumPy array", "give text or .jsonl files"),
+    (0, b"%PDF-", "a PDF document", "extract its text first (e.g. pdftotext)"),
+    (0, b"\xff\xfe", "UTF-16 text", "convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)"),
+    (0, b"\xfe\xff", "UTF-16 text", "convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)"),
+)
+_SNIFF_BYTES = 8192
+
+
+def _refuse_binary(path: Path) -> None:
+    """UserError when the file's first bytes say it is not text (a known format, or a NUL byte)."""
+    with _open_input(path) as f:
+        head = f.read(_SNIFF_BYTES)
+    for offset, magic, what, todo in _BINARY_SIGNATURES:
+        if head[offset:offset + len(magic)] == magic:
+            raise UserError(f"input {str(path)!r} is {what}, not text; {todo}")
+    nul = head.find(b"\x00")
+    if nul >= 0:
+        raise UserError(f"input {str(path)!r} is binary data (a NUL byte at offset {nul}), not text; "
+                        "give UTF-8 text or .jsonl files")
+
+
 def _reader(path: Path):
-    suffix = path.suffix.lower()
-    if suffix in TEXT_SUFFIXES:
-        return read_txt
-    if suffix in JSONL_SUFFIXES:
-        return read_jsonl
-    raise UserError(
-        f"input {str(path)!r}: unknown file type {suffix or '(none)'!r}; valid: "
-        f"{', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}")
+    """The reader for `path` (by suffix: .jsonl/.ndjson, else text); refuses binary files."""
+    _refuse_binary(path)
+    return read_jsonl if path.suffix.lower() in JSONL_SUFFIXES else read_txt
+
+
+def _walk_error(err: OSError) -> None:
+    raise os_error(err, "listing input directory")
+
+
+def _files_under(root: Path, skip: Path) -> list[Path]:
+    """Regular files under `root`, recursively, sorted; hidden names and `skip` (resolved) left out."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_walk_error):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and (here / d).resolve() != skip]
+        found += [here / n for n in filenames if not n.startswith(".") and (here / n).is_file()]
+    return sorted(found, key=lambda p: p.relative_to(root).parts)
+
+
+def input_files(inputs: list[str], output: Path) -> list[Path]:
+    """The files `inputs` name, in order: a file itself, a directory every regular file under it."""
+    if not inputs:
+        raise UserError("data prepare: no input files given (--input PATH ...)")
+    skip = output.resolve()
+    paths: list[Path] = []
+    for spec in inputs:
+        p = Path(spec)
+        if p.is_dir():
+            under = _files_under(p, skip)
+            if not under:
+                raise UserError(f"input {spec!r}: a directory without files (hidden names are skipped); "
+                                "give text or .jsonl files, or a directory holding them")
+            paths += under
+        elif p.is_file():
+            paths.append(p)
+        elif p.exists():
+            raise UserError(f"input {spec!r}: not a regular file or directory")
+        else:
+            raise UserError(f"input {spec!r}: no such file or directory")
+    return paths
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -276,14 +357,9 @@ def prepare(inputs: list[str], tokenizer: str, output: str, progress: bool = Tru
     Returns the dataset's meta.json content plus ``output`` (the directory) and ``seconds``.
     The train/eval split is not decided here: `TokenDataset` splits documents when it loads.
     """
-    if not inputs:
-        raise UserError("data prepare: no input files given (--input FILE ...)")
-    paths = [Path(p) for p in inputs]
-    for p in paths:
-        if not p.is_file():
-            raise UserError(f"input {str(p)!r}: no such file")
-        _reader(p)  # reject unknown file types before any work
     out = Path(output)
+    paths = input_files(inputs, out)
+    readers = [_reader(p) for p in paths]  # refuses binary inputs before any work
     _check_output(out)
     tok = load_tokenizer(tokenizer)
 
@@ -303,9 +379,9 @@ def prepare(inputs: list[str], tokenizer: str, output: str, progress: bool = Tru
         if bar:
             bar.start()
         try:
-            for p in paths:
+            for p, read in zip(paths, readers):
                 docs_before = len(writer.offsets) - 1  # the buffer is empty between files
-                for text in _reader(p)(p, counter):
+                for text in read(p, counter):
                     writer.add(text)
                     if bar and not writer.buffer:  # just flushed a chunk
                         bar.update(task, completed=counter.bytes)
@@ -322,7 +398,8 @@ def prepare(inputs: list[str], tokenizer: str, output: str, progress: bool = Tru
                 bar.stop()
         num_docs = len(writer.offsets) - 1
         if num_docs == 0:
-            raise UserError(f"no documents found in {', '.join(map(str, paths))}")
+            raise UserError(f"no documents found in {', '.join(inputs)}: "
+                            "the files are empty or hold only blank lines")
         np.save(tmp / "docs.npy", np.frombuffer(writer.offsets, dtype=np.int64))
         meta = {
             "format_version": FORMAT_VERSION,

@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from moetrain import cli
 from moetrain.errors import UserError
 from moetrain.train import tokenize
 from moetrain.train.tokenize import prepare
@@ -78,9 +79,6 @@ def test_input_errors(tmp_path):
     missing = str(tmp_path / "nope.txt")
     with pytest.raises(UserError, match="nope.txt"):
         prepare([missing], "bytes", str(tmp_path / "o"))
-    (tmp_path / "data.csv").write_text("x")
-    with pytest.raises(UserError, match=r"data.csv.*\.txt, \.jsonl"):
-        prepare([str(tmp_path / "data.csv")], "bytes", str(tmp_path / "o"))
     with pytest.raises(UserError, match="tok.json"):
         prepare([str(good)], str(tmp_path / "tok.json"), str(tmp_path / "o"))
     empty = tmp_path / "empty.txt"
@@ -223,3 +221,106 @@ def test_writer_reports_a_full_disk_with_its_errno(tmp_path):
     with pytest.raises(OSError) as e:
         writer.close()
     assert e.value.errno == errno.ENOSPC
+
+
+# ---- through the command line: one line on stderr, nothing left behind -----------------------------
+
+def prepare_cli(capsys, *inputs, output, tokenizer="bytes"):
+    """(exit code, stdout, stderr lines) of `moetrain data prepare`."""
+    code = cli.main(["data", "prepare", "--input", *map(str, inputs), "--tokenizer", tokenizer,
+                     "--output", str(output)])
+    out, err = capsys.readouterr()
+    return code, out, err.splitlines()
+
+
+def one_error(capsys, *inputs, output, words=()):
+    """The one stderr line of a failed prepare (exit 2); it contains each of `words`."""
+    code, out, err = prepare_cli(capsys, *inputs, output=output)
+    assert (code, out, len(err)) == (2, "", 1), err
+    assert err[0].startswith("error: ")
+    for w in words:
+        assert w in err[0], (w, err[0])
+    return err[0]
+
+
+def test_a_file_of_any_other_name_is_text(tmp_path, capsys):
+    (tmp_path / "corpus").mkdir()
+    readme, notes = tmp_path / "corpus" / "README", tmp_path / "notes.md"
+    readme.write_text("hi\n\nyo\n")
+    notes.write_text("ok")
+    code, out, err = prepare_cli(capsys, readme, notes, output=tmp_path / "ds")
+    assert (code, err) == (0, []) and out.startswith("wrote 9 tokens in 3 documents to ")
+    meta, tokens, _ = read_dataset(tmp_path / "ds")
+    assert tokens.tolist() == [104, 105, EOS, 121, 111, EOS, 111, 107, EOS]
+    assert [s["path"] for s in meta["sources"]] == [str(readme.resolve()), str(notes.resolve())]
+    (tmp_path / "latin1").write_bytes("caf\n\ncaf\xe9\n".encode("latin-1"))
+    one_error(capsys, tmp_path / "latin1", output=tmp_path / "o",
+              words=[f"{tmp_path / 'latin1'}:3: not valid UTF-8 text"])
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "ds", "latin1", "notes.md"]
+
+
+def test_a_directory_is_every_file_under_it_sorted_without_hidden_ones(tmp_path, capsys):
+    root = tmp_path / "c"
+    for rel, text in [("b/z.txt", "z"), ("a.jsonl", '{"text": "a"}\n'), ("b/a/README", "ba"),
+                      ("B", "B"), (".hidden", "no"), (".git/config", "no"), ("b/.swp", "no")]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "link").symlink_to(root / "B")   # a link to a file counts as that file
+    out = root / "ds"
+    for _ in range(2):   # the second run must not read the first run's output under root
+        code, _, err = prepare_cli(capsys, root, output=out)
+        assert (code, err) == (0, [])
+        meta, tokens, _ = read_dataset(out)
+        names = [os.path.relpath(s["path"], root.resolve()) for s in meta["sources"]]
+        assert names == ["B", "a.jsonl", "b/a/README", "b/z.txt", "B"]   # "link" resolves to B
+        assert bytes(t for t in tokens.tolist() if t != EOS) == b"BabazB"
+
+
+def test_directory_and_missing_input_errors(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / ".only-hidden").write_text("x")
+    one_error(capsys, empty, output=tmp_path / "o", words=[f"input {str(empty)!r}", "a directory without files"])
+    one_error(capsys, tmp_path / "nope", output=tmp_path / "o",
+              words=[f"input {str(tmp_path / 'nope')!r}", "no such file or directory"])
+    assert sorted(os.listdir(tmp_path)) == ["empty"]
+
+
+def _zip_bytes():
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("a.txt", "text")
+    return buf.getvalue()
+
+
+def _tar_bytes():
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 4
+        t.addfile(info, io.BytesIO(b"text"))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("c.jsonl.gz", lambda: __import__("gzip").compress(b'{"text": "a"}\n'), ["gzip-compressed", "decompress"]),
+    ("c.txt.bz2", lambda: __import__("bz2").compress(b"text\n"), ["bzip2-compressed", "bunzip2"]),
+    ("c.xz", lambda: __import__("lzma").compress(b"text\n"), ["xz-compressed", "unxz"]),
+    ("c.zst", lambda: b"\x28\xb5\x2f\xfd" + b"\x00" * 20, ["zstd-compressed", "zstd -d"]),
+    ("c.zip", _zip_bytes, ["zip archive", "extract"]),
+    ("c.tar", _tar_bytes, ["tar archive", "extract"]),
+    ("train-00000", lambda: b"PAR1\x15\x04" + b"\x00" * 20 + b"PAR1", ["Parquet file", ".jsonl"]),
+    ("u16.txt", lambda: "text\n".encode("utf-16"), ["UTF-16 text", "convert it to UTF-8"]),
+    ("tokens.bin", lambda: np.arange(65, 75, dtype=np.uint16).tobytes(), ["binary data", "NUL byte at offset 1"]),
+])
+def test_binary_inputs_are_refused_with_what_they_are(tmp_path, capsys, name, content, words):
+    f = tmp_path / name
+    f.write_bytes(content())
+    line = one_error(capsys, f, output=tmp_path / "o",
+                     words=[f"input {str(f)!r} is ", "not text", *words])
+    assert "not valid UTF-8" not in line
+    assert sorted(os.listdir(tmp_path)) == [name]
