@@ -40,6 +40,7 @@ appended to tokens.bin, so memory does not grow with the input size (only the of
 from __future__ import annotations
 
 import hashlib
+import errno
 import json
 import os
 import shutil
@@ -50,7 +51,7 @@ from typing import Iterator
 
 import numpy as np
 
-from moetrain.errors import UserError, os_error
+from moetrain.errors import UserError, format_bytes, os_error
 
 FORMAT_VERSION = 1
 BYTE_VOCAB_SIZE = 257
@@ -330,20 +331,36 @@ def _progress(total_bytes: int, enabled: bool):
                     TimeRemainingColumn(), console=Console(stderr=True), transient=False)
 
 
+def _temporary_names(output: Path) -> tuple[Path, Path]:
+    """(directory being written, earlier dataset being replaced): hidden names beside `output`."""
+    stem = output.parent / f".{output.name}"
+    return Path(f"{stem}.tmp-{os.getpid()}"), Path(f"{stem}.old-{os.getpid()}")
+
+
 def _install(tmp: Path, output: Path) -> None:
-    """Move the finished temporary directory to `output`, replacing an older dataset there."""
+    """Move the finished temporary directory to `output`, replacing an older dataset there.
+
+    If the final rename fails the older dataset is moved back, so `output` is never lost.
+    """
     if not output.exists():
         os.rename(tmp, output)
         return
-    old = output.parent / f".{output.name}.old-{os.getpid()}"
+    old = _temporary_names(output)[1]
     os.rename(output, old)
-    os.rename(tmp, output)
+    try:
+        os.rename(tmp, output)
+    except BaseException:
+        os.rename(old, output)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 
 def _check_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
         raise UserError(f"output {str(output)!r} exists and is not a directory")
+    existing = next(a for a in output.absolute().parents if a.exists())
+    if not existing.is_dir():
+        raise UserError(f"output {str(output)!r}: {existing} is a file, not a directory")
     if output.is_dir() and any(output.iterdir()) and not (output / "meta.json").exists():
         # Only replace an earlier dataset (or an empty directory), never unrelated files.
         raise UserError(
@@ -351,70 +368,109 @@ def _check_output(output: Path) -> None:
             "choose a new or empty directory")
 
 
+def _output_error(err: OSError, output: Path, had_dataset: bool, needed_bytes: int) -> UserError:
+    """One line for a failure to write `output`: why, where, and what is left as it was.
+
+    Paths of our own temporary directories are reported as the directory that holds them.
+    """
+    tmp, old = _temporary_names(output)
+    where = err.filename
+    if where is None or any(Path(where).is_relative_to(p) for p in (tmp, old, output)):
+        where = str(output.parent.resolve())
+    after = []
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        after.append(f"about {format_bytes(needed_bytes)} needed")
+    if not had_dataset:
+        after.append("nothing was written")
+    elif (output / "meta.json").exists():
+        after.append(f"the dataset already at {output} is unchanged")
+    elif old.exists():
+        after.append(f"the earlier dataset is at {old}; rename it back to {output}")
+    if tmp.exists():
+        after.append(f"remove {tmp} by hand")
+    reported = OSError(err.errno, err.strerror, where)
+    return os_error(reported, f"writing dataset {output}", after="; ".join(after))
+
+
+def _write_dataset(tmp: Path, paths: list[Path], readers: list, tok, description: dict, inputs: list[str],
+                   progress: bool) -> dict:
+    """Tokenize `paths` (from `inputs`) into the existing directory `tmp`; returns the meta.json written."""
+    sources = []
+    writer = _Writer(tmp, tok)
+    counter = _Counter()
+    total_bytes = sum(p.stat().st_size for p in paths)
+    bar = _progress(total_bytes, progress)
+    task = bar.add_task("tokenize", total=total_bytes) if bar else None
+    if bar:
+        bar.start()
+    try:
+        for p, read in zip(paths, readers):
+            docs_before = len(writer.offsets) - 1  # the buffer is empty between files
+            for text in read(p, counter):
+                writer.add(text)
+                if bar and not writer.buffer:  # just flushed a chunk
+                    bar.update(task, completed=counter.bytes)
+            writer.flush()  # so per-file token counts are exact
+            ndocs = len(writer.offsets) - 1 - docs_before
+            ntok = writer.offsets[-1] - writer.offsets[-1 - ndocs] if ndocs else 0
+            sources.append({"path": str(p.resolve()), "documents": ndocs, "tokens": int(ntok),
+                            "bytes": p.stat().st_size})
+            if bar:
+                bar.update(task, completed=counter.bytes)
+    finally:
+        writer.close()
+        if bar:
+            bar.stop()
+    num_docs = len(writer.offsets) - 1
+    if num_docs == 0:
+        raise UserError(f"no documents found in {', '.join(inputs)}: "
+                        "the files are empty or hold only blank lines")
+    np.save(tmp / "docs.npy", np.frombuffer(writer.offsets, dtype=np.int64))
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "dtype": writer.dtype.name,
+        "vocab_size": int(tok.vocab_size),
+        "eos_id": int(tok.eos_id),
+        "num_tokens": int(writer.num_tokens),
+        "num_docs": num_docs,
+        "tokenizer": description,
+        "sources": sources,
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
 def prepare(inputs: list[str], tokenizer: str, output: str, progress: bool = True) -> dict:
     """Tokenize `inputs` with `tokenizer` ('bytes' or a tokenizer.json) into dataset dir `output`.
 
     Returns the dataset's meta.json content plus ``output`` (the directory) and ``seconds``.
     The train/eval split is not decided here: `TokenDataset` splits documents when it loads.
+    ``progress``: a progress bar on stderr for large inputs when stderr is a terminal.
+    Failures to write are one-line UserErrors; the temporary directory is removed on any
+    failure or interrupt, and an earlier dataset at `output` is left as it was.
     """
     out = Path(output)
     paths = input_files(inputs, out)
     readers = [_reader(p) for p in paths]  # refuses binary inputs before any work
     _check_output(out)
     tok = load_tokenizer(tokenizer)
+    description = tok.describe()  # reads the tokenizer file: an OSError below is about the output
 
     t0 = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    had_dataset = (out / "meta.json").exists()
+    needed = sum(p.stat().st_size for p in paths) * token_dtype(tok.vocab_size).itemsize
+    tmp = _temporary_names(out)[0]
     try:
-        sources = []
-        writer = _Writer(tmp, tok)
-        counter = _Counter()
-        total_bytes = sum(p.stat().st_size for p in paths)
-        bar = _progress(total_bytes, progress)
-        task = bar.add_task("tokenize", total=total_bytes) if bar else None
-        if bar:
-            bar.start()
+        out.parent.mkdir(parents=True, exist_ok=True)
         try:
-            for p, read in zip(paths, readers):
-                docs_before = len(writer.offsets) - 1  # the buffer is empty between files
-                for text in read(p, counter):
-                    writer.add(text)
-                    if bar and not writer.buffer:  # just flushed a chunk
-                        bar.update(task, completed=counter.bytes)
-                writer.flush()  # so per-file token counts are exact
-                ndocs = len(writer.offsets) - 1 - docs_before
-                ntok = writer.offsets[-1] - writer.offsets[-1 - ndocs] if ndocs else 0
-                sources.append({"path": str(p.resolve()), "documents": ndocs, "tokens": int(ntok),
-                                "bytes": p.stat().st_size})
-                if bar:
-                    bar.update(task, completed=counter.bytes)
-        finally:
-            writer.close()
-            if bar:
-                bar.stop()
-        num_docs = len(writer.offsets) - 1
-        if num_docs == 0:
-            raise UserError(f"no documents found in {', '.join(inputs)}: "
-                            "the files are empty or hold only blank lines")
-        np.save(tmp / "docs.npy", np.frombuffer(writer.offsets, dtype=np.int64))
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "dtype": writer.dtype.name,
-            "vocab_size": int(tok.vocab_size),
-            "eos_id": int(tok.eos_id),
-            "num_tokens": int(writer.num_tokens),
-            "num_docs": num_docs,
-            "tokenizer": tok.describe(),
-            "sources": sources,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        _install(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            if tmp.exists():  # left by an earlier process that had our pid
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+            meta = _write_dataset(tmp, paths, readers, tok, description, inputs, progress)
+            _install(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except OSError as err:
+        raise _output_error(err, out, had_dataset, needed) from None
     return {**meta, "output": str(out), "seconds": round(time.perf_counter() - t0, 3)}
-

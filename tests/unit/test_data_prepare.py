@@ -106,6 +106,8 @@ def test_output_replaced_atomically_and_unrelated_dirs_protected(tmp_path):
     with pytest.raises(UserError, match="not a moetrain dataset"):
         prepare([str(f)], "bytes", str(other), progress=False)
     assert (other / "notes.txt").read_text() == "keep me"
+    with pytest.raises(UserError, match=r"'.*notes.txt/sub/ds': .*notes.txt is a file, not a directory"):
+        prepare([str(f)], "bytes", str(other / "notes.txt" / "sub" / "ds"), progress=False)
     # A failure in a later file leaves the earlier dataset untouched.
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{oops\n")
@@ -324,3 +326,132 @@ def test_binary_inputs_are_refused_with_what_they_are(tmp_path, capsys, name, co
                      words=[f"input {str(f)!r} is ", "not text", *words])
     assert "not valid UTF-8" not in line
     assert sorted(os.listdir(tmp_path)) == [name]
+
+
+def test_an_unreadable_input_is_one_line(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "a.txt"
+    f.write_text("x")
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(tokenize, "open", denied, raising=False)
+    one_error(capsys, f, output=tmp_path / "o", words=[f"reading input {str(f)!r}: permission denied ({f})"])
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+# ---- writing the output: read-only, no permission, full disk, interrupts, stale temporaries --------
+
+def hidden(d):
+    return sorted(n for n in os.listdir(d) if n.startswith("."))
+
+
+@pytest.mark.parametrize("code, reason", [(errno.EROFS, "read-only file system"),
+                                          (errno.EACCES, "permission denied")])
+def test_output_directory_not_writable(tmp_path, capsys, monkeypatch, code, reason):
+    f = tmp_path / "a.txt"
+    f.write_text("abc\n")
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):   # what the OS does in a read-only or locked directory
+        if os.path.dirname(os.fspath(path)) == str(parent):
+            raise OSError(code, os.strerror(code), os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    out = parent / "ds"
+    one_error(capsys, f, output=out,
+              words=[f"error: writing dataset {out}: {reason} ({parent.resolve()}); nothing was written"])
+    assert os.listdir(parent) == []
+
+
+def test_output_directory_without_write_permission(tmp_path, capsys):
+    f = tmp_path / "a.txt"
+    f.write_text("abc\n")
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        if os.access(parent, os.W_OK):
+            pytest.skip("chmod does not stop this user's writes (root)")
+        one_error(capsys, f, output=parent / "ds",
+                  words=[f"writing dataset {parent / 'ds'}: permission denied ({parent.resolve()})"])
+        assert os.listdir(parent) == []
+    finally:
+        parent.chmod(0o755)
+
+
+class _FullDisk:
+    """A tokens.bin whose writes fail like a full disk's."""
+
+    def __init__(self, f, filename):
+        self.f, self.filename = f, filename
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device", self.filename)
+
+    def close(self):
+        self.f.close()
+
+
+@pytest.mark.parametrize("with_filename", [False, True])
+def test_disk_full_keeps_the_earlier_dataset(tmp_path, capsys, monkeypatch, with_filename):
+    f = tmp_path / "a.txt"
+    f.write_text("old\n")
+    out = tmp_path / "ds"
+    assert prepare_cli(capsys, f, output=out)[0] == 0
+    f.write_text("new text\n")   # 9 bytes -> at most 9 uint16 tokens = 18 bytes
+
+    def full_open(path, mode="r", *args, **kwargs):
+        fh = open(path, mode, *args, **kwargs)
+        if os.path.basename(path) == "tokens.bin" and "w" in mode:
+            return _FullDisk(fh, str(path) if with_filename else None)
+        return fh
+
+    monkeypatch.setattr(tokenize, "open", full_open, raising=False)
+    line = one_error(capsys, f, output=out, words=[
+        f"error: writing dataset {out}: disk full ({tmp_path.resolve()}); ", " free; about 18 B needed; ",
+        f"the dataset already at {out} is unchanged"])
+    assert line.endswith("is unchanged")
+    assert read_dataset(out)[1].tolist() == [111, 108, 100, EOS]   # "old"
+    assert hidden(tmp_path) == []
+
+
+def test_a_failed_final_rename_puts_the_earlier_dataset_back(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "a.txt"
+    f.write_text("old\n")
+    out = tmp_path / "ds"
+    assert prepare_cli(capsys, f, output=out)[0] == 0
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if ".tmp-" in os.fspath(src):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(src), os.fspath(dst))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    one_error(capsys, f, output=out, words=[f"writing dataset {out}: permission denied",
+                                            f"the dataset already at {out} is unchanged"])
+    assert read_dataset(out)[1].tolist() == [111, 108, 100, EOS]
+    assert hidden(tmp_path) == []
+
+
+def test_interrupt_or_bug_mid_prepare_removes_the_temporary_directory(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "a.txt"
+    f.write_text("old\n")
+    out = tmp_path / "ds"
+    assert prepare_cli(capsys, f, output=out)[0] == 0
+    for exc in (KeyboardInterrupt(), RuntimeError("a bug")):
+        def encode(self, texts, exc=exc):
+            assert os.listdir(out.parent / f".ds.tmp-{os.getpid()}") == ["tokens.bin"]   # writing has begun
+            raise exc
+        monkeypatch.setattr(tokenize.ByteTokenizer, "encode_batch", encode)
+        if isinstance(exc, KeyboardInterrupt):
+            assert prepare_cli(capsys, f, output=out) == (130, "", ["error: interrupted"])
+        else:
+            with pytest.raises(RuntimeError, match="a bug"):   # a bug keeps its traceback
+                cli.main(["data", "prepare", "--input", str(f), "--tokenizer", "bytes", "--output", str(out)])
+        assert hidden(tmp_path) == []
+        assert read_dataset(out)[1].tolist() == [111, 108, 100, EOS]
