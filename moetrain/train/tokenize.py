@@ -43,7 +43,9 @@ import hashlib
 import errno
 import json
 import os
+import re
 import shutil
+import sys
 import time
 from array import array
 from pathlib import Path
@@ -355,6 +357,48 @@ def _install(tmp: Path, output: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>[0-9]+)")
+_DATASET_FILES = frozenset({"tokens.bin", "docs.npy", "meta.json"})
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OverflowError:  # no process can have this id
+        return False
+    return True
+
+
+def _is_stale_temporary(entry: Path) -> bool:
+    """A directory named like ours, holding only dataset files, whose writing process is gone."""
+    m = _TEMPORARY.fullmatch(entry.name)
+    if not m or int(m["pid"]) == os.getpid() or _process_alive(int(m["pid"])):
+        return False
+    if entry.is_symlink() or not entry.is_dir():
+        return False
+    return all(c.name in _DATASET_FILES and c.is_file() and not c.is_symlink() for c in entry.iterdir())
+
+
+def remove_stale_temporaries(parent: Path) -> list[Path]:
+    """Remove the temporary directories that killed runs of `prepare` left in `parent`.
+
+    Only those whose process no longer exists on this machine; says so on stderr, one line each.
+    """
+    removed = []
+    for entry in sorted(parent.iterdir()):
+        if _is_stale_temporary(entry):
+            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.exists():
+                removed.append(entry)
+                print(f"note: removed stale temporary directory {entry} left by an interrupted run "
+                      f"(pid {_TEMPORARY.fullmatch(entry.name)['pid']})", file=sys.stderr)
+    return removed
+
+
 def _check_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
         raise UserError(f"output {str(output)!r} exists and is not a directory")
@@ -462,6 +506,7 @@ def prepare(inputs: list[str], tokenizer: str, output: str, progress: bool = Tru
     tmp = _temporary_names(out)[0]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(out.parent)
         try:
             if tmp.exists():  # left by an earlier process that had our pid
                 shutil.rmtree(tmp)

@@ -455,3 +455,33 @@ def test_interrupt_or_bug_mid_prepare_removes_the_temporary_directory(tmp_path, 
                 cli.main(["data", "prepare", "--input", str(f), "--tokenizer", "bytes", "--output", str(out)])
         assert hidden(tmp_path) == []
         assert read_dataset(out)[1].tolist() == [111, 108, 100, EOS]
+
+
+def dead_pid():
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()   # reaped: no process has this id now
+    return p.pid
+
+
+def test_stale_temporaries_of_dead_runs_are_removed_live_ones_kept(tmp_path, capsys):
+    f = tmp_path / "a.txt"
+    f.write_text("abc\n")
+    dead, live = dead_pid(), os.getppid()
+    made = {}
+    for name, files in [(f".ds.tmp-{dead}", ["tokens.bin"]),               # killed while tokenizing
+                        (f".other.old-{dead}", ["tokens.bin", "docs.npy", "meta.json"]),  # killed in _install
+                        (f".ds.tmp-{live}", ["tokens.bin"]),               # another run, still going
+                        (f".other.tmp-{os.getpid()}", []),                 # this process
+                        (f".notes.tmp-{dead}", ["mine.txt"])]:             # not a dataset: not ours
+        made[name] = tmp_path / name
+        made[name].mkdir()
+        for n in files:
+            (made[name] / n).write_bytes(b"x")
+    code, _, err = prepare_cli(capsys, f, output=tmp_path / "ds")
+    assert code == 0
+    assert err == [f"note: removed stale temporary directory {made[n]} left by an interrupted run (pid {dead})"
+                   for n in (f".ds.tmp-{dead}", f".other.old-{dead}")]
+    assert hidden(tmp_path) == sorted([f".ds.tmp-{live}", f".other.tmp-{os.getpid()}", f".notes.tmp-{dead}"])
+    assert read_dataset(tmp_path / "ds")[1].tolist() == [97, 98, 99, EOS]
