@@ -323,8 +323,12 @@ class _Writer:
 
 
 def _progress(total_bytes: int, enabled: bool):
-    """A rich progress bar on stderr for large inputs, or None."""
-    if not enabled or total_bytes < PROGRESS_MIN_BYTES:
+    """A rich progress bar on stderr for large inputs when stderr is a terminal, or None.
+
+    Not on a pipe or a log file: a bar there is only noise (the summary line says what was done).
+    """
+    isatty = getattr(sys.stderr, "isatty", None)
+    if not enabled or total_bytes < PROGRESS_MIN_BYTES or not (isatty and isatty()):
         return None
     from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,

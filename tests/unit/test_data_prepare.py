@@ -5,6 +5,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -116,16 +117,24 @@ def test_output_replaced_atomically_and_unrelated_dirs_protected(tmp_path):
     assert read_dataset(out)[1].tolist() == [100, 101, EOS]
 
 
-def test_progress_bar_same_result(tmp_path, monkeypatch, capsys):
+MARKUP = re.compile(r"\[/?[a-z][a-z ._-]*\]")   # rich markup such as [yellow] or [/bold]
+
+
+def test_progress_bar_only_on_a_terminal_same_result(tmp_path, monkeypatch, capsys):
+    import sys
     monkeypatch.setattr(tokenize, "PROGRESS_MIN_BYTES", 0)
     monkeypatch.setattr(tokenize, "_CHUNK_DOCS", 2)   # several flushes
     f = tmp_path / "a.txt"
     f.write_text("a\n\nb\n\nc\n\nd\n\ne\n")
-    prepare([str(f)], "bytes", str(tmp_path / "o"), progress=True)
+    code, out, err = prepare_cli(capsys, f, output=tmp_path / "o")   # stderr is not a terminal
+    assert (code, err) == (0, []) and out.startswith("wrote 10 tokens in 5 documents to ")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, out, err = prepare_cli(capsys, f, output=tmp_path / "o")
+    assert code == 0 and "tokenizing" in "".join(err) and "14/14 bytes" in "".join(err)
+    assert not MARKUP.search(out + "".join(err))
     _, tokens, docs = read_dataset(tmp_path / "o")
     assert tokens.tolist() == [97, EOS, 98, EOS, 99, EOS, 100, EOS, 101, EOS]
     assert docs.tolist() == [0, 2, 4, 6, 8, 10]
-    assert "tokenizing" in capsys.readouterr().err
 
 
 # ---- Hugging Face tokenizers ---------------------------------------------------------------------
