@@ -132,10 +132,25 @@ def load_tokenizer(spec: str):
 # ---- readers: yield documents one at a time --------------------------------------------------
 
 class _Counter:
-    """Bytes consumed so far over all inputs (drives the progress bar)."""
+    """Bytes consumed so far over all inputs (drives the progress bar), and at the last flush.
+
+    (bytes_flushed, tokens_flushed) pair input consumed with tokens written, so the size of the
+    whole output can be estimated from the tokenizer's real rate.
+    """
 
     def __init__(self):
         self.bytes = 0
+        self.bytes_flushed = 0
+        self.tokens_flushed = 0
+
+    def flushed(self, num_tokens: int) -> None:
+        self.bytes_flushed, self.tokens_flushed = self.bytes, num_tokens
+
+
+def _needed_bytes(total_bytes: int, counter: _Counter, itemsize: int) -> int:
+    """About how large tokens.bin gets for `total_bytes` of input: the rate so far, else a token a byte."""
+    rate = counter.tokens_flushed / counter.bytes_flushed if counter.bytes_flushed else 1.0
+    return int(total_bytes * rate * itemsize)
 
 
 def _decode(raw: bytes, path: Path, lineno: int) -> str:
@@ -318,8 +333,10 @@ class _Writer:
         self.offsets.extend((ends + base).tolist())
 
     def close(self) -> None:
-        self.flush()
-        self.f.close()
+        try:
+            self.flush()
+        finally:
+            self.f.close()
 
 
 def _progress(total_bytes: int, enabled: bool):
@@ -361,7 +378,7 @@ def _install(tmp: Path, output: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>[0-9]+)")
+_TEMPORARY = re.compile(r"\..+\.(?:tmp|old)-(?P<pid>[0-9]+)")
 _DATASET_FILES = frozenset({"tokens.bin", "docs.npy", "meta.json"})
 
 
@@ -429,7 +446,7 @@ def _output_error(err: OSError, output: Path, had_dataset: bool, needed_bytes: i
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         after.append(f"about {format_bytes(needed_bytes)} needed")
     if not had_dataset:
-        after.append("nothing was written")
+        after.append("no dataset was written")
     elif (output / "meta.json").exists():
         after.append(f"the dataset already at {output} is unchanged")
     elif old.exists():
@@ -441,11 +458,10 @@ def _output_error(err: OSError, output: Path, had_dataset: bool, needed_bytes: i
 
 
 def _write_dataset(tmp: Path, paths: list[Path], readers: list, tok, description: dict, inputs: list[str],
-                   progress: bool) -> dict:
+                   counter: _Counter, progress: bool) -> dict:
     """Tokenize `paths` (from `inputs`) into the existing directory `tmp`; returns the meta.json written."""
     sources = []
     writer = _Writer(tmp, tok)
-    counter = _Counter()
     total_bytes = sum(p.stat().st_size for p in paths)
     bar = _progress(total_bytes, progress)
     task = bar.add_task("tokenize", total=total_bytes) if bar else None
@@ -456,17 +472,21 @@ def _write_dataset(tmp: Path, paths: list[Path], readers: list, tok, description
             docs_before = len(writer.offsets) - 1  # the buffer is empty between files
             for text in read(p, counter):
                 writer.add(text)
-                if bar and not writer.buffer:  # just flushed a chunk
-                    bar.update(task, completed=counter.bytes)
+                if not writer.buffer:  # just flushed a chunk
+                    counter.flushed(writer.num_tokens)
+                    if bar:
+                        bar.update(task, completed=counter.bytes)
             writer.flush()  # so per-file token counts are exact
+            counter.flushed(writer.num_tokens)
             ndocs = len(writer.offsets) - 1 - docs_before
             ntok = writer.offsets[-1] - writer.offsets[-1 - ndocs] if ndocs else 0
             sources.append({"path": str(p.resolve()), "documents": ndocs, "tokens": int(ntok),
                             "bytes": p.stat().st_size})
             if bar:
                 bar.update(task, completed=counter.bytes)
-    finally:
         writer.close()
+    finally:
+        writer.f.close()  # after a failure: only the file, no more tokenizing
         if bar:
             bar.stop()
     num_docs = len(writer.offsets) - 1
@@ -506,7 +526,7 @@ def prepare(inputs: list[str], tokenizer: str, output: str, progress: bool = Tru
 
     t0 = time.perf_counter()
     had_dataset = (out / "meta.json").exists()
-    needed = sum(p.stat().st_size for p in paths) * token_dtype(tok.vocab_size).itemsize
+    counter = _Counter()
     tmp = _temporary_names(out)[0]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -515,11 +535,13 @@ def prepare(inputs: list[str], tokenizer: str, output: str, progress: bool = Tru
             if tmp.exists():  # left by an earlier process that had our pid
                 shutil.rmtree(tmp)
             tmp.mkdir()
-            meta = _write_dataset(tmp, paths, readers, tok, description, inputs, progress)
+            meta = _write_dataset(tmp, paths, readers, tok, description, inputs, counter, progress)
             _install(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     except OSError as err:
+        total_bytes = sum(p.stat().st_size for p in paths)
+        needed = _needed_bytes(total_bytes, counter, token_dtype(tok.vocab_size).itemsize)
         raise _output_error(err, out, had_dataset, needed) from None
     return {**meta, "output": str(out), "seconds": round(time.perf_counter() - t0, 3)}

@@ -372,7 +372,7 @@ def test_output_directory_not_writable(tmp_path, capsys, monkeypatch, code, reas
     monkeypatch.setattr(os, "mkdir", mkdir)
     out = parent / "ds"
     one_error(capsys, f, output=out,
-              words=[f"error: writing dataset {out}: {reason} ({parent.resolve()}); nothing was written"])
+              words=[f"error: writing dataset {out}: {reason} ({parent.resolve()}); no dataset was written"])
     assert os.listdir(parent) == []
 
 
@@ -428,6 +428,15 @@ def test_disk_full_keeps_the_earlier_dataset(tmp_path, capsys, monkeypatch, with
     assert hidden(tmp_path) == []
 
 
+def test_needed_bytes_follow_the_tokenizer_rate_so_far():
+    c = tokenize._Counter()
+    assert tokenize._needed_bytes(1000, c, 2) == 2000   # nothing flushed yet: a token a byte
+    c.bytes = 400
+    c.flushed(100)   # 100 tokens for the first 400 bytes
+    c.bytes = 450    # read further, not yet tokenized: the rate stays that of the flush
+    assert tokenize._needed_bytes(1000, c, 4) == 1000
+
+
 def test_a_failed_final_rename_puts_the_earlier_dataset_back(tmp_path, capsys, monkeypatch):
     f = tmp_path / "a.txt"
     f.write_text("old\n")
@@ -453,7 +462,10 @@ def test_interrupt_or_bug_mid_prepare_removes_the_temporary_directory(tmp_path, 
     out = tmp_path / "ds"
     assert prepare_cli(capsys, f, output=out)[0] == 0
     for exc in (KeyboardInterrupt(), RuntimeError("a bug")):
-        def encode(self, texts, exc=exc):
+        calls = []
+
+        def encode(self, texts, exc=exc, calls=calls):
+            calls.append(texts)
             assert os.listdir(out.parent / f".ds.tmp-{os.getpid()}") == ["tokens.bin"]   # writing has begun
             raise exc
         monkeypatch.setattr(tokenize.ByteTokenizer, "encode_batch", encode)
@@ -464,6 +476,7 @@ def test_interrupt_or_bug_mid_prepare_removes_the_temporary_directory(tmp_path, 
                 cli.main(["data", "prepare", "--input", str(f), "--tokenizer", "bytes", "--output", str(out)])
         assert hidden(tmp_path) == []
         assert read_dataset(out)[1].tolist() == [111, 108, 100, EOS]
+        assert calls == [["old"]]   # cleaning up tokenizes nothing more
 
 
 def dead_pid():
