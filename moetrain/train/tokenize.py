@@ -29,8 +29,11 @@ Output directory (format version 1)
     included); docs[0] = 0 and docs[-1] = num_tokens.
   * ``meta.json``: format_version, dtype, vocab_size, eos_id, num_tokens, num_docs,
     tokenizer (description), sources (per file: path, documents, tokens, bytes).
-The directory is written under a temporary name next to the target and renamed into place
-at the end, so an interrupted run never leaves a half-written dataset behind.
+The directory is written under a temporary name next to the target (``.<name>.tmp-<pid>``)
+and renamed into place at the end, so an interrupted run never leaves a half-written dataset
+behind; an earlier dataset there is replaced only by a complete one. A failure or Ctrl-C
+removes the temporary directory; one left by a killed process is removed by the next prepare
+into the same parent directory, once no process with that pid exists.
 
 Text is streamed: documents are read one at a time, tokenized in chunks of a few MB and
 appended to tokens.bin, so memory does not grow with the input size (only the offsets do,
