@@ -114,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     data = commands.add_parser("data", help="prepare datasets").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True)
     p = data.add_parser("prepare", help="tokenize text files into a training dataset directory")
-    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="text files to tokenize")
+    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                   help="files to tokenize (.jsonl/.ndjson: one {\"text\": ...} object per line; any other "
+                   "file: UTF-8 text, documents separated by blank lines) or directories (every file "
+                   "under them, recursively, sorted; names starting with '.' skipped)")
     p.add_argument("--tokenizer", required=True, metavar="TOKENIZER",
                    help="a Hugging Face tokenizer.json, or `bytes` for a byte-level tokenizer")
     p.add_argument("--output", required=True, metavar="DIR", help="dataset directory to write (train with data.source=tokens data.path=DIR; "

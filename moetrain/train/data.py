@@ -27,9 +27,11 @@ from typing import Optional
 
 import numpy as np
 
-from moetrain.errors import UserError
+from moetrain.errors import UserError, os_error
 
 FORMAT_VERSION = 1  # must match moetrain.train.tokenize.FORMAT_VERSION
+_REPREPARE = "re-run `moetrain data prepare` to rewrite the dataset"
+_NPY_MAGIC = b"\x93NUMPY"
 SPLITS = ("train", "eval")
 _MASK64 = (1 << 64) - 1
 _SCAN_CHUNK = 1 << 24   # tokens per chunk of the vocabulary scan
@@ -122,27 +124,19 @@ class SyntheticData:
 _MAX_ID_CACHE: dict[tuple, int] = {}
 
 
-def _max_token(path: Path, tokens: np.ndarray, limit: Optional[int]) -> int:
-    """Largest token id in `tokens`, scanned in chunks; UserError at the first id >= limit.
+def _max_token(path: Path, tokens: np.ndarray) -> int:
+    """Largest token id in `tokens` (-1 when empty), scanned in chunks.
 
     The result is cached per (file, size, mtime) so the train and eval splits scan once.
     """
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key in _MAX_ID_CACHE and (limit is None or _MAX_ID_CACHE[key] < limit):
-        return _MAX_ID_CACHE[key]
-    best = -1
-    for start in range(0, len(tokens), _SCAN_CHUNK):
-        chunk = tokens[start:start + _SCAN_CHUNK]
-        m = int(chunk.max())
-        if limit is not None and m >= limit:
-            first = start + int(np.argmax(chunk >= limit))
-            raise UserError(
-                f"{path}: token id {int(tokens[first])} at position {first} is >= model.vocab_size = {limit}; "
-                "prepare the data with the model's tokenizer or raise model.vocab_size")
-        best = max(best, m)
-    _MAX_ID_CACHE[key] = best
-    return best
+    if key not in _MAX_ID_CACHE:
+        best = -1
+        for start in range(0, len(tokens), _SCAN_CHUNK):
+            best = max(best, int(tokens[start:start + _SCAN_CHUNK].max()))
+        _MAX_ID_CACHE[key] = best
+    return _MAX_ID_CACHE[key]
 
 
 def _split_is_eval(doc_ids: np.ndarray, eval_fraction: float, split_seed: int) -> np.ndarray:
@@ -187,7 +181,8 @@ class TokenDataset:
         self.seed, self.shuffle, self.split_seed = seed, shuffle, split_seed
         self.meta = self._read_meta()
         self.tokens = self._open_tokens()
-        self.max_token_id = _max_token(self.path / "tokens.bin", self.tokens, vocab_size)
+        self.max_token_id = _max_token(self.path / "tokens.bin", self.tokens)
+        self._check_vocab(vocab_size)
         self.eos_id = self.meta["eos_id"]
         self._starts, self._ends = self._split_ranges()
         self._cum = np.concatenate([[0], np.cumsum(self._ends - self._starts)])  # [R+1] stream offsets
@@ -203,46 +198,83 @@ class TokenDataset:
 
     def _read_meta(self) -> dict:
         if not self.path.is_dir():
-            raise UserError(f"data.path {str(self.path)!r}: no such directory (create it with `moetrain data prepare`)")
+            what = "is not a directory" if self.path.exists() else "no such directory"
+            raise UserError(f"data.path {str(self.path)!r}: {what} (create a dataset with `moetrain data prepare`)")
         mp = self.path / "meta.json"
         if not mp.is_file():
             raise UserError(f"{mp}: missing; {self.path} is not a dataset from `moetrain data prepare`")
         try:
-            meta = json.loads(mp.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{mp}: not valid JSON ({e})") from None
+            text = mp.read_bytes().decode("utf-8")
+            meta = json.loads(text)
+        except OSError as e:
+            raise os_error(e, "reading the dataset's meta.json") from None
+        except UnicodeDecodeError:
+            raise UserError(f"{mp}: not UTF-8 text; {_REPREPARE}") from None
+        except json.JSONDecodeError as e:
+            why = "empty" if not text.strip() else f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+            raise UserError(f"{mp}: {why}; {_REPREPARE}") from None
         if not isinstance(meta, dict):
-            raise UserError(f"{mp}: expected a JSON object")
-        for key in ("format_version", "dtype", "vocab_size", "eos_id", "num_tokens", "num_docs"):
+            raise UserError(f"{mp}: a JSON {type(meta).__name__}, expected an object; {_REPREPARE}")
+        version = meta.get("format_version")
+        if version != FORMAT_VERSION or isinstance(version, bool):
+            found = "no format_version" if version is None else f"format_version {version!r}"
+            raise UserError(f"{mp}: {found}, this moetrain reads format_version {FORMAT_VERSION}; "
+                            "re-run `moetrain data prepare` with this moetrain")
+        for key in ("vocab_size", "eos_id", "num_tokens", "num_docs"):
             if key not in meta:
-                raise UserError(f"{mp}: missing key {key!r}; re-run `moetrain data prepare`")
-        if meta["format_version"] != FORMAT_VERSION:
-            raise UserError(f"{mp}: format_version {meta['format_version']}, this moetrain reads {FORMAT_VERSION}")
-        if meta["dtype"] not in ("uint16", "uint32"):
-            raise UserError(f"{mp}: dtype {meta['dtype']!r}; valid: uint16, uint32")
+                raise UserError(f"{mp}: missing key {key!r}; {_REPREPARE}")
+            v = meta[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise UserError(f"{mp}: {key} = {v!r}, expected an integer >= 0; {_REPREPARE}")
+        if meta.get("dtype") not in ("uint16", "uint32"):
+            raise UserError(f"{mp}: dtype {meta.get('dtype')!r}, valid: uint16, uint32; {_REPREPARE}")
+        if meta["eos_id"] >= meta["vocab_size"]:
+            raise UserError(f"{mp}: eos_id {meta['eos_id']} >= vocab_size {meta['vocab_size']}; {_REPREPARE}")
         return meta
+
+    def _check_vocab(self, model_vocab: Optional[int]) -> None:
+        """UserError when a token id does not fit the dataset's own vocabulary or the model's."""
+        top, vocab = self.max_token_id, self.meta["vocab_size"]
+        if top >= vocab:
+            raise UserError(f"{self.path / 'tokens.bin'}: token id {top} >= the dataset's vocab_size {vocab} "
+                            f"(meta.json); the dataset is corrupt, {_REPREPARE}")
+        if model_vocab is not None and top >= model_vocab:
+            need = max(vocab, top + 1)
+            raise UserError(
+                f"dataset {self.path} has token ids up to {top} (vocab {vocab}) but model.vocab_size = "
+                f"{model_vocab}; set model.vocab_size={need} or larger, or prepare the data with the "
+                "model's tokenizer")
 
     def _open_tokens(self) -> np.ndarray:
         meta, tp, dp = self.meta, self.path / "tokens.bin", self.path / "docs.npy"
         for p in (tp, dp):
             if not p.is_file():
-                raise UserError(f"{p}: missing; re-run `moetrain data prepare`")
+                raise UserError(f"{p}: missing; {_REPREPARE}")
         dtype = np.dtype(meta["dtype"])
         expected = meta["num_tokens"] * dtype.itemsize
         size = tp.stat().st_size
         if size != expected:
             raise UserError(
                 f"{tp}: {size} bytes, meta.json says {meta['num_tokens']} {meta['dtype']} tokens = {expected} bytes; "
-                "the dataset is incomplete or corrupt, re-run `moetrain data prepare`")
+                f"the dataset is incomplete or corrupt; {_REPREPARE}")
         try:
+            with open(dp, "rb") as f:
+                magic = f.read(len(_NPY_MAGIC))
+            if magic != _NPY_MAGIC:  # np.load would call any other file "pickled data"
+                raise UserError(f"{dp}: {'empty' if not magic else 'not a NumPy .npy file'}; {_REPREPARE}")
             docs = np.load(dp, mmap_mode="r")
-        except (ValueError, OSError) as e:
-            raise UserError(f"{dp}: cannot read ({e})") from None
+        except (ValueError, EOFError) as e:  # a cut-off or damaged header
+            raise UserError(f"{dp}: damaged NumPy file ({str(e).splitlines()[0]}); {_REPREPARE}") from None
+        except OSError as e:
+            raise os_error(e, "reading the dataset's docs.npy") from None
         n = meta["num_docs"]
+        got = f"{docs.dtype} {list(docs.shape)}"
+        if docs.dtype == np.int64 and docs.shape == (n + 1,):
+            got += f" from {int(docs[0])} to {int(docs[-1])}"
         if docs.dtype != np.int64 or docs.shape != (n + 1,) or docs[0] != 0 or docs[-1] != meta["num_tokens"]:
             raise UserError(
                 f"{dp}: expected int64 offsets [num_docs + 1 = {n + 1}] from 0 to num_tokens = {meta['num_tokens']}, "
-                f"got {docs.dtype} {list(docs.shape)}; re-run `moetrain data prepare`")
+                f"got {got}; {_REPREPARE}")
         self.docs = docs
         if meta["num_tokens"] == 0:
             return np.zeros(0, dtype=dtype)
@@ -256,7 +288,7 @@ class TokenDataset:
             c1 = min(n, c0 + _DOC_CHUNK)
             d = np.asarray(self.docs[c0:c1 + 1])
             if np.any(d[1:] < d[:-1]):
-                raise UserError(f"{self.path / 'docs.npy'}: offsets are not increasing; re-run `moetrain data prepare`")
+                raise UserError(f"{self.path / 'docs.npy'}: offsets are not increasing; {_REPREPARE}")
             ids = np.arange(c0, c1)
             if self.eval_fraction > 0:
                 ids = ids[_split_is_eval(ids, self.eval_fraction, self.split_seed) == want_eval]

@@ -2,11 +2,15 @@
 
 import json
 import math
+import shutil
+import sys
+import types
 
 import numpy as np
 import pytest
 import torch
 
+from moetrain import cli
 from moetrain.config.schema import Config
 from moetrain.errors import UserError
 from moetrain.train import data as data_mod
@@ -227,21 +231,104 @@ def test_dp_slices_disjoint_and_equal_single_rank_batch(dataset, kind):
 
 # ---- validation errors --------------------------------------------------------------------------
 
-def test_out_of_vocab_names_file_and_position(tmp_path, monkeypatch):
-    f = tmp_path / "a.txt"
-    f.write_text("AAAAzA\n\nAA\n")   # "z" = 122 at position 4; EOS 256 at position 6
-    prepare([str(f)], "bytes", str(tmp_path / "ds"), progress=False)
-    monkeypatch.setattr(data_mod, "_SCAN_CHUNK", 3)   # the offending id lies in the second chunk
+def write_dataset(d, tokens, vocab_size, eos_id, docs=None, **meta):
+    """A dataset directory in format 1, written by hand (uint16 tokens)."""
+    d.mkdir(parents=True, exist_ok=True)
+    tokens = np.asarray(tokens, dtype=np.uint16)
+    tokens.tofile(d / "tokens.bin")
+    docs = np.asarray(docs if docs is not None else [0, len(tokens)], dtype=np.int64)
+    np.save(d / "docs.npy", docs)
+    meta = {"format_version": 1, "dtype": "uint16", "vocab_size": vocab_size, "eos_id": eos_id,
+            "num_tokens": len(tokens), "num_docs": len(docs) - 1, **meta}
+    (d / "meta.json").write_text(json.dumps(meta))
+    return d
+
+
+def train_error(capsys, *overrides, monkeypatch=None):
+    """The one stderr line of `moetrain train` (exit 2); with monkeypatch, `run` only builds the data."""
+    if monkeypatch is not None:
+        fake = types.ModuleType("moetrain.train.trainer")
+        fake.run = lambda cfg: build_data(cfg)
+        monkeypatch.setitem(sys.modules, "moetrain.train.trainer", fake)
+    code = cli.main(["train", "train.device=cpu", *overrides])
+    out, err = capsys.readouterr()
+    assert (code, len(err.splitlines())) == (2, 1), err
+    assert err.startswith("error: ")
+    return err.strip()
+
+
+def test_model_vocab_smaller_than_the_dataset_names_both_and_the_override(tmp_path, capsys):
+    ds = write_dataset(tmp_path / "x", list(range(1, 1000)) + [0], vocab_size=1000, eos_id=0)
+    line = train_error(capsys, "data.source=tokens", f"data.path={ds}", "model.vocab_size=512",
+                       f"train.out_dir={tmp_path / 'run'}")   # the real trainer, up to loading the data
+    assert line == (f"error: dataset {ds} has token ids up to 999 (vocab 1000) but model.vocab_size = 512; "
+                    "set model.vocab_size=1000 or larger, or prepare the data with the model's tokenizer")
+
+
+def test_vocab_checks_scan_every_chunk(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_mod, "_SCAN_CHUNK", 3)
     monkeypatch.setattr(data_mod, "_MAX_ID_CACHE", {})
-    with pytest.raises(UserError) as e:
-        TokenDataset(str(tmp_path / "ds"), 2, eval_fraction=0.0, vocab_size=100)
-    msg = str(e.value)
-    assert str(tmp_path / "ds" / "tokens.bin") in msg and "token id 122 at position 4" in msg
-    assert "model.vocab_size = 100" in msg
-    with pytest.raises(UserError, match="token id 256 at position 6"):
-        TokenDataset(str(tmp_path / "ds"), 2, eval_fraction=0.0, vocab_size=200)
-    ds = TokenDataset(str(tmp_path / "ds"), 2, eval_fraction=0.0, vocab_size=257)
-    assert ds.max_token_id == 256
+    tokens = [5, 1, 2, 9, 700, 3, 4, 0]   # the largest id lies in the second of three chunks
+    ds = write_dataset(tmp_path / "x", tokens, vocab_size=1000, eos_id=0)
+    assert TokenDataset(str(ds), 2, eval_fraction=0.0, vocab_size=701).max_token_id == 700
+    with pytest.raises(UserError, match=r"up to 700 \(vocab 1000\) but model.vocab_size = 700; set model.vocab_size=1000"):
+        TokenDataset(str(ds), 2, eval_fraction=0.0, vocab_size=700)
+    bad = write_dataset(tmp_path / "bad", tokens, vocab_size=600, eos_id=0)
+    with pytest.raises(UserError, match=r"bad/tokens.bin: token id 700 >= the dataset's vocab_size 600 .*corrupt"):
+        TokenDataset(str(bad), 2, eval_fraction=0.0)
+
+
+def _meta(ds):
+    return json.loads((ds / "meta.json").read_text())
+
+
+def _set_meta(**kv):
+    return lambda ds: (ds / "meta.json").write_text(json.dumps({**_meta(ds), **kv}))
+
+
+def _drop_meta(key):
+    return lambda ds: (ds / "meta.json").write_text(json.dumps({k: v for k, v in _meta(ds).items() if k != key}))
+
+
+# (how the dataset is damaged, words the one line must hold after the dataset's path)
+DAMAGE = [
+    (lambda ds: shutil.rmtree(ds), ["data.path", "no such directory", "moetrain data prepare"]),
+    (lambda ds: (shutil.rmtree(ds), ds.write_text("x")), ["data.path", "is not a directory"]),
+    (lambda ds: (ds / "meta.json").unlink(), ["meta.json: missing", "not a dataset from `moetrain data prepare`"]),
+    (lambda ds: (ds / "meta.json").write_text(""), ["meta.json: empty; re-run `moetrain data prepare`"]),
+    (lambda ds: (ds / "meta.json").write_text("{garbage"), ["meta.json: not valid JSON (", "line 1 column 2", "re-run"]),
+    (lambda ds: (ds / "meta.json").write_bytes(b"\xff\xfe{}"), ["meta.json: not UTF-8 text; re-run"]),
+    (lambda ds: (ds / "meta.json").write_text("[1, 2]"), ["meta.json: a JSON list, expected an object; re-run"]),
+    (_set_meta(format_version=9), ["meta.json: format_version 9, this moetrain reads format_version 1",
+                                   "re-run `moetrain data prepare` with this moetrain"]),
+    (_drop_meta("format_version"), ["meta.json: no format_version, this moetrain reads format_version 1"]),
+    (_drop_meta("num_docs"), ["meta.json: missing key 'num_docs'; re-run"]),
+    (_set_meta(num_tokens="28"), ["meta.json: num_tokens = '28', expected an integer >= 0; re-run"]),
+    (_set_meta(dtype="int8"), ["meta.json: dtype 'int8', valid: uint16, uint32; re-run"]),
+    (lambda ds: (ds / "tokens.bin").write_bytes((ds / "tokens.bin").read_bytes()[:-2]),
+     ["tokens.bin: 54 bytes, meta.json says 28 uint16 tokens = 56 bytes", "incomplete or corrupt; re-run"]),
+    (lambda ds: (ds / "tokens.bin").unlink(), ["tokens.bin: missing; re-run"]),
+    (lambda ds: (ds / "docs.npy").write_bytes(b""), ["docs.npy: empty; re-run"]),
+    (lambda ds: (ds / "docs.npy").write_bytes(b"garbage"), ["docs.npy: not a NumPy .npy file; re-run"]),
+    (lambda ds: (ds / "docs.npy").write_bytes((ds / "docs.npy").read_bytes()[:20]),
+     ["docs.npy: damaged NumPy file (", "re-run"]),
+    (lambda ds: np.save(ds / "docs.npy", np.array([0, 20, 12], dtype=np.int64)),
+     ["docs.npy: expected int64 offsets [num_docs + 1 = 3] from 0 to num_tokens = 28, got int64 [3] from 0 to 12"]),
+]
+
+
+@pytest.mark.parametrize("damage, words", DAMAGE, ids=range(len(DAMAGE)))
+def test_damaged_dataset_is_one_line_through_the_cli(tmp_path, capsys, monkeypatch, damage, words):
+    f = tmp_path / "a.txt"
+    f.write_text("hello world\n\nagain and again\n")   # 2 documents, 28 byte tokens with EOS
+    ds = tmp_path / "ds"
+    prepare([str(f)], "bytes", str(ds), progress=False)
+    damage(ds)
+    line = train_error(capsys, "data.source=tokens", f"data.path={ds}", "data.eval_fraction=0",
+                       monkeypatch=monkeypatch)
+    assert str(ds) in line
+    for w in words:
+        assert w in line, (w, line)
 
 
 def test_missing_and_corrupt_files(tmp_path):
