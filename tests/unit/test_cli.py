@@ -184,7 +184,11 @@ def _raising(exc):
      "error: data.path 'x': not a dataset (run moetrain data prepare)"),
     (ConfigError("moe.topk = 3 bad"), 2, "error: moe.topk = 3 bad"),
     (FileNotFoundError(2, "No such file or directory", "data/train.bin"), 2,
-     "error: No such file or directory: data/train.bin"),
+     "error: no such file or directory: data/train.bin"),
+    (OSError(28, "No space left on device", "runs/x/metrics.jsonl"), 2, "error: disk full: runs/x/metrics.jsonl"),
+    (OSError(30, "Read-only file system", "runs/x"), 2, "error: read-only file system: runs/x"),
+    (KeyboardInterrupt("during the save of checkpoint step_3, which was not written"), 130,
+     "error: interrupted: during the save of checkpoint step_3, which was not written"),
     (KeyboardInterrupt(), 130, "error: interrupted"),
 ])
 def test_errors_from_commands(fake_module, capsys, exc, code, line):

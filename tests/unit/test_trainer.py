@@ -141,11 +141,9 @@ def test_sigint_saves_checkpoint_and_exits_cleanly(tmp_path):
 
 
 def test_default_train_command_learns(tmp_path):
-    """`moetrain train` on the built-in tiny default: loss falls, metrics complete, quickly."""
-    started = time.time()
+    """`moetrain train` on the built-in tiny default: loss falls, metrics complete."""
     proc = subprocess.run([sys.executable, "-m", "moetrain", "train", f"train.out_dir={tmp_path}"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
-    elapsed = time.time() - started
     assert proc.returncode == 0, proc.stderr
     records = read_metrics(tmp_path)
     cfg = load_config()
@@ -154,7 +152,6 @@ def test_default_train_command_learns(tmp_path):
     first = sum(r["loss"] for r in records[:10]) / 10
     last = sum(r["loss"] for r in records[-10:]) / 10
     assert last < 0.7 * first, (first, last)
-    assert elapsed < 120
     assert ckpt.list_checkpoints(tmp_path)
 
 
