@@ -27,13 +27,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import struct
 import warnings
 from pathlib import Path
 from typing import Any
 
 from moetrain.config.schema import Config, ModelConfig, MoEConfig
-from moetrain.errors import UserError
+from moetrain.errors import UserError, os_error
 
 # model_type -> the architecture class written to config.json
 FAMILIES = {
@@ -446,6 +447,32 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
+def read_safetensors_header(path: Path) -> dict:
+    """name -> {dtype, shape, data_offsets} of a safetensors file (``__metadata__`` dropped).
+
+    Layout: an 8-byte little-endian header length N, N bytes of JSON, then the data. N is
+    checked against the file size before anything is read, so a damaged file is a one-line
+    UserError naming it, never an N-byte allocation.
+    """
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < 8:
+                raise UserError(f"{path}: corrupt safetensors file: {size} bytes, shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > size - 8:
+                raise UserError(f"{path}: corrupt safetensors header: length {n} exceeds file size {size}")
+            header = json.loads(fh.read(n))
+    except OSError as err:
+        raise os_error(err, f"reading {path}") from None
+    except ValueError as err:  # bad JSON or UTF-8
+        raise UserError(f"{path}: corrupt safetensors header: not valid JSON ({err})") from None
+    if not isinstance(header, dict):
+        raise UserError(f"{path}: corrupt safetensors header: expected a JSON object")
+    header.pop("__metadata__", None)
+    return header
+
+
 class CheckpointFiles:
     """Tensor names -> files of a safetensors checkpoint, with shapes/dtypes from the headers."""
 
@@ -473,16 +500,9 @@ class CheckpointFiles:
         self.files = list(dict.fromkeys(self.file_of.values()))
 
     def header(self, file: str) -> dict:
+        """The tensor entries of ``file``'s header (checked against the file size before reading)."""
         if file not in self._headers:
-            path = self.dir / file
-            try:
-                with open(path, "rb") as fh:
-                    (n,) = struct.unpack("<Q", fh.read(8))
-                    header = json.loads(fh.read(n))
-            except (OSError, ValueError, struct.error) as err:
-                raise UserError(f"{path}: not a readable safetensors file ({err})") from None
-            header.pop("__metadata__", None)
-            self._headers[file] = header
+            self._headers[file] = read_safetensors_header(self.dir / file)
         return self._headers[file]
 
     def names(self) -> list[str]:

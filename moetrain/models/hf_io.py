@@ -77,6 +77,7 @@ class _Reader:
         if file not in self.open:
             if len(self.open) >= self.max_open:
                 self.open.popitem(last=False)
+            self.files.header(file)  # checks the header against the file size first
             try:
                 self.open[file] = safe_open(str(self.files.dir / file), framework="pt")
             except Exception as err:  # safetensors raises its own error types

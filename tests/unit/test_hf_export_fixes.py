@@ -71,3 +71,34 @@ def test_save_moetrain_dir_takes_hf_files_from_as_str(mixtral_dir, tmp_path):
     ids = tokens()
     with torch.no_grad():
         assert torch.equal(from_hf(out)(ids), model(ids))
+
+
+# ---- corrupt safetensors headers -------------------------------------------------------------------
+
+@pytest.fixture
+def corrupt_dir(mixtral_dir, tmp_path):
+    """The Mixtral checkpoint with its header length replaced by 2^62 (far beyond the file)."""
+    path = tmp_path / "corrupt"
+    shutil.copytree(mixtral_dir, path)
+    weights = path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[:8] = (2**62).to_bytes(8, "little")
+    weights.write_bytes(bytes(data))
+    return path, f"{weights}: corrupt safetensors header: length {2**62} exceeds file size {len(data)}"
+
+
+def test_corrupt_header_length_is_one_line_in_convert(corrupt_dir, tmp_path, capsys):
+    path, message = corrupt_dir
+    err = one_line_error(capsys, ["convert", "hf-to-moetrain", "--hf-dir", path, "--out", tmp_path / "out"])
+    assert err == f"error: {message}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_header_length_is_one_line_in_train(corrupt_dir, tmp_path, capsys):
+    path, message = corrupt_dir
+    err = one_line_error(capsys, ["train", f"model.from_hf={path}", "train.device=cpu", "train.steps=1",
+                                  f"train.out_dir={tmp_path / 'run'}", "train.seq_length=8",
+                                  "train.micro_batch_size=1", "train.global_batch_size=1"])
+    assert err == f"error: {message}\n"
+    with pytest.raises(UserError, match="corrupt safetensors header: length"):
+        from_hf(path)
