@@ -318,9 +318,12 @@ def effective_arch(a: dict[str, Any]) -> dict[str, Any]:
         if a["moe.num_groups"] is None:
             blank.append("moe.group_score")
         k, f = a["moe.first_k_dense"], a["moe.layer_freq"]
-        if all(i >= k and (i - k) % f == 0 for i in range(L)):
+        moe_layers = [i >= k and (i - k) % f == 0 for i in range(L)]
+        if all(moe_layers):
             a["moe.first_k_dense"], a["moe.layer_freq"] = 0, 1
             blank += ["model.ffn_hidden_size", "model.activation"]  # no dense MLP anywhere
+        elif any(moe_layers):  # the smallest (k, f) giving the same MoE layers
+            a["moe.first_k_dense"], a["moe.layer_freq"] = _layer_pattern(moe_layers, "")
     for key in blank:
         a[key] = None
     return a
@@ -383,6 +386,7 @@ def hf_config_from_cfg(cfg: Config, model_type: str, base: dict | None = None, *
     window = m.sliding_window
 
     if model_type in DEEPSEEK:
+        _check_deepseek_layers(cfg, moe_layers, model_type)
         shared = cfg.shared_ffn_size
         hf.update({
             "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank, "qk_nope_head_dim": m.qk_nope_head_dim,
@@ -392,7 +396,7 @@ def hf_config_from_cfg(cfg: Config, model_type: str, base: dict | None = None, *
             "moe_intermediate_size": e.moe_ffn_hidden_size, "n_routed_experts": e.num_experts,
             "n_shared_experts": shared // e.moe_ffn_hidden_size if shared % e.moe_ffn_hidden_size == 0 else -1,
             "num_experts_per_tok": e.topk, "first_k_dense_replace": e.first_k_dense,
-            "moe_layer_freq": e.layer_freq, "norm_topk_prob": e.normalize_topk,
+            "moe_layer_freq": 1, "norm_topk_prob": e.normalize_topk,
             "routed_scaling_factor": e.scaling_factor, "attention_bias": False,
             "aux_loss_alpha": e.aux_loss_coeff, "seq_aux": e.aux_loss_type == "sequence",
         })
@@ -425,6 +429,18 @@ def hf_config_from_cfg(cfg: Config, model_type: str, base: dict | None = None, *
                                        else "full_attention" for i in range(m.num_layers)]})
     _check_round_trip(cfg, hf, model_type, drop_mtp)
     return hf
+
+
+def _check_deepseek_layers(cfg: Config, moe_layers: list[bool], model_type: str) -> None:
+    """transformers' DeepSeek models are MoE on every layer from first_k_dense_replace on (they
+    ignore moe_layer_freq): refuse any other pattern instead of writing one they would misread."""
+    k = moe_layers.index(True) if any(moe_layers) else len(moe_layers)
+    if moe_layers != [i >= k for i in range(len(moe_layers))]:
+        moe = [i for i, x in enumerate(moe_layers) if x]
+        raise UserError(f"moe.layer_freq = {cfg.moe.layer_freq} cannot be written in the Hugging Face {model_type} "
+                        f"format: transformers makes every layer from first_k_dense_replace on MoE (it ignores "
+                        f"moe_layer_freq) but this model's MoE layers are {moe} of {len(moe_layers)}; only "
+                        "moe.layer_freq = 1 (MoE on every layer from moe.first_k_dense on) can be exported")
 
 
 def _check_round_trip(cfg: Config, hf: dict, model_type: str, drop_mtp: bool) -> None:

@@ -102,3 +102,49 @@ def test_corrupt_header_length_is_one_line_in_train(corrupt_dir, tmp_path, capsy
     assert err == f"error: {message}\n"
     with pytest.raises(UserError, match="corrupt safetensors header: length"):
         from_hf(path)
+
+
+# ---- DeepSeek layer patterns ------------------------------------------------------------------------
+
+def tiny_model(*overrides, seed=0):
+    """The tiny preset (DeepSeek-V3-shaped, vocab 512) without MTP, every weight perturbed."""
+    from moetrain.config.load import load_config
+    from moetrain.models import build_model
+
+    cfg = load_config(preset="tiny", overrides=["model.mtp_num_layers=0", *overrides])
+    torch.manual_seed(seed)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        for layer in model.moe_layers():
+            layer.router.expert_bias.normal_(0.0, 0.05)
+    return model
+
+
+def test_deepseek_export_refuses_a_layer_freq_transformers_ignores(tmp_path, capsys):
+    model = tiny_model("model.num_layers=3", "moe.first_k_dense=0", "moe.layer_freq=2")  # MoE layers 0, 2
+    src = save_moetrain_dir(model, model.cfg, tmp_path / "mt")
+    err = one_line_error(capsys, ["convert", "moetrain-to-hf", "--ckpt", src, "--out", tmp_path / "hf"])
+    assert err == ("error: moe.layer_freq = 2 cannot be written in the Hugging Face deepseek_v3 format: transformers "
+                   "makes every layer from first_k_dense_replace on MoE (it ignores moe_layer_freq) but this model's "
+                   "MoE layers are [0, 2] of 3; only moe.layer_freq = 1 (MoE on every layer from moe.first_k_dense "
+                   "on) can be exported\n")
+    assert not (tmp_path / "hf").exists()
+    with pytest.raises(UserError, match=r"moe\.layer_freq = 2 cannot be written in the Hugging Face deepseek_v2"):
+        export_hf(model, model.cfg, tmp_path / "v2", model_type="deepseek_v2")
+    assert not (tmp_path / "v2").exists()
+
+
+def test_deepseek_layer_freq_that_changes_nothing_exports_and_loads_in_transformers(tmp_path):
+    # 2 layers, first dense, layer_freq 3: layer 1 is the only MoE layer, as with layer_freq 1
+    model = tiny_model("model.num_layers=2", "moe.first_k_dense=1", "moe.layer_freq=3")
+    out = export_hf(model, model.cfg, tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["first_k_dense_replace"], config["moe_layer_freq"]) == (1, 1)
+    ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours = model(ids)
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits
+        assert rel_err(theirs, ours) < 1e-4
+        assert torch.equal(from_hf(out)(ids), ours)
