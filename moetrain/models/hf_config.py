@@ -16,10 +16,11 @@ Families (HF ``model_type``): deepseek_v2, deepseek_v3, qwen3_moe, mixtral, gpt_
   from the file headers only.
 
 Deliberate deviations from transformers 5.17 (none affects a released checkpoint):
-DeepSeek-V2's ``norm_topk_prob`` is honoured (as DeepSeek's own code does; transformers
-ignores it; every released V2 config has it false); DeepSeek's q/kv latent norms use
-model.norm_eps while HF hard-codes 1e-6 (equal for every released config: a warning says so
-otherwise).
+DeepSeek-V2's ``norm_topk_prob`` and DeepSeek's ``moe_layer_freq`` are honoured on import, as
+DeepSeek's own code does (transformers ignores them; every released config has norm_topk_prob
+false on V2 and moe_layer_freq 1; export refuses the layer patterns transformers would build
+differently); DeepSeek's q/kv latent norms use model.norm_eps while HF hard-codes 1e-6 (equal
+for every released config: a warning says so otherwise).
 """
 
 from __future__ import annotations
@@ -158,6 +159,15 @@ def _layer_pattern(moe_layers: list[bool], where: str) -> tuple[int, int]:
                     "moe.first_k_dense + moe.layer_freq")
 
 
+def _deepseek_layers(hf: dict, L: int, where: str) -> tuple[int, int]:
+    """(first_k_dense, layer_freq) of a DeepSeek config: layer i is MoE when i >= first_k_dense_replace
+    and i % moe_layer_freq == 0, as in DeepSeek's code (transformers ignores moe_layer_freq)."""
+    k, f = hf.get("first_k_dense_replace") or 0, hf.get("moe_layer_freq") or 1
+    if f == 1 or k >= L:
+        return k, f
+    return _layer_pattern([i >= k and i % f == 0 for i in range(L)], where)
+
+
 def _window_every(windowed: list[bool], where: str) -> int | None:
     """sliding_window_every k with windowed[i] == (i % k == 0), None when no layer is windowed."""
     if not any(windowed):
@@ -209,10 +219,10 @@ def arch_from_hf(hf: dict, *, mtp_layers: int | None = None, where: str = "confi
             "moe.moe_ffn_hidden_size": _need(hf, "moe_intermediate_size", where),
             "moe.topk": _need(hf, "num_experts_per_tok", where),
             "moe.num_shared_experts": hf.get("n_shared_experts") or 0,
-            "moe.first_k_dense": hf.get("first_k_dense_replace", 0), "moe.layer_freq": hf.get("moe_layer_freq", 1),
             "moe.normalize_topk": bool(hf.get("norm_topk_prob", False)),
             "moe.scaling_factor": float(hf.get("routed_scaling_factor", 1.0)),
         })
+        a["moe.first_k_dense"], a["moe.layer_freq"] = _deepseek_layers(hf, L, where)
         ng, tg = hf.get("n_group"), hf.get("topk_group")
         if mt == "deepseek_v3":  # sigmoid scores, aux-free bias, top-2-sum group ranking, MTP
             a.update({"moe.score_function": "sigmoid", "moe.expert_bias": True, "moe.group_score": "top2_sum"})

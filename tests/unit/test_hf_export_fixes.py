@@ -148,3 +148,20 @@ def test_deepseek_layer_freq_that_changes_nothing_exports_and_loads_in_transform
         theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits
         assert rel_err(theirs, ours) < 1e-4
         assert torch.equal(from_hf(out)(ids), ours)
+
+
+def test_deepseek_moe_layer_freq_is_read_as_deepseeks_code_does():
+    """DeepSeek's code (and vLLM / SGLang): layer i is MoE when i >= first_k_dense_replace and
+    i % moe_layer_freq == 0. With 1 dense layer and freq 2 of 6 layers: MoE layers 2 and 4."""
+    from moetrain.config.schema import Config
+    from moetrain.models.hf_config import arch_from_hf
+
+    hf = dict(model_type="deepseek_v2", vocab_size=V, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
+              kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, intermediate_size=48,
+              n_routed_experts=4, moe_intermediate_size=16, num_experts_per_tok=2, first_k_dense_replace=1,
+              moe_layer_freq=2)
+    a = arch_from_hf(hf)
+    cfg = Config()
+    cfg.model.num_layers, cfg.moe.num_experts = 6, 4
+    cfg.moe.first_k_dense, cfg.moe.layer_freq = a["moe.first_k_dense"], a["moe.layer_freq"]
+    assert [i for i in range(6) if cfg.is_moe_layer(i)] == [2, 4]
