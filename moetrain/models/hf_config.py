@@ -102,8 +102,7 @@ def _need(hf: dict, key: str, where: str, *alts: str):
 
 
 def _rope(hf: dict, mt: str, where: str) -> dict:
-    """RoPE keys. HF: cos/sin scale = mscale(s, mscale) / mscale(s, mscale_all_dim) when both are
-    set, else 0.1 ln(s) + 1; DeepSeek's softmax scale additionally x mscale(s, mscale_all_dim)^2."""
+    """RoPE keys (YaRN scales: see ``_yarn_mscales``)."""
     rp = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     theta = rp.get("rope_theta", hf.get("rope_theta", 10000.0))
     kind = rp.get("rope_type") or rp.get("type") or "default"
@@ -119,20 +118,7 @@ def _rope(hf: dict, mt: str, where: str) -> dict:
     factor = rp.get("factor")
     if factor is None:
         factor = _need(hf, "max_position_embeddings", where) / orig
-    mscale, all_dim = rp.get("mscale"), rp.get("mscale_all_dim")
-    if all_dim and mt not in DEEPSEEK:
-        raise UserError(f"{where}: yarn mscale_all_dim is only supported for the DeepSeek families")
-    if mscale and all_dim:
-        ym, ya = float(mscale), float(all_dim)
-    elif all_dim:
-        raise UserError(f"{where}: yarn mscale_all_dim without mscale is not supported")
-    else:
-        ym, ya = 1.0, 0.0
-    if rp.get("attention_factor") is not None:
-        ours = _mscale(factor, ym) / _mscale(factor, ya)
-        if not math.isclose(rp["attention_factor"], ours, rel_tol=1e-9):
-            raise UserError(f"{where}: yarn attention_factor = {rp['attention_factor']} is not supported "
-                            f"(only the value implied by factor/mscale, {ours})")
+    ym, ya = _yarn_mscales(rp, float(factor), mt, where)
     out.update({
         "model.rope_scaling": "yarn", "model.rope_scaling_factor": float(factor),
         "model.rope_original_max_position": int(orig),
@@ -146,6 +132,52 @@ def _rope(hf: dict, mt: str, where: str) -> dict:
 
 def _mscale(scale: float, m: float) -> float:
     return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def _yarn_mscales(rp: dict, factor: float, mt: str, where: str) -> tuple[float, float]:
+    """(model.yarn_mscale, model.yarn_mscale_all_dim) for the YaRN ``rp`` of a HF config.
+
+    transformers scales cos/sin by ``attention_factor`` when given, else by mscale(s, mscale) /
+    mscale(s, mscale_all_dim) when both are set, else by mscale(s, 1); DeepSeek's softmax scale
+    is also x mscale(s, mscale_all_dim)^2. moetrain scales cos/sin by mscale(s, yarn_mscale) /
+    mscale(s, yarn_mscale_all_dim), with the same softmax factor: yarn_mscale_all_dim is
+    mscale_all_dim and yarn_mscale solves for the cos/sin factor.
+    """
+    mscale, all_dim, given = rp.get("mscale"), rp.get("mscale_all_dim"), rp.get("attention_factor")
+    if all_dim and mt not in DEEPSEEK:
+        raise UserError(f"{where}: yarn mscale_all_dim is only supported for the DeepSeek families")
+    ya = float(all_dim or 0.0)
+    if given is None:
+        if mscale and all_dim:
+            return float(mscale), ya
+        if all_dim:
+            raise UserError(f"{where}: yarn mscale_all_dim without mscale is not supported")
+        return 1.0, 0.0
+    if mscale is not None and math.isclose(_mscale(factor, mscale) / _mscale(factor, ya), given, rel_tol=1e-9):
+        return float(mscale), ya  # the exact value, when the config carries it (as our export writes)
+    if factor <= 1:
+        if math.isclose(given, 1.0, rel_tol=1e-9):
+            return 1.0, ya
+        raise UserError(f"{where}: yarn attention_factor = {given} with factor {factor} <= 1 is not supported "
+                        "(only 1.0: YaRN does not scale unscaled positions)")
+    return (given * _mscale(factor, ya) - 1.0) / (0.1 * math.log(factor)), ya
+
+
+def _yarn_mscale_keys(m: ModelConfig) -> dict[str, float]:
+    """The rope_parameters keys for our YaRN scales: ``mscale`` (when not 1, or beside
+    mscale_all_dim: our import reads it back exactly), ``mscale_all_dim`` (when set) and
+    ``attention_factor`` when transformers would infer another cos/sin factor from those two."""
+    f, ym, ya = m.rope_scaling_factor, m.yarn_mscale, m.yarn_mscale_all_dim
+    keys = {}
+    if ya or ym != 1.0:
+        keys["mscale"] = ym
+    if ya:
+        keys["mscale_all_dim"] = ya
+    ours = _mscale(f, ym) / _mscale(f, ya)
+    inferred = ours if ym and ya else _mscale(f, 1.0)
+    if not math.isclose(ours, inferred, rel_tol=1e-12):
+        keys["attention_factor"] = ours
+    return keys
 
 
 def _layer_pattern(moe_layers: list[bool], where: str) -> tuple[int, int]:
@@ -382,10 +414,7 @@ def hf_config_from_cfg(cfg: Config, model_type: str, base: dict | None = None, *
                      "original_max_position_embeddings": m.rope_original_max_position,
                      "beta_fast": m.yarn_beta_fast, "beta_slow": m.yarn_beta_slow,
                      "truncate": effective_arch(cfg_arch(cfg))["model.yarn_truncate"]})
-        if m.yarn_mscale_all_dim:
-            rope.update({"mscale": m.yarn_mscale, "mscale_all_dim": m.yarn_mscale_all_dim})
-        elif m.yarn_mscale != 1.0:
-            rope["attention_factor"] = _mscale(m.rope_scaling_factor, m.yarn_mscale)
+        rope.update(_yarn_mscale_keys(m))
         hf.setdefault("max_position_embeddings", int(m.rope_original_max_position * m.rope_scaling_factor))
     hf["rope_parameters"] = rope  # transformers 5; the legacy keys below for older readers
     hf["rope_theta"] = m.rope_theta

@@ -3,6 +3,7 @@ hold, YaRN mscale, corrupt files, full or read-only disks, a mistyped --ckpt. Ti
 
 import errno
 import json
+import math
 import os
 import shutil
 
@@ -165,3 +166,48 @@ def test_deepseek_moe_layer_freq_is_read_as_deepseeks_code_does():
     cfg.model.num_layers, cfg.moe.num_experts = 6, 4
     cfg.moe.first_k_dense, cfg.moe.layer_freq = a["moe.first_k_dense"], a["moe.layer_freq"]
     assert [i for i in range(6) if cfg.is_moe_layer(i)] == [2, 4]
+
+
+# ---- YaRN mscale in a GQA family ------------------------------------------------------------------------
+
+def test_gqa_yarn_mscale_exports_for_transformers_and_reimports(tmp_path):
+    """Qwen3-MoE with YaRN (factor 4) and model.yarn_mscale = 0.8: transformers reads the export
+    as our model, and our import gives back the same config and logits."""
+    import copy
+
+    from moetrain.models import build_model
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=40, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+        tie_word_embeddings=False)
+    src = tmp_path / "qwen"
+    randomise(transformers.Qwen3MoeForCausalLM(config).eval()).save_pretrained(src)
+    plain = from_hf(src)
+    cfg = copy.deepcopy(plain.cfg)
+    cfg.model.rope_scaling, cfg.model.rope_scaling_factor, cfg.model.rope_original_max_position = "yarn", 4.0, 64
+    cfg.model.yarn_mscale = 0.8
+    model = build_model(cfg).eval()
+    model.load_state_dict(plain.state_dict())
+    out = export_hf(model, cfg, tmp_path / "hf", base_config=json.loads((src / "config.json").read_text()))
+    rope = json.loads((out / "config.json").read_text())["rope_parameters"]
+    assert rope["attention_factor"] == pytest.approx(0.1 * 0.8 * math.log(4.0) + 1) and rope["mscale"] == 0.8
+    ids = tokens()
+    with torch.no_grad():
+        ours = model(ids)
+        assert rel_err(ours, plain(ids)) > 1e-2  # YaRN changes the logits: the comparison below means something
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits
+        assert rel_err(theirs, ours) < 1e-4
+        back = from_hf(out)
+        assert back.cfg.model.yarn_mscale == 0.8 and back.cfg.model.rope_scaling_factor == 4.0
+        assert torch.equal(back(ids), ours)
+    # a config with attention_factor alone (no mscale): yarn_mscale solved from it
+    hf = json.loads((out / "config.json").read_text())
+    for key in ("rope_parameters", "rope_scaling"):
+        del hf[key]["mscale"]
+    (out / "config.json").write_text(json.dumps(hf))
+    alone = from_hf(out)
+    assert alone.cfg.model.yarn_mscale == pytest.approx(0.8, rel=1e-12)
+    with torch.no_grad():
+        assert rel_err(alone(ids), ours) < 1e-6
