@@ -211,3 +211,114 @@ def test_gqa_yarn_mscale_exports_for_transformers_and_reimports(tmp_path):
     assert alone.cfg.model.yarn_mscale == pytest.approx(0.8, rel=1e-12)
     with torch.no_grad():
         assert rel_err(alone(ids), ours) < 1e-6
+
+
+# ---- `moetrain convert`: OS failures are one line and leave nothing partial ----------------------------
+
+def fail_on_shard(monkeypatch, n, code):
+    """safetensors' save_file writes shards 1..n-1, then leaves a partial shard n and fails the way
+    safetensors reports I/O errors (SafetensorError naming the os error)."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    real, calls = safetensors.torch.save_file, []
+
+    def save_file(tensors, filename, metadata=None):
+        calls.append(filename)
+        if len(calls) < n:
+            return real(tensors, filename, metadata=metadata)
+        with open(filename, "wb") as f:
+            f.write(b"\0" * 100)
+        raise SafetensorError(f"Error while serializing: I/O error: {os.strerror(code)} (os error {code}) "
+                              f'at path "{filename}"')
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    return calls
+
+
+def test_convert_disk_full_is_one_line_with_bytes_needed_and_leaves_nothing(mixtral_dir, tmp_path, monkeypatch,
+                                                                            capsys):
+    from moetrain.errors import format_bytes
+
+    needed = sum(t.numel() * t.element_size() for t in from_hf(mixtral_dir).state_dict().values())
+    calls = fail_on_shard(monkeypatch, 2, errno.ENOSPC)
+    out = tmp_path / "new" / "out"
+    err = one_line_error(capsys, ["convert", "hf-to-moetrain", "--hf-dir", mixtral_dir, "--out", out,
+                                  "--max-shard-size", "20KB"])
+    assert len(calls) == 2
+    assert err.startswith(f"error: writing {out}: disk full ({out}/model-00002-of-")
+    assert f".safetensors); needs {format_bytes(needed)}, " in err and err.endswith(" free; nothing was written\n")
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary directory, no parent made for it
+
+
+def test_convert_force_into_a_full_disk_keeps_the_users_files(mixtral_dir, tmp_path, monkeypatch, capsys):
+    src = save_moetrain_dir(from_hf(mixtral_dir), from_hf(mixtral_dir).cfg, tmp_path / "mt")
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    (out / "model.safetensors").write_bytes(b"an older export")
+    before = tree(out)
+    fail_on_shard(monkeypatch, 1, errno.ENOSPC)
+    err = one_line_error(capsys, ["convert", "moetrain-to-hf", "--ckpt", src, "--out", out, "--force"])
+    assert f"disk full ({out}/model.safetensors); needs " in err and err.endswith(f"; {out} is unchanged\n")
+    assert tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mt"]
+
+
+def test_convert_force_replaces_the_old_weights_and_keeps_other_files(mixtral_dir, tmp_path):
+    from moetrain.convert import moetrain_to_hf
+
+    model = from_hf(mixtral_dir)
+    src = save_moetrain_dir(model, model.cfg, tmp_path / "mt")
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    for stale in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                  "model.safetensors.index.json"):
+        (out / stale).write_text("an older sharded export")
+    moetrain_to_hf(src, out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine\n"
+    assert all(torch.equal(a, b) for a, b in zip(load_file(out / "model.safetensors").values(),
+                                                 load_file(mixtral_dir / "model.safetensors").values()))
+    ids = tokens()
+    with torch.no_grad():
+        assert torch.equal(from_hf(out)(ids), model(ids))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mt"]
+
+
+def test_convert_out_is_a_file_is_one_line(mixtral_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.write_text("a file\n")
+    err = one_line_error(capsys, ["convert", "hf-to-moetrain", "--hf-dir", mixtral_dir, "--out", out])
+    assert err == f"error: --out {out}: exists and is not a directory\n"
+    assert out.read_text() == "a file\n"
+
+
+def test_convert_read_only_file_system_is_one_line(mixtral_dir, tmp_path, monkeypatch, capsys):
+    """The directory cannot be created (EROFS from mkdir, as a read-only mount gives even to root)."""
+    real_mkdir, ro = os.mkdir, tmp_path / "ro"
+    ro.mkdir()
+
+    def mkdir(path, *args, **kwargs):
+        if os.path.dirname(os.path.abspath(path)).startswith(str(ro)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    out = ro / "out"
+    err = one_line_error(capsys, ["convert", "hf-to-moetrain", "--hf-dir", mixtral_dir, "--out", out])
+    assert err == f"error: writing {out}: read-only file system ({ro}); nothing was written\n"
+    assert list(ro.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a 0o500 directory")
+def test_convert_into_a_directory_without_write_permission_is_one_line(mixtral_dir, tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    try:
+        err = one_line_error(capsys, ["convert", "hf-to-moetrain", "--hf-dir", mixtral_dir, "--out", ro / "out"])
+        assert err == f"error: writing {ro / 'out'}: permission denied ({ro}); nothing was written\n"
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
+
