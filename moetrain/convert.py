@@ -153,6 +153,19 @@ def _trainer_checkpoint(src: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _not_a_ckpt_dir(src: Path) -> str:
+    """'--ckpt SRC: no such directory', suggesting the one training out_dir beside it, if one."""
+    from moetrain.train import checkpoint as ckpt
+
+    message = f"--ckpt {src}: " + ("not a directory" if src.exists() else "no such directory")
+    parent = src.parent
+    runs = [d.name for d in sorted(parent.iterdir()) if d.is_dir() and ckpt.list_checkpoints(d)] \
+        if parent.is_dir() else []
+    if len(runs) == 1:
+        message += f"; did you mean {parent / runs[0]}?"
+    return message
+
+
 def moetrain_to_hf(ckpt: str | Path, out: str | Path, *, family: str = "auto", dtype: str = "auto",
                    drop_mtp: bool = False, max_shard_size: str = "5GB", force: bool = False,
                    progress: bool = False) -> Path:
@@ -168,7 +181,7 @@ def moetrain_to_hf(ckpt: str | Path, out: str | Path, *, family: str = "auto", d
 
     src, out = Path(ckpt), Path(out)
     if not src.is_dir():
-        raise UserError(f"--ckpt {src}: no such directory")
+        raise UserError(_not_a_ckpt_dir(src))
     base, side = None, None
     trainer_ckpt = _trainer_checkpoint(src)
     if trainer_ckpt is not None:

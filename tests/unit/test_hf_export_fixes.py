@@ -322,3 +322,19 @@ def test_convert_into_a_directory_without_write_permission_is_one_line(mixtral_d
     finally:
         ro.chmod(0o700)
 
+
+# ---- --ckpt that does not exist ---------------------------------------------------------------------------
+
+def test_missing_ckpt_suggests_the_one_run_beside_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    step = tmp_path / "runs" / "tiny" / "checkpoints" / "step_200"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text("{}")
+    (tmp_path / "runs" / "empty").mkdir()  # no checkpoints: not a candidate
+    argv = ["convert", "moetrain-to-hf", "--ckpt", "runs/default", "--out", "hf"]
+    assert one_line_error(capsys, argv) == "error: --ckpt runs/default: no such directory; did you mean runs/tiny?\n"
+    other = tmp_path / "runs" / "other" / "checkpoints" / "step_1"
+    other.mkdir(parents=True)
+    (other / "meta.json").write_text("{}")
+    assert one_line_error(capsys, argv) == "error: --ckpt runs/default: no such directory\n"
+    assert not (tmp_path / "hf").exists()
