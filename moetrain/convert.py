@@ -13,7 +13,8 @@
 Both write into a temporary sibling of OUT and move the result into place only when every
 file is written: a failure (full disk, read-only directory, Ctrl-C) leaves no partial output,
 and files that were in OUT before (``--force``) are untouched unless a complete new output
-replaces them. OS failures are one-line UserErrors (``errors.os_error``).
+replaces them (files of the same name, and the previous weight files). OS failures are
+one-line UserErrors (``errors.os_error``).
 
 ``register(commands, add_config_source)`` adds the subcommands to the CLI's argparse
 subparsers; torch is imported only when a command runs.
