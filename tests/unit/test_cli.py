@@ -184,7 +184,7 @@ def _raising(exc):
      "error: data.path 'x': not a dataset (run moetrain data prepare)"),
     (ConfigError("moe.topk = 3 bad"), 2, "error: moe.topk = 3 bad"),
     (FileNotFoundError(2, "No such file or directory", "data/train.bin"), 2,
-     "error: No such file or directory: data/train.bin"),
+     "error: no such file or directory: data/train.bin"),
     (KeyboardInterrupt(), 130, "error: interrupted"),
 ])
 def test_errors_from_commands(fake_module, capsys, exc, code, line):
