@@ -513,7 +513,8 @@ def read_safetensors_header(path: Path) -> dict:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if size < 8:
-                raise UserError(f"{path}: corrupt safetensors file: {size} bytes, shorter than the 8-byte header length")
+                raise UserError(f"{path}: corrupt safetensors file: {size} bytes, shorter than its 8-byte "
+                                "header length")
             (n,) = struct.unpack("<Q", fh.read(8))
             if n > size - 8:
                 raise UserError(f"{path}: corrupt safetensors header: length {n} exceeds file size {size}")
