@@ -10,6 +10,12 @@
   latest checkpoint) -> OUT/config.json + safetensors in the family's HF naming, plus the
   tokenizer files when known (hf_files/, or the model.from_hf directory of the training run).
 
+Both write into a temporary sibling of OUT and move the result into place only when every
+file is written: a failure (full disk, read-only directory, Ctrl-C) leaves no partial output,
+and files that were in OUT before (``--force``) are untouched unless a complete new output
+replaces them (files of the same name, and the previous weight files). OS failures are
+one-line UserErrors (``errors.os_error``).
+
 ``register(commands, add_config_source)`` adds the subcommands to the CLI's argparse
 subparsers; torch is imported only when a command runs.
 """
@@ -17,10 +23,14 @@ subparsers; torch is imported only when a command runs.
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
+import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
-from moetrain.errors import UserError
+from moetrain.errors import UserError, os_error
 
 DTYPE_CHOICES = ("auto", "fp32", "bf16", "fp16")
 FAMILY_CHOICES = ("auto", "deepseek_v2", "deepseek_v3", "qwen3_moe", "mixtral", "gpt_oss")
@@ -31,6 +41,82 @@ def _check_out(out: Path, force: bool) -> None:
         raise UserError(f"--out {out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"--out {out}: directory is not empty (use --force to write into it)")
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """The directories above ``path`` that do not exist yet, deepest first."""
+    missing = []
+    for parent in path.absolute().parents:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing
+
+
+def _shown(err: OSError, tmp: Path, out: Path) -> OSError:
+    """``err`` with a path inside the temporary directory shown as the path it was meant for."""
+    name = err.filename
+    if name is not None and Path(name).absolute().is_relative_to(tmp.absolute()):
+        name = str(out / Path(name).absolute().relative_to(tmp.absolute()))
+    return OSError(err.errno, err.strerror, name)
+
+
+def _move_into(tmp: Path, out: Path) -> None:
+    """Put the complete output ``tmp`` at ``out``: a rename when ``out`` is absent or empty, else
+    file by file (replacing same-named files and the previous weight files, keeping the rest)."""
+    from moetrain.models.hf_io import weight_files
+
+    if not out.exists() or not any(out.iterdir()):
+        os.replace(tmp, out)  # POSIX rename replaces an empty directory
+        return
+    new = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
+    for stale in weight_files(out):
+        if stale.relative_to(out) not in new:
+            stale.unlink()
+    for rel in new:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / rel, out / rel)
+    shutil.rmtree(tmp)
+
+
+@contextmanager
+def _staged(out: Path):
+    """Yields a new temporary directory beside ``out`` to write the output into, moved into place
+    on success. On failure it is removed with the parent directories made for it, and an OSError
+    becomes a one-line UserError (disk full with the bytes needed, read-only, ...)."""
+    after = f"{out} is unchanged" if out.exists() else "nothing was written"
+    made = _missing_parents(out)
+    tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()  # mode 0o777 & ~umask, as `out` itself would get
+    except OSError as err:
+        _remove_dirs(made)
+        raise os_error(OSError(err.errno, err.strerror, str(out.parent)), f"writing {out}", after=after) from None
+    try:
+        yield tmp
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_dirs(made)
+        if isinstance(exc, OSError):
+            raise os_error(_shown(exc, tmp, out), f"writing {out}", needed_bytes=getattr(exc, "needed_bytes", None),
+                           after=after) from None
+        raise
+    try:
+        _move_into(tmp, out)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise os_error(_shown(err, tmp, out), f"moving the written output into {out}") from None
+
+
+def _remove_dirs(dirs: list[Path]) -> None:
+    for d in dirs:  # deepest first; only those still empty
+        try:
+            d.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            break
 
 
 def _dtype(name: str, default):
@@ -52,8 +138,10 @@ def hf_to_moetrain(hf_dir: str | Path, out: str | Path, *, dtype: str = "auto", 
     _check_out(out, force)
     torch_dtype = _dtype(dtype, checkpoint_dtype(hf))
     model = from_hf(src, torch_dtype, mtp=False if drop_mtp else None, progress=progress)
-    return save_moetrain_dir(model, model.cfg, out, hf_config=hf, hf_files_from=src,
-                             max_shard_size=max_shard_size, progress=progress)
+    with _staged(out) as tmp:
+        save_moetrain_dir(model, model.cfg, tmp, hf_config=hf, hf_files_from=src, max_shard_size=max_shard_size,
+                          progress=progress)
+    return out
 
 
 def _trainer_checkpoint(src: Path) -> Path | None:
@@ -64,6 +152,19 @@ def _trainer_checkpoint(src: Path) -> Path | None:
         return src
     found = ckpt.list_checkpoints(src)
     return found[-1] if found else None
+
+
+def _not_a_ckpt_dir(src: Path) -> str:
+    """'--ckpt SRC: no such directory', suggesting the one training out_dir beside it, if one."""
+    from moetrain.train import checkpoint as ckpt
+
+    message = f"--ckpt {src}: " + ("not a directory" if src.exists() else "no such directory")
+    parent = src.parent
+    runs = [d.name for d in sorted(parent.iterdir()) if d.is_dir() and ckpt.list_checkpoints(d)] \
+        if parent.is_dir() else []
+    if len(runs) == 1:
+        message += f"; did you mean {parent / runs[0]}?"
+    return message
 
 
 def moetrain_to_hf(ckpt: str | Path, out: str | Path, *, family: str = "auto", dtype: str = "auto",
@@ -81,7 +182,7 @@ def moetrain_to_hf(ckpt: str | Path, out: str | Path, *, family: str = "auto", d
 
     src, out = Path(ckpt), Path(out)
     if not src.is_dir():
-        raise UserError(f"--ckpt {src}: no such directory")
+        raise UserError(_not_a_ckpt_dir(src))
     base, side = None, None
     trainer_ckpt = _trainer_checkpoint(src)
     if trainer_ckpt is not None:
@@ -106,10 +207,11 @@ def moetrain_to_hf(ckpt: str | Path, out: str | Path, *, family: str = "auto", d
         raise UserError(f"--ckpt {src}: neither a moetrain model directory (config.yaml + model.safetensors) "
                         "nor a trainer checkpoint (model.pt + config.yaml) nor a training out_dir with checkpoints")
     _check_out(out, force)
-    export_hf(state, cfg, out, model_type=None if family == "auto" else family, base_config=base,
-              dtype=_dtype(dtype, None), max_shard_size=max_shard_size, drop_mtp=drop_mtp, progress=progress)
-    if side is not None:
-        copy_side_files(side, out)
+    with _staged(out) as tmp:
+        export_hf(state, cfg, tmp, model_type=None if family == "auto" else family, base_config=base,
+                  dtype=_dtype(dtype, None), max_shard_size=max_shard_size, drop_mtp=drop_mtp, progress=progress)
+        if side is not None:
+            copy_side_files(side, tmp)
     return out
 
 

@@ -202,7 +202,7 @@ def export_hf(model, cfg: Config, out_dir: str | Path, *, model_type: Optional[s
 
 
 def save_moetrain_dir(model, cfg: Config, out_dir: str | Path, *, hf_config: Optional[dict] = None,
-                      hf_files_from: Optional[Path] = None, dtype: Optional[torch.dtype] = None,
+                      hf_files_from: Optional[str | Path] = None, dtype: Optional[torch.dtype] = None,
                       max_shard_size: int | str = DEFAULT_SHARD_SIZE, progress: bool = False) -> Path:
     """A moetrain model directory: config.yaml + model.safetensors (moetrain names) [+ the
     original HF config.json as hf_config.json and its tokenizer files under hf_files/]."""
@@ -233,8 +233,9 @@ SIDE_SUFFIXES = (".json", ".model", ".txt", ".jinja", ".tiktoken", ".py")
 NOT_SIDE = {"config.json", "model.safetensors.index.json", HF_CONFIG_COPY}
 
 
-def copy_side_files(src: Path, dst: Path) -> list[str]:
+def copy_side_files(src: str | Path, dst: str | Path) -> list[str]:
     """Copy tokenizer / generation files (small non-weight files) from src to dst."""
+    src, dst = Path(src), Path(dst)
     copied = []
     if not src.is_dir():
         return copied

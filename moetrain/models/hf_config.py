@@ -16,10 +16,11 @@ Families (HF ``model_type``): deepseek_v2, deepseek_v3, qwen3_moe, mixtral, gpt_
   from the file headers only.
 
 Deliberate deviations from transformers 5.17 (none affects a released checkpoint):
-DeepSeek-V2's ``norm_topk_prob`` is honoured (as DeepSeek's own code does; transformers
-ignores it; every released V2 config has it false); DeepSeek's q/kv latent norms use
-model.norm_eps while HF hard-codes 1e-6 (equal for every released config: a warning says so
-otherwise).
+DeepSeek-V2's ``norm_topk_prob`` and DeepSeek's ``moe_layer_freq`` are honoured on import, as
+DeepSeek's own code does (transformers ignores them; every released config has norm_topk_prob
+false on V2 and moe_layer_freq 1; export refuses the layer patterns transformers would build
+differently); DeepSeek's q/kv latent norms use model.norm_eps while HF hard-codes 1e-6 (equal
+for every released config: a warning says so otherwise).
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import struct
 import warnings
 from pathlib import Path
 from typing import Any
 
 from moetrain.config.schema import Config, ModelConfig, MoEConfig
-from moetrain.errors import UserError
+from moetrain.errors import UserError, os_error
 
 # model_type -> the architecture class written to config.json
 FAMILIES = {
@@ -100,8 +102,7 @@ def _need(hf: dict, key: str, where: str, *alts: str):
 
 
 def _rope(hf: dict, mt: str, where: str) -> dict:
-    """RoPE keys. HF: cos/sin scale = mscale(s, mscale) / mscale(s, mscale_all_dim) when both are
-    set, else 0.1 ln(s) + 1; DeepSeek's softmax scale additionally x mscale(s, mscale_all_dim)^2."""
+    """RoPE keys (YaRN scales: see ``_yarn_mscales``)."""
     rp = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     theta = rp.get("rope_theta", hf.get("rope_theta", 10000.0))
     kind = rp.get("rope_type") or rp.get("type") or "default"
@@ -117,20 +118,7 @@ def _rope(hf: dict, mt: str, where: str) -> dict:
     factor = rp.get("factor")
     if factor is None:
         factor = _need(hf, "max_position_embeddings", where) / orig
-    mscale, all_dim = rp.get("mscale"), rp.get("mscale_all_dim")
-    if all_dim and mt not in DEEPSEEK:
-        raise UserError(f"{where}: yarn mscale_all_dim is only supported for the DeepSeek families")
-    if mscale and all_dim:
-        ym, ya = float(mscale), float(all_dim)
-    elif all_dim:
-        raise UserError(f"{where}: yarn mscale_all_dim without mscale is not supported")
-    else:
-        ym, ya = 1.0, 0.0
-    if rp.get("attention_factor") is not None:
-        ours = _mscale(factor, ym) / _mscale(factor, ya)
-        if not math.isclose(rp["attention_factor"], ours, rel_tol=1e-9):
-            raise UserError(f"{where}: yarn attention_factor = {rp['attention_factor']} is not supported "
-                            f"(only the value implied by factor/mscale, {ours})")
+    ym, ya = _yarn_mscales(rp, float(factor), mt, where)
     out.update({
         "model.rope_scaling": "yarn", "model.rope_scaling_factor": float(factor),
         "model.rope_original_max_position": int(orig),
@@ -146,6 +134,52 @@ def _mscale(scale: float, m: float) -> float:
     return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
 
+def _yarn_mscales(rp: dict, factor: float, mt: str, where: str) -> tuple[float, float]:
+    """(model.yarn_mscale, model.yarn_mscale_all_dim) for the YaRN ``rp`` of a HF config.
+
+    transformers scales cos/sin by ``attention_factor`` when given, else by mscale(s, mscale) /
+    mscale(s, mscale_all_dim) when both are set, else by mscale(s, 1); DeepSeek's softmax scale
+    is also x mscale(s, mscale_all_dim)^2. moetrain scales cos/sin by mscale(s, yarn_mscale) /
+    mscale(s, yarn_mscale_all_dim), with the same softmax factor: yarn_mscale_all_dim is
+    mscale_all_dim and yarn_mscale solves for the cos/sin factor.
+    """
+    mscale, all_dim, given = rp.get("mscale"), rp.get("mscale_all_dim"), rp.get("attention_factor")
+    if all_dim and mt not in DEEPSEEK:
+        raise UserError(f"{where}: yarn mscale_all_dim is only supported for the DeepSeek families")
+    ya = float(all_dim or 0.0)
+    if given is None:
+        if mscale and all_dim:
+            return float(mscale), ya
+        if all_dim:
+            raise UserError(f"{where}: yarn mscale_all_dim without mscale is not supported")
+        return 1.0, 0.0
+    if mscale is not None and math.isclose(_mscale(factor, mscale) / _mscale(factor, ya), given, rel_tol=1e-9):
+        return float(mscale), ya  # the exact value, when the config carries it (as our export writes)
+    if factor <= 1:
+        if math.isclose(given, 1.0, rel_tol=1e-9):
+            return 1.0, ya
+        raise UserError(f"{where}: yarn attention_factor = {given} with factor {factor} <= 1 is not supported "
+                        "(only 1.0: YaRN does not scale unscaled positions)")
+    return (given * _mscale(factor, ya) - 1.0) / (0.1 * math.log(factor)), ya
+
+
+def _yarn_mscale_keys(m: ModelConfig) -> dict[str, float]:
+    """The rope_parameters keys for our YaRN scales: ``mscale`` (when not 1, or beside
+    mscale_all_dim: our import reads it back exactly), ``mscale_all_dim`` (when set) and
+    ``attention_factor`` when transformers would infer another cos/sin factor from those two."""
+    f, ym, ya = m.rope_scaling_factor, m.yarn_mscale, m.yarn_mscale_all_dim
+    keys = {}
+    if ya or ym != 1.0:
+        keys["mscale"] = ym
+    if ya:
+        keys["mscale_all_dim"] = ya
+    ours = _mscale(f, ym) / _mscale(f, ya)
+    inferred = ours if ym and ya else _mscale(f, 1.0)
+    if not math.isclose(ours, inferred, rel_tol=1e-12):
+        keys["attention_factor"] = ours
+    return keys
+
+
 def _layer_pattern(moe_layers: list[bool], where: str) -> tuple[int, int]:
     """(first_k_dense, layer_freq) reproducing which layers are MoE, or UserError."""
     L = len(moe_layers)
@@ -155,6 +189,15 @@ def _layer_pattern(moe_layers: list[bool], where: str) -> tuple[int, int]:
                 return k, f
     raise UserError(f"{where}: the MoE/dense layer pattern {moe_layers} cannot be expressed as "
                     "moe.first_k_dense + moe.layer_freq")
+
+
+def _deepseek_layers(hf: dict, L: int, where: str) -> tuple[int, int]:
+    """(first_k_dense, layer_freq) of a DeepSeek config: layer i is MoE when i >= first_k_dense_replace
+    and i % moe_layer_freq == 0, as in DeepSeek's code (transformers ignores moe_layer_freq)."""
+    k, f = hf.get("first_k_dense_replace") or 0, hf.get("moe_layer_freq") or 1
+    if f == 1 or k >= L:
+        return k, f
+    return _layer_pattern([i >= k and i % f == 0 for i in range(L)], where)
 
 
 def _window_every(windowed: list[bool], where: str) -> int | None:
@@ -208,10 +251,10 @@ def arch_from_hf(hf: dict, *, mtp_layers: int | None = None, where: str = "confi
             "moe.moe_ffn_hidden_size": _need(hf, "moe_intermediate_size", where),
             "moe.topk": _need(hf, "num_experts_per_tok", where),
             "moe.num_shared_experts": hf.get("n_shared_experts") or 0,
-            "moe.first_k_dense": hf.get("first_k_dense_replace", 0), "moe.layer_freq": hf.get("moe_layer_freq", 1),
             "moe.normalize_topk": bool(hf.get("norm_topk_prob", False)),
             "moe.scaling_factor": float(hf.get("routed_scaling_factor", 1.0)),
         })
+        a["moe.first_k_dense"], a["moe.layer_freq"] = _deepseek_layers(hf, L, where)
         ng, tg = hf.get("n_group"), hf.get("topk_group")
         if mt == "deepseek_v3":  # sigmoid scores, aux-free bias, top-2-sum group ranking, MTP
             a.update({"moe.score_function": "sigmoid", "moe.expert_bias": True, "moe.group_score": "top2_sum"})
@@ -317,9 +360,12 @@ def effective_arch(a: dict[str, Any]) -> dict[str, Any]:
         if a["moe.num_groups"] is None:
             blank.append("moe.group_score")
         k, f = a["moe.first_k_dense"], a["moe.layer_freq"]
-        if all(i >= k and (i - k) % f == 0 for i in range(L)):
+        moe_layers = [i >= k and (i - k) % f == 0 for i in range(L)]
+        if all(moe_layers):
             a["moe.first_k_dense"], a["moe.layer_freq"] = 0, 1
             blank += ["model.ffn_hidden_size", "model.activation"]  # no dense MLP anywhere
+        elif any(moe_layers):  # the smallest (k, f) giving the same MoE layers
+            a["moe.first_k_dense"], a["moe.layer_freq"] = _layer_pattern(moe_layers, "")
     for key in blank:
         a[key] = None
     return a
@@ -368,10 +414,7 @@ def hf_config_from_cfg(cfg: Config, model_type: str, base: dict | None = None, *
                      "original_max_position_embeddings": m.rope_original_max_position,
                      "beta_fast": m.yarn_beta_fast, "beta_slow": m.yarn_beta_slow,
                      "truncate": effective_arch(cfg_arch(cfg))["model.yarn_truncate"]})
-        if m.yarn_mscale_all_dim:
-            rope.update({"mscale": m.yarn_mscale, "mscale_all_dim": m.yarn_mscale_all_dim})
-        elif m.yarn_mscale != 1.0:
-            rope["attention_factor"] = _mscale(m.rope_scaling_factor, m.yarn_mscale)
+        rope.update(_yarn_mscale_keys(m))
         hf.setdefault("max_position_embeddings", int(m.rope_original_max_position * m.rope_scaling_factor))
     hf["rope_parameters"] = rope  # transformers 5; the legacy keys below for older readers
     hf["rope_theta"] = m.rope_theta
@@ -382,6 +425,7 @@ def hf_config_from_cfg(cfg: Config, model_type: str, base: dict | None = None, *
     window = m.sliding_window
 
     if model_type in DEEPSEEK:
+        _check_deepseek_layers(cfg, moe_layers, model_type)
         shared = cfg.shared_ffn_size
         hf.update({
             "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank, "qk_nope_head_dim": m.qk_nope_head_dim,
@@ -391,7 +435,7 @@ def hf_config_from_cfg(cfg: Config, model_type: str, base: dict | None = None, *
             "moe_intermediate_size": e.moe_ffn_hidden_size, "n_routed_experts": e.num_experts,
             "n_shared_experts": shared // e.moe_ffn_hidden_size if shared % e.moe_ffn_hidden_size == 0 else -1,
             "num_experts_per_tok": e.topk, "first_k_dense_replace": e.first_k_dense,
-            "moe_layer_freq": e.layer_freq, "norm_topk_prob": e.normalize_topk,
+            "moe_layer_freq": 1, "norm_topk_prob": e.normalize_topk,
             "routed_scaling_factor": e.scaling_factor, "attention_bias": False,
             "aux_loss_alpha": e.aux_loss_coeff, "seq_aux": e.aux_loss_type == "sequence",
         })
@@ -426,6 +470,18 @@ def hf_config_from_cfg(cfg: Config, model_type: str, base: dict | None = None, *
     return hf
 
 
+def _check_deepseek_layers(cfg: Config, moe_layers: list[bool], model_type: str) -> None:
+    """transformers' DeepSeek models are MoE on every layer from first_k_dense_replace on (they
+    ignore moe_layer_freq): refuse any other pattern instead of writing one they would misread."""
+    k = moe_layers.index(True) if any(moe_layers) else len(moe_layers)
+    if moe_layers != [i >= k for i in range(len(moe_layers))]:
+        moe = [i for i, x in enumerate(moe_layers) if x]
+        raise UserError(f"moe.layer_freq = {cfg.moe.layer_freq} cannot be written in the Hugging Face {model_type} "
+                        f"format: transformers makes every layer from first_k_dense_replace on MoE (it ignores "
+                        f"moe_layer_freq) but this model's MoE layers are {moe} of {len(moe_layers)}; only "
+                        "moe.layer_freq = 1 (MoE on every layer from moe.first_k_dense on) can be exported")
+
+
 def _check_round_trip(cfg: Config, hf: dict, model_type: str, drop_mtp: bool) -> None:
     want = cfg_arch(cfg)
     if drop_mtp:
@@ -444,6 +500,33 @@ def _check_round_trip(cfg: Config, hf: dict, model_type: str, drop_mtp: bool) ->
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+
+
+def read_safetensors_header(path: Path) -> dict:
+    """name -> {dtype, shape, data_offsets} of a safetensors file (``__metadata__`` dropped).
+
+    Layout: an 8-byte little-endian header length N, N bytes of JSON, then the data. N is
+    checked against the file size before anything is read, so a damaged file is a one-line
+    UserError naming it, never an N-byte allocation.
+    """
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < 8:
+                raise UserError(f"{path}: corrupt safetensors file: {size} bytes, shorter than its 8-byte "
+                                "header length")
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > size - 8:
+                raise UserError(f"{path}: corrupt safetensors header: length {n} exceeds file size {size}")
+            header = json.loads(fh.read(n))
+    except OSError as err:
+        raise os_error(err, f"reading {path}") from None
+    except ValueError as err:  # bad JSON or UTF-8
+        raise UserError(f"{path}: corrupt safetensors header: not valid JSON ({err})") from None
+    if not isinstance(header, dict):
+        raise UserError(f"{path}: corrupt safetensors header: expected a JSON object")
+    header.pop("__metadata__", None)
+    return header
 
 
 class CheckpointFiles:
@@ -473,16 +556,9 @@ class CheckpointFiles:
         self.files = list(dict.fromkeys(self.file_of.values()))
 
     def header(self, file: str) -> dict:
+        """The tensor entries of ``file``'s header (checked against the file size before reading)."""
         if file not in self._headers:
-            path = self.dir / file
-            try:
-                with open(path, "rb") as fh:
-                    (n,) = struct.unpack("<Q", fh.read(8))
-                    header = json.loads(fh.read(n))
-            except (OSError, ValueError, struct.error) as err:
-                raise UserError(f"{path}: not a readable safetensors file ({err})") from None
-            header.pop("__metadata__", None)
-            self._headers[file] = header
+            self._headers[file] = read_safetensors_header(self.dir / file)
         return self._headers[file]
 
     def names(self) -> list[str]:

@@ -15,6 +15,7 @@ convention, which the moetrain model directory uses too).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import OrderedDict
 from contextlib import nullcontext
@@ -77,6 +78,7 @@ class _Reader:
         if file not in self.open:
             if len(self.open) >= self.max_open:
                 self.open.popitem(last=False)
+            self.files.header(file)  # checks the header against the file size first
             try:
                 self.open[file] = safe_open(str(self.files.dir / file), framework="pt")
             except Exception as err:  # safetensors raises its own error types
@@ -207,7 +209,10 @@ def write_pieces(out_dir: str | Path, pieces: list[Piece], tensors: dict[str, to
                  dtype_of: Callable[[str, torch.Tensor], torch.dtype], max_shard_size: int | str = DEFAULT_SHARD_SIZE,
                  progress: bool = False) -> list[Path]:
     """Write the HF tensors of ``pieces`` (built from ``tensors``) as safetensors shards in
-    ``out_dir``; ``dtype_of(hf_name, tensor)`` picks each output dtype. Returns the files."""
+    ``out_dir``; ``dtype_of(hf_name, tensor)`` picks each output dtype. Returns the files.
+
+    An OSError while writing (full disk, read-only directory) propagates after the files this
+    call wrote are removed, with ``needed_bytes`` set to the size of all shards."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     limit = parse_size(max_shard_size)
@@ -230,29 +235,58 @@ def write_pieces(out_dir: str | Path, pieces: list[Piece], tensors: dict[str, to
             weight_map[name] = len(shards) - 1
     count = len(shards)
     names = [SINGLE] if count == 1 else [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)]
-    for stale in [out / SINGLE, out / INDEX, *out.glob("model-*-of-*.safetensors")]:
-        if stale.is_file() and stale.name not in names:
+    bar, advance = _progress(progress, sum(sizes), "writing weights")
+    written: list[Path] = []
+    try:
+        with bar:
+            for shard, fname, size in zip(shards, names, sizes):
+                data: dict[str, torch.Tensor] = {}
+                for p in shard:
+                    for name, t in zip(p.hf, _piece_outputs(p, tensors)):
+                        # A fresh contiguous copy: slices of one stacked tensor must not share storage.
+                        data[name] = t.detach().to(device="cpu", dtype=dtype_of(name, t),
+                                                   memory_format=torch.contiguous_format, copy=True)
+                written.append(out / fname)
+                _save_file(data, out / fname)
+                del data
+                advance(size)
+        if count > 1:
+            index = {"metadata": {"total_size": sum(sizes)},
+                     "weight_map": {name: names[k] for name, k in sorted(weight_map.items())}}
+            written.append(out / INDEX)
+            (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    except OSError as err:
+        for path in written:  # no partial checkpoint: an incomplete set of shards loads as garbage
+            path.unlink(missing_ok=True)
+        err.needed_bytes = sum(sizes)
+        raise
+    keep = set(names) | ({INDEX} if count > 1 else set())
+    for stale in weight_files(out):  # a previous checkpoint's other shard layout, once this one is complete
+        if stale.name not in keep:
             stale.unlink()
+    return [out / n for n in names]
 
+
+def weight_files(directory: str | Path) -> list[Path]:
+    """The safetensors weight files in ``directory``: model.safetensors, the index, the shards."""
+    d = Path(directory)
+    return [p for p in (d / SINGLE, d / INDEX, *sorted(d.glob("model-*-of-*.safetensors"))) if p.is_file()]
+
+
+def _save_file(data: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors' save_file, with its I/O failures as OSError (it raises SafetensorError
+    '... (os error N) ...' for a full disk or a read-only directory)."""
     from safetensors.torch import save_file
 
-    bar, advance = _progress(progress, sum(sizes), "writing weights")
-    with bar:
-        for shard, fname, size in zip(shards, names, sizes):
-            data: dict[str, torch.Tensor] = {}
-            for p in shard:
-                for name, t in zip(p.hf, _piece_outputs(p, tensors)):
-                    # A fresh contiguous copy: slices of one stacked tensor must not share storage.
-                    data[name] = t.detach().to(device="cpu", dtype=dtype_of(name, t),
-                                               memory_format=torch.contiguous_format, copy=True)
-            save_file(data, str(out / fname), metadata={"format": "pt"})
-            del data
-            advance(size)
-    if count > 1:
-        index = {"metadata": {"total_size": sum(sizes)},
-                 "weight_map": {name: names[k] for name, k in sorted(weight_map.items())}}
-        (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    return [out / n for n in names]
+    try:
+        save_file(data, str(path), metadata={"format": "pt"})
+    except OSError:
+        raise
+    except Exception as err:
+        code = re.search(r"\(os error (\d+)\)", str(err))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
 
 
 def identity_pieces(names: Iterable[str]) -> list[Piece]:
