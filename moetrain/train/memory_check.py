@@ -31,6 +31,10 @@ class Projection:
     where: str  # "NVIDIA H200 GPU memory" or "CPU RAM"
     breakdown: str
 
+    def short(self) -> str:
+        return (f"projected peak memory {self.peak_gib:.2f} GiB of {self.available_gib:.2f} GiB available "
+                f"{self.where} ({self.verdict})")
+
     def summary(self) -> str:
         return (f"projected peak memory {self.peak_gib:.2f} GiB ({self.reserved_gib:.2f} GiB with fragmentation) "
                 f"of {self.available_gib:.2f} GiB available {self.where} ({self.breakdown})")

@@ -203,6 +203,7 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 f"{cfg.model.name}: {counts.total / 1e6:,.2f}M params ({counts.active / 1e6:,.2f}M active) on "
                 f"{device_name or device.type}, {str(dtype).replace('torch.', '')}; {accum} micro-batch(es) of "
                 f"{t.micro_batch_size} x {t.seq_length} tokens per step; output in {out_dir}")
+            display.log(projection.short())
             if resume_from is not None:
                 display.log(f"resumed from {resume_from} at step {start_step}")
             if graphed is not None:
