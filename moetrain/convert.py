@@ -149,9 +149,19 @@ def _trainer_checkpoint(src: Path) -> Path | None:
     from moetrain.train import checkpoint as ckpt
 
     if (src / "model.pt").is_file():
+        reason = ckpt.verify(src, only=("model.pt", "config.yaml"))
+        if reason is not None:
+            raise UserError(f"--ckpt {src}: {reason}")
         return src
     found = ckpt.list_checkpoints(src)
-    return found[-1] if found else None
+    for path in reversed(found):
+        reason = ckpt.verify(path, only=("model.pt", "config.yaml"))
+        if reason is None:
+            return path
+        print(f"warning: skipping damaged checkpoint {path}: {reason}", file=sys.stderr)
+    if found:
+        raise UserError(f"--ckpt {src}: none of its {len(found)} checkpoint(s) is intact")
+    return None
 
 
 def _not_a_ckpt_dir(src: Path) -> str:
@@ -172,8 +182,11 @@ def moetrain_to_hf(ckpt: str | Path, out: str | Path, *, family: str = "auto", d
                    progress: bool = False) -> Path:
     """Convert a moetrain model directory or trainer checkpoint into a HF checkpoint; returns ``out``."""
     import json
+    import pickle
 
     import torch
+
+    from moetrain.train.checkpoint import first_non_finite
 
     from moetrain.config.load import build, resolve
     from moetrain.models.hf import HF_CONFIG_COPY, HF_FILES_DIR, copy_side_files, export_hf
@@ -191,8 +204,12 @@ def moetrain_to_hf(ckpt: str | Path, out: str | Path, *, family: str = "auto", d
         cfg = build(resolve(path=str(trainer_ckpt / "config.yaml")))
         try:
             state = torch.load(trainer_ckpt / "model.pt", map_location="cpu", weights_only=True, mmap=True)
-        except (OSError, RuntimeError) as err:
-            raise UserError(f"{trainer_ckpt / 'model.pt'}: cannot read ({err})") from None
+        except (OSError, RuntimeError, pickle.UnpicklingError) as err:
+            raise UserError(f"{trainer_ckpt / 'model.pt'}: cannot read ({str(err).splitlines()[0]})") from None
+        bad = first_non_finite(state)
+        if bad is not None:
+            raise UserError(f"{trainer_ckpt / 'model.pt'}: holds non-finite values (NaN or inf) in {bad}; "
+                            "export an earlier checkpoint")
         origin = Path(cfg.model.from_hf) if cfg.model.from_hf else None
         if origin is not None and (origin / "config.json").is_file():
             base, side = json.loads((origin / "config.json").read_text()), origin

@@ -251,8 +251,9 @@ def _crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def verify(path: Path) -> str | None:
-    """None when the checkpoint at ``path`` is complete and matches its manifest, else what is wrong."""
+def verify(path: Path, only: tuple[str, ...] | None = None) -> str | None:
+    """None when the checkpoint at ``path`` is complete and matches its manifest, else what is wrong.
+    ``only`` limits the size and checksum checks to those files (e.g. model.pt for an export)."""
     if not (path / "meta.json").is_file():
         return "no meta.json (the save did not finish)"
     try:
@@ -275,6 +276,8 @@ def verify(path: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{MANIFEST} is unreadable ({err})"
     for name, entry in files.items():
+        if only is not None and name not in only:
+            continue
         file = path / name
         if not file.is_file():
             return f"{name} is missing"

@@ -187,3 +187,17 @@ def test_an_out_dir_that_is_not_a_directory_is_one_line(tmp_path, capsys, bad):
     code, lines = train(capsys, out, "train.steps=1")
     assert code == 2 and len(lines) == 1 and f"train.out_dir = {out}" in lines[0]
     assert "not a directory" in lines[0] or "is a file" in lines[0]
+
+
+def test_export_takes_the_newest_intact_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    train(capsys, out, "train.steps=4", "checkpoint.interval=2")
+    _corrupt_same_size(out / "checkpoints" / "step_4" / "model.pt")
+    assert cli.main(["convert", "moetrain-to-hf", "--ckpt", str(out), "--out", str(tmp_path / "hf")]) == 0
+    err = capsys.readouterr().err
+    assert "skipping damaged checkpoint" in err and "step_4" in err
+    assert (tmp_path / "hf" / "config.json").is_file()
+    _corrupt_same_size(out / "checkpoints" / "step_2" / "model.pt")
+    code = cli.main(["convert", "moetrain-to-hf", "--ckpt", str(out), "--out", str(tmp_path / "hf2")])
+    assert code == 2 and "none of its 2 checkpoint(s) is intact" in capsys.readouterr().err
+    assert not (tmp_path / "hf2").exists()
