@@ -207,10 +207,14 @@ def suggestions(cfg: Config, device: torch.device, available: float) -> tuple[li
     for changes in _candidates(cfg):
         if len(out) < MAX_SUGGESTIONS - 1:
             offer(changes)
-    for base in ({}, _strongest(cfg)):  # fewer layers, alone or with every other lever
+    for base in ({}, BF16_STATE, _strongest(cfg)):  # a smaller model (no MTP, fewer layers) alone or with other levers
+        before = len(out)
+        if cfg.model.mtp_num_layers:
+            offer({**base, "model.mtp_num_layers": 0})
         layers = trials.largest_fitting("model.num_layers", cfg.model.num_layers, base)
         if layers is not None:
             offer({**base, "model.num_layers": layers})
+        if len(out) > before:
             break
     if not out:  # shorter sequences change the data: offered only when nothing else fits
         seq = trials.largest_fitting("train.seq_length", cfg.train.seq_length, _strongest(cfg))

@@ -178,3 +178,23 @@ def test_plain_output_has_no_markup_and_reports_saves_and_eval(tmp_path, capsys,
     assert code == 0 and "[yellow]" not in text and "step 2: non-finite loss" in text
     assert sum(line.startswith("saved checkpoint") and "MiB" in line for line in lines) == 2
     assert sum("eval loss" in line for line in lines) == 2
+
+
+def test_deepseek_v3_at_fp32_master_weights_is_refused_on_an_h200(monkeypatch):
+    """Two layers of DeepSeek-V3 (one dense, one MoE) with the default fp32 master weights do not fit an H200;
+    the refusal names the bf16 optimizer state that does, and that change is projected to fit."""
+    from moetrain.config.load import load_config
+
+    monkeypatch.setattr(memory_check, "available_bytes", lambda device: (138.9 * GiB, "on NVIDIA H200 GPU memory"))
+    overrides = ["model.num_layers=2", "moe.first_k_dense=1", "model.mtp_num_layers=0", "train.global_batch_size=1"]
+    cfg = load_config(preset="deepseek-v3", overrides=overrides)
+    with pytest.raises(memory_check.UserError) as err:
+        memory_check.check(cfg, torch.device("cuda"), print)
+    message = str(err.value)
+    assert "will not fit" in message and "of 138.90 GiB available on NVIDIA H200 GPU memory" in message
+    assert ("optim.exp_avg_dtype=bf16 optim.exp_avg_sq_dtype=bf16 optim.main_grads_dtype=bf16 "
+            "precision.master_weights=false (") in message
+    fixed = load_config(preset="deepseek-v3", overrides=overrides + [
+        "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16", "optim.main_grads_dtype=bf16",
+        "precision.master_weights=false"])
+    assert memory_check.check(fixed, torch.device("cuda"), print).verdict in ("fits", "at-risk")
