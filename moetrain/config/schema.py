@@ -169,7 +169,7 @@ class TrainConfig:
 @dataclass
 class OptimConfig:
     lr: float = doc(3e-3, "Peak learning rate.")
-    min_lr: float = doc(3e-4, "Learning rate at the end of decay.")
+    min_lr: Optional[float] = doc(None, "Learning rate at the end of decay; null = lr / 10.")
     warmup_steps: int = doc(10, "Linear warmup steps from 0 to lr.")
     decay: Literal["cosine", "linear", "constant"] = doc("cosine", "Decay shape after warmup.")
     decay_steps: Optional[int] = doc(None, "Steps over which to decay (after warmup); null = train.steps - warmup.")
@@ -184,6 +184,11 @@ class OptimConfig:
     exp_avg_dtype: Dtype = doc("fp32", "Dtype of Adam's first moment.")
     exp_avg_sq_dtype: Dtype = doc("fp32", "Dtype of Adam's second moment.")
     distributed: bool = doc(False, "ZeRO-1: shard optimizer state over data-parallel ranks.")
+
+    @property
+    def min_lr_value(self) -> float:
+        """The learning rate decay ends at: optim.min_lr, or lr / 10 where that is null."""
+        return self.lr / 10 if self.min_lr is None else self.min_lr
 
 
 @dataclass
@@ -421,7 +426,7 @@ class Config:
         m, e, p, t, o = self.model, self.moe, self.parallel, self.train, self.optim
         check_ranges(self)
 
-        if o.min_lr > o.lr:
+        if o.min_lr is not None and o.min_lr > o.lr:
             raise ConfigError(f"optim.min_lr = {o.min_lr} is larger than optim.lr = {o.lr}")
         if self.data.source == "tokens" and not self.data.path:
             raise ConfigError("data.source = tokens needs data.path (a directory from `moetrain data prepare`)")

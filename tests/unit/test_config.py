@@ -371,6 +371,23 @@ def test_rope_needs_an_even_head_dim_and_yarn_ordered_betas():
     assert load_config(overrides=["model.yarn_beta_fast=0.5"]).model.rope_scaling is None
 
 
+def test_min_lr_defaults_to_a_tenth_of_lr_and_an_explicit_one_is_checked(cwd):
+    cfg = load_config(path=str(write(cwd / "lr.yaml", "optim: {lr: 2.0e-4, decay: cosine}\n")))
+    assert cfg.optim.min_lr is None and cfg.optim.min_lr_value == pytest.approx(2e-5)
+    for preset in (None, "deepseek-v3", "qwen3-30b-a3b"):  # lr alone on top of a preset: min_lr follows it
+        assert load_config(preset=preset, overrides=["optim.lr=2e-6"]).optim.min_lr_value == pytest.approx(2e-7)
+    assert load_config(overrides=["optim.lr=2e-4", "optim.min_lr=1e-6"]).optim.min_lr_value == 1e-6
+    assert error_of(overrides=["optim.lr=2e-4", "optim.min_lr=3e-4"]) == (
+        "optim.min_lr = 0.0003 is larger than optim.lr = 0.0002 (optim.min_lr from command line, "
+        "optim.lr from command line)")
+    assert error_of(overrides=["optim.min_lr=-1"]) == (
+        "optim.min_lr = -1.0: must be >= 0 or null (optim.min_lr from command line)")
+    # null survives a dump and load (config show)
+    text = dump_config(cfg)
+    assert "  min_lr: null\n" in text
+    assert load_config(str(write(cwd / "shown.yaml", text))) == cfg
+
+
 # ---- cross-field checks, with sources appended ---------------------------------------------
 
 def test_topk_larger_than_experts(cwd):
@@ -459,3 +476,4 @@ def test_config_docs_lists_every_field_with_type_default_doc():
     assert "  train.recompute_layer_ids: list of int or null = null\n" in text
     assert "  model.norm_eps: float = 1.0e-06\n" in text
     assert "  train.compile: bool = false\n" in text
+    assert "  optim.min_lr: float or null = null\n      Learning rate at the end of decay; null = lr / 10.\n" in text
