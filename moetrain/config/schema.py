@@ -25,6 +25,7 @@ def doc(default, text: str, **kw):
     return field(default=default, metadata={"doc": text, **kw})
 
 
+from moetrain.config.pipeline_layout import layout_stages  # noqa: E402
 from moetrain.errors import ConfigError  # noqa: E402  (re-exported for callers of the schema)
 
 
@@ -130,7 +131,8 @@ class ParallelConfig:
     etp: int = doc(1, "Expert tensor-parallel size.")
     sequence_parallel: bool = doc(False, "Shard norms/dropout activations over TP ranks.")
     pipeline_layout: Optional[str] = doc(
-        None, "Explicit stage layout, e.g. 'Et*3|t*4|t*4|t*3mL' (E embedding, t layer, m MTP, L loss).")
+        None, "Explicit stage layout of pp x vpp stages, e.g. 'Et*3|t*4|t*4|t*3mL' (E embedding, t layer, m MTP, "
+        "L loss); stage i runs on pipeline rank i mod pp.")
     pp_schedule: Literal["1f1b", "interleaved", "zero_bubble"] = doc("1f1b", "Pipeline schedule.")
     gpus_per_node: int = doc(8, "GPUs per node (communication model of the planner).")
 
@@ -499,11 +501,13 @@ class Config:
             raise ConfigError("parallel.sequence_parallel needs parallel.tp > 1")
         if p.vpp > 1 and p.pp == 1:
             raise ConfigError("parallel.vpp > 1 needs parallel.pp > 1")
-        if p.pipeline_layout is None and p.pp * p.vpp > 1:
-            if m.num_layers % (p.pp * p.vpp):
-                raise ConfigError(
-                    f"model.num_layers = {m.num_layers} is not divisible by parallel.pp ({p.pp}) x parallel.vpp "
-                    f"({p.vpp}); set parallel.pipeline_layout for uneven stages")
+        if p.pipeline_layout is not None:
+            layout_stages(p.pipeline_layout, num_layers=m.num_layers, mtp_num_layers=m.mtp_num_layers,
+                          pp=p.pp, vpp=p.vpp)
+        elif m.num_layers % (p.pp * p.vpp):
+            raise ConfigError(
+                f"model.num_layers = {m.num_layers} is not divisible by parallel.pp ({p.pp}) x parallel.vpp "
+                f"({p.vpp}); set parallel.pipeline_layout for uneven stages")
         if t.seq_length % p.cp:
             raise ConfigError(f"train.seq_length = {t.seq_length} is not divisible by parallel.cp = {p.cp}")
 

@@ -185,7 +185,7 @@ def test_dotted_overrides_parse_yaml_values(cwd):
     cfg = load_config("o.yaml", overrides=[
         "moe.num_experts=4", "moe.topk=1", "train.recompute_layer_ids=[0,1]", "model.q_lora_rank=null",
         "optim.lr=1e-3", "optim.min_lr=0", "model.name=my model", "train.compile=true",
-        "parallel.pipeline_layout=Et*2|t*2L",
+        "parallel.pp=2", "parallel.pipeline_layout=Et*2|t*2L",
     ])
     assert (cfg.moe.num_experts, cfg.moe.topk) == (4, 1)
     assert cfg.train.recompute_layer_ids == [0, 1]
