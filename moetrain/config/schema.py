@@ -1,15 +1,18 @@
 """Typed configuration schema: one dataclass per section, one documented field per key.
 
 Every field carries a one-line doc in ``metadata["doc"]``; ``moetrain config show --doc``
-prints them. Types are checked by ``moetrain.config.load`` (see ``coerce``), cross-field
-consistency by ``Config.check`` (called after loading). Field names follow Megatron/HF
-where users would look for them.
+prints them. Types are checked by ``moetrain.config.load`` (see ``coerce``); ``Config.check``
+(called after loading) then checks every numeric value against its range in ``VALUE_RANGES``
+and the consistency between keys. Field names follow Megatron/HF where users would look for them.
 
 This module only declares; it builds nothing and imports no torch.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Literal, Optional
 
@@ -22,6 +25,7 @@ def doc(default, text: str, **kw):
     return field(default=default, metadata={"doc": text, **kw})
 
 
+from moetrain.config.pipeline_layout import layout_stages  # noqa: E402
 from moetrain.errors import ConfigError  # noqa: E402  (re-exported for callers of the schema)
 
 
@@ -127,7 +131,8 @@ class ParallelConfig:
     etp: int = doc(1, "Expert tensor-parallel size.")
     sequence_parallel: bool = doc(False, "Shard norms/dropout activations over TP ranks.")
     pipeline_layout: Optional[str] = doc(
-        None, "Explicit stage layout, e.g. 'Et*3|t*4|t*4|t*3mL' (E embedding, t layer, m MTP, L loss).")
+        None, "Explicit stage layout of pp x vpp stages, e.g. 'Et*3|t*4|t*4|t*3mL' (E embedding, t layer, m MTP, "
+        "L loss); stage i runs on pipeline rank i mod pp.")
     pp_schedule: Literal["1f1b", "interleaved", "zero_bubble"] = doc("1f1b", "Pipeline schedule.")
     gpus_per_node: int = doc(8, "GPUs per node (communication model of the planner).")
 
@@ -171,7 +176,7 @@ class TrainConfig:
 @dataclass
 class OptimConfig:
     lr: float = doc(3e-3, "Peak learning rate.")
-    min_lr: float = doc(3e-4, "Learning rate at the end of decay.")
+    min_lr: Optional[float] = doc(None, "Learning rate at the end of decay; null = lr / 10.")
     warmup_steps: int = doc(10, "Linear warmup steps from 0 to lr.")
     decay: Literal["cosine", "linear", "constant"] = doc("cosine", "Decay shape after warmup.")
     decay_steps: Optional[int] = doc(None, "Steps over which to decay (after warmup); null = train.steps - warmup.")
@@ -186,6 +191,11 @@ class OptimConfig:
     exp_avg_dtype: Dtype = doc("fp32", "Dtype of Adam's first moment.")
     exp_avg_sq_dtype: Dtype = doc("fp32", "Dtype of Adam's second moment.")
     distributed: bool = doc(False, "ZeRO-1: shard optimizer state over data-parallel ranks.")
+
+    @property
+    def min_lr_value(self) -> float:
+        """The learning rate decay ends at: optim.min_lr, or lr / 10 where that is null."""
+        return self.lr / 10 if self.min_lr is None else self.min_lr
 
 
 @dataclass
@@ -231,6 +241,135 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointConfig,
     "profile": ProfileConfig,
 }
+
+
+# ---- value ranges ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric key: an interval (a bound of None is unbounded).
+
+    nan and inf are never valid; null is valid where the key's type allows it (``Optional``).
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # True: low itself is not valid
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+
+AT_LEAST_1 = Range(1)  # sizes and counts that must exist
+AT_LEAST_0 = Range(0)  # counts that may be zero; coefficients and intervals where 0 disables
+ABOVE_0 = Range(0, low_open=True)  # scales, epsilons, rates
+FRACTION = Range(0, 1, high_open=True)  # [0, 1): Adam betas, held-out fractions
+
+# Every int/float key of the schema and its valid values, checked first by Config.check (a test
+# keeps this table complete). Relations between keys (topk <= num_experts, min_lr <= lr, ...)
+# are checked after it.
+VALUE_RANGES: dict[str, Range] = {
+    "model.vocab_size": AT_LEAST_1,
+    "model.hidden_size": AT_LEAST_1,
+    "model.num_layers": AT_LEAST_1,
+    "model.num_attention_heads": AT_LEAST_1,
+    "model.num_query_groups": AT_LEAST_1,
+    "model.head_dim": AT_LEAST_1,
+    "model.ffn_hidden_size": AT_LEAST_1,
+    "model.norm_eps": ABOVE_0,
+    "model.q_lora_rank": AT_LEAST_1,
+    "model.kv_lora_rank": AT_LEAST_1,
+    "model.qk_nope_head_dim": AT_LEAST_1,
+    "model.qk_rope_head_dim": AT_LEAST_1,
+    "model.v_head_dim": AT_LEAST_1,
+    "model.sliding_window": AT_LEAST_1,
+    "model.sliding_window_every": AT_LEAST_1,
+    "model.rope_theta": Range(1, low_open=True),  # theta^(-2i/D) must fall with i; YaRN divides by ln(theta)
+    "model.rope_scaling_factor": Range(1),  # YaRN stretches the trained context, never shrinks it
+    "model.rope_original_max_position": AT_LEAST_1,
+    "model.yarn_beta_fast": ABOVE_0,  # YaRN takes ln(max_position / (2 pi beta))
+    "model.yarn_beta_slow": ABOVE_0,
+    "model.yarn_mscale": AT_LEAST_0,
+    "model.yarn_mscale_all_dim": AT_LEAST_0,
+    "model.mtp_num_layers": AT_LEAST_0,
+    "model.mtp_loss_scale": AT_LEAST_0,
+    "model.init_std": ABOVE_0,
+    "moe.num_experts": AT_LEAST_0,
+    "moe.moe_ffn_hidden_size": AT_LEAST_1,
+    "moe.topk": AT_LEAST_1,
+    "moe.num_shared_experts": AT_LEAST_0,
+    "moe.shared_expert_ffn_hidden_size": AT_LEAST_0,
+    "moe.first_k_dense": AT_LEAST_0,
+    "moe.layer_freq": AT_LEAST_1,
+    "moe.num_groups": AT_LEAST_1,
+    "moe.topk_groups": AT_LEAST_1,
+    "moe.scaling_factor": ABOVE_0,
+    "moe.expert_bias_update_rate": AT_LEAST_0,
+    "moe.aux_loss_coeff": AT_LEAST_0,
+    "moe.z_loss_coeff": AT_LEAST_0,
+    "moe.capacity_factor": ABOVE_0,
+    "parallel.dp": AT_LEAST_1,
+    "parallel.tp": AT_LEAST_1,
+    "parallel.pp": AT_LEAST_1,
+    "parallel.vpp": AT_LEAST_1,
+    "parallel.cp": AT_LEAST_1,
+    "parallel.ep": AT_LEAST_1,
+    "parallel.etp": AT_LEAST_1,
+    "parallel.gpus_per_node": AT_LEAST_1,
+    "train.steps": AT_LEAST_1,
+    "train.micro_batch_size": AT_LEAST_1,
+    "train.global_batch_size": AT_LEAST_1,
+    "train.seq_length": AT_LEAST_1,
+    "train.seed": Range(0, 2**32, high_open=True),  # numpy's seed range (seed_everything)
+    "train.log_interval": AT_LEAST_1,
+    "train.eval_interval": AT_LEAST_0,
+    "train.eval_steps": AT_LEAST_1,  # the eval loss is a mean over these micro-batches
+    "train.manual_gc_interval": AT_LEAST_1,
+    "train.max_skipped_steps": AT_LEAST_0,
+    "optim.lr": ABOVE_0,
+    "optim.min_lr": AT_LEAST_0,
+    "optim.warmup_steps": AT_LEAST_0,
+    "optim.decay_steps": AT_LEAST_1,
+    "optim.weight_decay": AT_LEAST_0,
+    "optim.beta1": FRACTION,
+    "optim.beta2": FRACTION,
+    "optim.eps": ABOVE_0,
+    "optim.clip_grad": AT_LEAST_0,
+    "data.eval_fraction": FRACTION,
+    "checkpoint.interval": AT_LEAST_0,
+    "checkpoint.keep_last": AT_LEAST_0,
+    "profile.start_step": AT_LEAST_1,  # steps count from 1
+    "profile.end_step": AT_LEAST_1,
+}
+
+
+@functools.cache
+def _nullable(key: str) -> bool:
+    section, name = key.split(".")
+    return type(None) in typing.get_args(typing.get_type_hints(SECTIONS[section])[name])
+
+
+def check_ranges(cfg: "Config") -> None:
+    """ConfigError for the first value outside its range in VALUE_RANGES, e.g.
+    ``optim.beta1 = 2.0: must be in [0, 1)``."""
+    for key, valid in VALUE_RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value is None or valid.holds(value):  # null got past coerce() only where the type allows it
+            continue
+        finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
+        null = " or null" if _nullable(key) else ""
+        raise ConfigError(f"{key} = {value!r}: must be {finite}{valid}{null}")
 
 
 @dataclass
@@ -290,39 +429,12 @@ class Config:
     # ---- cross-field validation -------------------------------------------------------
 
     def check(self) -> None:
-        """Raise ConfigError naming the keys involved when values are inconsistent."""
+        """Raise ConfigError naming the keys involved when a value is out of range or values disagree."""
         m, e, p, t, o = self.model, self.moe, self.parallel, self.train, self.optim
+        check_ranges(self)
 
-        positive = [
-            ("model.vocab_size", m.vocab_size), ("model.hidden_size", m.hidden_size),
-            ("model.num_layers", m.num_layers), ("model.num_attention_heads", m.num_attention_heads),
-            ("model.ffn_hidden_size", m.ffn_hidden_size), ("train.steps", t.steps),
-            ("train.micro_batch_size", t.micro_batch_size), ("train.global_batch_size", t.global_batch_size),
-            ("train.seq_length", t.seq_length), ("train.log_interval", t.log_interval),
-            ("moe.layer_freq", e.layer_freq), ("train.manual_gc_interval", t.manual_gc_interval),
-        ]
-        for name in ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "gpus_per_node"):
-            positive.append((f"parallel.{name}", getattr(p, name)))
-        for key, value in positive:
-            if value < 1:
-                raise ConfigError(f"{key} = {value}: must be a positive integer")
-        non_negative = [
-            ("model.mtp_num_layers", m.mtp_num_layers), ("moe.num_experts", e.num_experts),
-            ("moe.num_shared_experts", e.num_shared_experts), ("moe.first_k_dense", e.first_k_dense),
-            ("optim.warmup_steps", o.warmup_steps), ("train.eval_interval", t.eval_interval),
-            ("checkpoint.interval", self.checkpoint.interval), ("checkpoint.keep_last", self.checkpoint.keep_last),
-            ("optim.lr", o.lr), ("optim.min_lr", o.min_lr), ("optim.weight_decay", o.weight_decay),
-            ("optim.clip_grad", o.clip_grad), ("moe.aux_loss_coeff", e.aux_loss_coeff),
-            ("moe.z_loss_coeff", e.z_loss_coeff), ("train.max_skipped_steps", t.max_skipped_steps),
-        ]
-        for key, value in non_negative:
-            if value < 0:
-                raise ConfigError(f"{key} = {value}: must be >= 0")
-
-        if o.min_lr > o.lr:
+        if o.min_lr is not None and o.min_lr > o.lr:
             raise ConfigError(f"optim.min_lr = {o.min_lr} is larger than optim.lr = {o.lr}")
-        if not 0.0 <= self.data.eval_fraction < 1.0:
-            raise ConfigError(f"data.eval_fraction = {self.data.eval_fraction}: must be in [0, 1)")
         if self.data.source == "tokens" and not self.data.path:
             raise ConfigError("data.source = tokens needs data.path (a directory from `moetrain data prepare`)")
 
@@ -336,25 +448,29 @@ class Config:
                 raise ConfigError(
                     f"model.hidden_size = {m.hidden_size} is not divisible by model.num_attention_heads = "
                     f"{m.num_attention_heads}; set model.head_dim explicitly")
+            if self.attn_head_dim % 2:
+                what = (f"model.head_dim = {m.head_dim}" if m.head_dim is not None else
+                        f"model.hidden_size / model.num_attention_heads = {self.attn_head_dim} (the head dim)")
+                raise ConfigError(f"{what}: RoPE needs an even dimension")
         else:
             if m.qk_rope_head_dim % 2:
                 raise ConfigError(f"model.qk_rope_head_dim = {m.qk_rope_head_dim}: RoPE needs an even dimension")
-        if m.sliding_window is not None and m.sliding_window < 1:
-            raise ConfigError(f"model.sliding_window = {m.sliding_window}: must be >= 1 or null")
+        if m.rope_scaling == "yarn" and m.yarn_beta_fast < m.yarn_beta_slow:
+            raise ConfigError(
+                f"model.yarn_beta_fast = {m.yarn_beta_fast} must be >= model.yarn_beta_slow = {m.yarn_beta_slow} "
+                "(YaRN's high- and low-frequency boundaries, in rotations)")
 
         if e.num_experts > 0:
-            if e.topk < 1 or e.topk > e.num_experts:
+            if e.topk > e.num_experts:
                 raise ConfigError(
                     f"moe.topk = {e.topk} must be between 1 and moe.num_experts = {e.num_experts}")
-            if e.moe_ffn_hidden_size < 1:
-                raise ConfigError(f"moe.moe_ffn_hidden_size = {e.moe_ffn_hidden_size}: must be positive")
             if (e.num_groups is None) != (e.topk_groups is None):
                 raise ConfigError("moe.num_groups and moe.topk_groups must be set together (or both null)")
             if e.num_groups is not None:
-                if e.num_groups < 1 or e.num_experts % e.num_groups:
+                if e.num_experts % e.num_groups:
                     raise ConfigError(
                         f"moe.num_groups = {e.num_groups} does not divide moe.num_experts = {e.num_experts}")
-                if not 1 <= e.topk_groups <= e.num_groups:
+                if e.topk_groups > e.num_groups:
                     raise ConfigError(
                         f"moe.topk_groups = {e.topk_groups} must be between 1 and moe.num_groups = {e.num_groups}")
                 per_group = e.num_experts // e.num_groups
@@ -369,8 +485,6 @@ class Config:
             if e.num_experts % p.ep:
                 raise ConfigError(
                     f"moe.num_experts = {e.num_experts} is not divisible by parallel.ep = {p.ep}")
-            if e.capacity_factor is not None and e.capacity_factor <= 0:
-                raise ConfigError(f"moe.capacity_factor = {e.capacity_factor}: must be positive or null")
             if e.first_k_dense >= m.num_layers:
                 raise ConfigError(
                     f"moe.first_k_dense = {e.first_k_dense} leaves no MoE layer among model.num_layers = "
@@ -392,11 +506,13 @@ class Config:
             raise ConfigError("parallel.sequence_parallel needs parallel.tp > 1")
         if p.vpp > 1 and p.pp == 1:
             raise ConfigError("parallel.vpp > 1 needs parallel.pp > 1")
-        if p.pipeline_layout is None and p.pp * p.vpp > 1:
-            if m.num_layers % (p.pp * p.vpp):
-                raise ConfigError(
-                    f"model.num_layers = {m.num_layers} is not divisible by parallel.pp ({p.pp}) x parallel.vpp "
-                    f"({p.vpp}); set parallel.pipeline_layout for uneven stages")
+        if p.pipeline_layout is not None:
+            layout_stages(p.pipeline_layout, num_layers=m.num_layers, mtp_num_layers=m.mtp_num_layers,
+                          pp=p.pp, vpp=p.vpp)
+        elif m.num_layers % (p.pp * p.vpp):
+            raise ConfigError(
+                f"model.num_layers = {m.num_layers} is not divisible by parallel.pp ({p.pp}) x parallel.vpp "
+                f"({p.vpp}); set parallel.pipeline_layout for uneven stages")
         if t.seq_length % p.cp:
             raise ConfigError(f"train.seq_length = {t.seq_length} is not divisible by parallel.cp = {p.cp}")
 
@@ -430,8 +546,6 @@ class Config:
                     f"precision.dtype={self.precision.dtype}, master_weights={self.precision.master_weights}), their "
                     f"gradients and both Adam moments in one dtype; {', '.join(odd)} differ: set them to {target} or "
                     "train.cuda_graph=false")
-        if o.decay_steps is not None and o.decay_steps < 1:
-            raise ConfigError(f"optim.decay_steps = {o.decay_steps}: must be positive or null")
         if self.profile.enabled and self.profile.end_step < self.profile.start_step:
             raise ConfigError(
                 f"profile.end_step = {self.profile.end_step} is before profile.start_step = "

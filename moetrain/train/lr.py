@@ -1,4 +1,4 @@
-"""Learning-rate schedule: linear warmup, then cosine / linear / constant decay to min_lr."""
+"""Learning-rate schedule: linear warmup, then cosine / linear / constant decay to min_lr (lr / 10 unless set)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
     """Learning rate for optimizer step ``step`` (0-based) of a run of ``total_steps``.
 
     Warmup ramps linearly so that step warmup_steps - 1 reaches the peak; decay then runs over
-    ``decay_steps`` (default: the rest of the run) and holds min_lr afterwards.
+    ``decay_steps`` (default: the rest of the run) and holds ``optim.min_lr_value`` afterwards. A warmup
+    longer than the run only ramps (the peak is never reached); every value lies in [0, lr].
     """
     warmup = optim.warmup_steps
     if step < warmup:
@@ -24,4 +25,5 @@ def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
         shape = 1.0 - progress
     else:
         shape = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return optim.min_lr + (optim.lr - optim.min_lr) * shape
+    low = optim.min_lr_value
+    return low + (optim.lr - low) * shape

@@ -1,4 +1,6 @@
-"""pipeline_layout grammar, validation errors and stage placement."""
+"""pipeline_layout grammar, the errors at config load, and stage placement."""
+
+import re
 
 import pytest
 
@@ -7,9 +9,18 @@ from moetrain.errors import ConfigError
 from moetrain.plan.layout import expand, parse_layout
 
 
+def overrides(layers=8, mtp=0, **par):
+    return [f"model.num_layers={layers}", f"model.mtp_num_layers={mtp}"] + [f"parallel.{k}={v}" for k, v in par.items()]
+
+
 def cfg(layers=8, mtp=0, **par):
-    over = [f"model.num_layers={layers}", f"model.mtp_num_layers={mtp}"] + [f"parallel.{k}={v}" for k, v in par.items()]
-    return load_config(preset="tiny", overrides=over)
+    return load_config(preset="tiny", overrides=overrides(layers, mtp, **par))
+
+
+def load_error(layers=8, mtp=0, **par) -> str:
+    with pytest.raises(ConfigError) as err:
+        cfg(layers, mtp, **par)
+    return str(err.value)
 
 
 @pytest.mark.parametrize("text, stages", [
@@ -24,7 +35,7 @@ def test_expand(text, stages):
 
 
 def test_explicit_layout_places_stages_round_robin():
-    lay = parse_layout(cfg(layers=8, mtp=1, pp=2, pipeline_layout="Et|tt|ttt|ttmL"))
+    lay = parse_layout(cfg(layers=8, mtp=1, pp=2, vpp=2, pipeline_layout="Et|tt|ttt|ttmL"))
     assert (lay.pp, lay.vpp) == (2, 2)
     assert [(s.rank, s.chunk) for s in lay.stages] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     assert [s.layers for s in lay.stages] == [[0], [1, 2], [3, 4, 5], [6, 7]]
@@ -37,25 +48,59 @@ def test_default_layout_even_split():
     assert [s.items for s in lay.stages] == [list("Ett"), list("tt"), list("tt"), list("ttmL")]
 
 
+def test_one_stage_layout_with_pp_1_is_accepted_and_placed_whole():
+    lay = parse_layout(cfg(layers=8, mtp=1, pipeline_layout="Et*8mL"))
+    assert (lay.pp, lay.vpp, len(lay.stages)) == (1, 1, 1)
+    assert lay.stages[0].layers == list(range(8)) and lay.stages[0].mtp == [0]
+
+
+@pytest.mark.parametrize("layout, par, message", [
+    # more stages than pp x vpp: refused, not run as vpp = stages / pp behind parallel.vpp's back
+    ("Et*2|t*2|t*2|t*2L", {"pp": 2},
+     "parallel.pipeline_layout = 'Et*2|t*2|t*2|t*2L' has 4 stages, but parallel.pp (2) x parallel.vpp (1) = 2; "
+     "set parallel.vpp = 2 or write 2 stages (parallel.pipeline_layout from command line, "
+     "parallel.pp from command line)"),
+    ("Et*2|t*2|t*2|t*2L", {"pp": 2, "vpp": 3},
+     "parallel.pipeline_layout = 'Et*2|t*2|t*2|t*2L' has 4 stages, but parallel.pp (2) x parallel.vpp (3) = 6; "
+     "set parallel.vpp = 2 or write 6 stages (parallel.pipeline_layout from command line, "
+     "parallel.pp from command line, parallel.vpp from command line)"),
+    ("Et*4|t*4|L", {"pp": 2},
+     "parallel.pipeline_layout = 'Et*4|t*4|L' has 3 stages, but parallel.pp (2) x parallel.vpp (1) = 2; "
+     "write 2 stages (parallel.pipeline_layout from command line, parallel.pp from command line)"),
+    # pp = 1: the layout is checked too, not ignored
+    ("Et*4|t*4L", {},
+     "parallel.pipeline_layout = 'Et*4|t*4L' has 2 stages, but parallel.pp (1) x parallel.vpp (1) = 1; "
+     "set parallel.pp = 2 or write one stage (no '|') (parallel.pipeline_layout from command line)"),
+    ("Et*7L", {},
+     "parallel.pipeline_layout = 'Et*7L' places 7 decoder layers (t) but model.num_layers = 8 "
+     "(parallel.pipeline_layout from command line, model.num_layers from command line)"),
+])
+def test_layout_that_does_not_fit_the_pipeline_or_model_is_refused_at_load(layout, par, message):
+    assert load_error(layers=8, pipeline_layout=layout, **par) == message
+
+
 @pytest.mark.parametrize("layout, match", [
     ("Et*3|t*4L", "places 7 decoder layers"),
+    ("Et*4|t*4mmL", "places 2 MTP layers .m. but model.mtp_num_layers = 1"),
     ("Et*4|t*4", "exactly one E and one L"),
     ("t*4|Et*4L", "E .embedding. must be in the first stage"),
     ("Et*4L|t*4", "L .loss. must be in the last stage"),
-    ("Et*4|t*4|L", "not a multiple of parallel.pp"),
     ("Et*4|tqL", "unknown symbol"),
     ("Et*4|(t*4L", "unclosed"),
     ("E*|t*8L", "must be followed by a count"),
     ("Et*0|t*8L", ">= 1"),
     ("Emt*4|t*4L", "MTP layer .m. must come after"),
+    ("tEt*3|t*4mL", "E must come before every t and m"),
 ])
 def test_layout_errors_name_the_key(layout, match):
-    c = cfg(layers=8, mtp=1 if "m" in layout else 0, pp=2, pipeline_layout=layout)
-    with pytest.raises(ConfigError, match=match) as err:
+    msg = load_error(layers=8, mtp=1, pp=2, pipeline_layout=layout)
+    assert msg.startswith(f"parallel.pipeline_layout = {layout!r}") and "\n" not in msg
+    assert re.search(match, msg), msg
+
+
+def test_parse_layout_applies_the_same_rules_to_an_unchecked_config():
+    """A Config built in code (no load, no check) gets the same refusal from the planner."""
+    c = cfg(layers=8, pp=2)
+    c.parallel.pipeline_layout = "Et*2|t*2|t*2|t*2L"  # 4 stages, vpp 1
+    with pytest.raises(ConfigError, match=r"has 4 stages, but parallel.pp \(2\) x parallel.vpp \(1\) = 2"):
         parse_layout(c)
-    assert "parallel.pipeline_layout" in str(err.value) and "\n" not in str(err.value)
-
-
-def test_vpp_must_agree():
-    with pytest.raises(ConfigError, match="parallel.vpp = 3"):
-        parse_layout(cfg(layers=8, pp=2, vpp=3, pipeline_layout="Et*2|t*2|t*2|t*2L"))

@@ -1,13 +1,15 @@
 """Config loading: extends chains, ${ENV} interpolation, overrides, exact-type validation, messages."""
 
 import dataclasses
+import math
 import textwrap
+import typing
 
 import pytest
 
 from moetrain.config import Config, ConfigError, config_docs, dump_config, list_presets, load_config
 from moetrain.config.load import PRESET_DIR, parse_yaml_value, resolve
-from moetrain.config.schema import SECTIONS
+from moetrain.config.schema import SECTIONS, VALUE_RANGES
 
 
 @pytest.fixture
@@ -111,13 +113,13 @@ def test_extends_preset_name(cwd):
 
 
 def test_extends_list_applies_in_order_then_own_keys(cwd):
-    write(cwd / "a.yaml", "model: {hidden_size: 100, vocab_size: 111, num_layers: 5}\n")
+    write(cwd / "a.yaml", "model: {hidden_size: 120, vocab_size: 111, num_layers: 5}\n")
     write(cwd / "b.yaml", "model: {hidden_size: 200, vocab_size: 222}\n")
     write(cwd / "c.yaml", "extends: [a.yaml, b.yaml]\nmodel: {vocab_size: 333, num_attention_heads: 2}\n")
     cfg = load_config("c.yaml")
     assert (cfg.model.hidden_size, cfg.model.vocab_size, cfg.model.num_layers) == (200, 333, 5)
     write(cwd / "d.yaml", "extends: [b.yaml, a.yaml]\n")
-    assert load_config("d.yaml").model.hidden_size == 100
+    assert load_config("d.yaml").model.hidden_size == 120
 
 
 def test_extends_diamond_is_not_a_cycle(cwd):
@@ -183,7 +185,7 @@ def test_dotted_overrides_parse_yaml_values(cwd):
     cfg = load_config("o.yaml", overrides=[
         "moe.num_experts=4", "moe.topk=1", "train.recompute_layer_ids=[0,1]", "model.q_lora_rank=null",
         "optim.lr=1e-3", "optim.min_lr=0", "model.name=my model", "train.compile=true",
-        "parallel.pipeline_layout=Et*2|t*2L",
+        "parallel.pp=2", "parallel.pipeline_layout=Et*2|t*2L",
     ])
     assert (cfg.moe.num_experts, cfg.moe.topk) == (4, 1)
     assert cfg.train.recompute_layer_ids == [0, 1]
@@ -287,6 +289,105 @@ def test_bool_accepts_true_false():
     assert load_config(overrides=["train.compile=false"]).train.compile is False
 
 
+# ---- value ranges ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.lr=.nan", "optim.lr = nan: must be a finite number > 0"),
+    ("optim.lr=.inf", "optim.lr = inf: must be a finite number > 0"),
+    ("optim.lr=0", "optim.lr = 0.0: must be > 0"),
+    ("optim.beta1=2", "optim.beta1 = 2.0: must be in [0, 1)"),
+    ("optim.beta2=1", "optim.beta2 = 1.0: must be in [0, 1)"),
+    ("optim.eps=-1", "optim.eps = -1.0: must be > 0"),
+    ("optim.weight_decay=-.inf", "optim.weight_decay = -inf: must be a finite number >= 0"),
+    ("model.init_std=-1", "model.init_std = -1.0: must be > 0"),
+    ("model.head_dim=-1", "model.head_dim = -1: must be >= 1 or null"),
+    ("model.num_query_groups=-2", "model.num_query_groups = -2: must be >= 1 or null"),
+    ("model.rope_theta=1", "model.rope_theta = 1.0: must be > 1"),
+    ("model.rope_scaling_factor=0.5", "model.rope_scaling_factor = 0.5: must be >= 1"),
+    ("moe.scaling_factor=0", "moe.scaling_factor = 0.0: must be > 0"),
+    ("moe.capacity_factor=0", "moe.capacity_factor = 0.0: must be > 0 or null"),
+    ("train.eval_steps=0", "train.eval_steps = 0: must be >= 1"),
+    ("train.seed=-1", "train.seed = -1: must be in [0, 4294967296)"),
+    ("profile.start_step=0", "profile.start_step = 0: must be >= 1"),
+    ("parallel.gpus_per_node=0", "parallel.gpus_per_node = 0: must be >= 1"),
+])
+def test_out_of_range_value_is_one_line_naming_key_range_and_source(override, message):
+    assert error_of(overrides=[override]) == f"{message} ({override.split('=')[0]} from command line)"
+
+
+def _numeric_keys() -> dict[str, type]:
+    out = {}
+    for section, cls in SECTIONS.items():
+        for name, tp in typing.get_type_hints(cls).items():
+            base = {a for a in typing.get_args(tp) or (tp,) if a is not type(None)}
+            if base in ({int}, {float}):
+                out[f"{section}.{name}"] = base.pop()
+    return out
+
+
+def test_every_numeric_key_has_a_range_and_its_default_is_in_it():
+    assert set(VALUE_RANGES) == set(_numeric_keys())
+    default = Config().to_dict()
+    for key, valid in VALUE_RANGES.items():
+        section, name = key.split(".")
+        value = default[section][name]
+        assert value is None or valid.holds(value), key
+
+
+@pytest.mark.parametrize("key", sorted(VALUE_RANGES))
+def test_each_range_bound_is_enforced(key):
+    """Just outside each bound is refused with the range; nan is refused for every float."""
+    valid, tp = VALUE_RANGES[key], _numeric_keys()[key]
+    outside = []
+    if valid.low is not None:
+        outside.append(valid.low if valid.low_open else valid.low - (1 if tp is int else 0.5))
+    if valid.high is not None:
+        outside.append(valid.high if valid.high_open else valid.high + 1)
+    if tp is float:
+        outside.append(math.nan)
+    assert outside
+    for value in outside:
+        text = ".nan" if value != value else repr(tp(value))
+        msg = error_of(overrides=[f"{key}={text}"])
+        assert msg.startswith(f"{key} = ") and "must be " in msg and str(valid) in msg, msg
+        assert msg.endswith(f"({key} from command line)") and "\n" not in msg
+
+
+def test_range_edges_that_are_valid_load():
+    cfg = load_config(overrides=["optim.beta1=0", "optim.weight_decay=0", "optim.clip_grad=0", "optim.warmup_steps=0",
+                                 "model.mtp_num_layers=0", "model.mtp_loss_scale=0", "moe.expert_bias_update_rate=0",
+                                 "train.seed=4294967295", "model.rope_scaling_factor=1", "data.eval_fraction=0"])
+    assert (cfg.optim.beta1, cfg.train.seed) == (0.0, 2**32 - 1)
+
+
+def test_rope_needs_an_even_head_dim_and_yarn_ordered_betas():
+    assert error_of(overrides=["model.attention_type=gqa", "model.head_dim=3"]) == (
+        "model.head_dim = 3: RoPE needs an even dimension (model.head_dim from command line)")
+    assert error_of(overrides=["model.attention_type=gqa", "model.hidden_size=60"]).startswith(
+        "model.hidden_size / model.num_attention_heads = 15 (the head dim): RoPE needs an even dimension")
+    assert error_of(overrides=["model.rope_scaling=yarn", "model.yarn_beta_fast=0.5"]).startswith(
+        "model.yarn_beta_fast = 0.5 must be >= model.yarn_beta_slow = 1.0")
+    # the betas only matter with YaRN on
+    assert load_config(overrides=["model.yarn_beta_fast=0.5"]).model.rope_scaling is None
+
+
+def test_min_lr_defaults_to_a_tenth_of_lr_and_an_explicit_one_is_checked(cwd):
+    cfg = load_config(path=str(write(cwd / "lr.yaml", "optim: {lr: 2.0e-4, decay: cosine}\n")))
+    assert cfg.optim.min_lr is None and cfg.optim.min_lr_value == pytest.approx(2e-5)
+    for preset in (None, "deepseek-v3", "qwen3-30b-a3b"):  # lr alone on top of a preset: min_lr follows it
+        assert load_config(preset=preset, overrides=["optim.lr=2e-6"]).optim.min_lr_value == pytest.approx(2e-7)
+    assert load_config(overrides=["optim.lr=2e-4", "optim.min_lr=1e-6"]).optim.min_lr_value == 1e-6
+    assert error_of(overrides=["optim.lr=2e-4", "optim.min_lr=3e-4"]) == (
+        "optim.min_lr = 0.0003 is larger than optim.lr = 0.0002 (optim.min_lr from command line, "
+        "optim.lr from command line)")
+    assert error_of(overrides=["optim.min_lr=-1"]) == (
+        "optim.min_lr = -1.0: must be >= 0 or null (optim.min_lr from command line)")
+    # null survives a dump and load (config show)
+    text = dump_config(cfg)
+    assert "  min_lr: null\n" in text
+    assert load_config(str(write(cwd / "shown.yaml", text))) == cfg
+
+
 # ---- cross-field checks, with sources appended ---------------------------------------------
 
 def test_topk_larger_than_experts(cwd):
@@ -375,3 +476,4 @@ def test_config_docs_lists_every_field_with_type_default_doc():
     assert "  train.recompute_layer_ids: list of int or null = null\n" in text
     assert "  model.norm_eps: float = 1.0e-06\n" in text
     assert "  train.compile: bool = false\n" in text
+    assert "  optim.min_lr: float or null = null\n      Learning rate at the end of decay; null = lr / 10.\n" in text

@@ -171,6 +171,30 @@ def test_lr_schedule_shapes():
     assert [lr_at(s, const, 10) for s in range(4)] == pytest.approx([0.25, 0.5, 0.5, 0.5])
 
 
+def test_min_lr_default_is_a_tenth_of_lr():
+    o = OptimConfig(lr=2e-4, warmup_steps=2, decay="cosine")
+    assert o.min_lr is None and o.min_lr_value == pytest.approx(2e-5)
+    assert lr_at(1, o, 12) == pytest.approx(2e-4)
+    assert lr_at(12, o, 12) == pytest.approx(2e-5)  # decay over the 10 steps after warmup ends at lr / 10
+    explicit = OptimConfig(lr=2e-4, min_lr=0.0, warmup_steps=2, decay="linear")
+    assert explicit.min_lr_value == 0.0 and lr_at(12, explicit, 12) == 0.0
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear", "constant"])
+@pytest.mark.parametrize("warmup, decay_steps, total", [(2000, None, 200), (2000, 68_000, 200), (0, None, 1),
+                                                        (5, 3, 10), (10, None, 10)])
+def test_schedule_of_a_short_run_stays_between_zero_and_the_peak(decay, warmup, decay_steps, total):
+    """A preset's published schedule (warmup 2000, decay over 68K steps) run for a few steps: valid, no blow-up."""
+    o = OptimConfig(lr=2.2e-4, min_lr=2.2e-5, warmup_steps=warmup, decay=decay, decay_steps=decay_steps)
+    lrs = [lr_at(s, o, total) for s in range(total)]
+    assert all(math.isfinite(x) and 0 < x <= o.lr * (1 + 1e-12) for x in lrs)
+    if warmup >= total:  # only the ramp: rising, below the peak until its last step
+        assert lrs == sorted(lrs) and lrs[-1] == pytest.approx(o.lr * total / warmup)
+    elif decay != "constant":
+        after = lrs[warmup:]
+        assert after == sorted(after, reverse=True) and min(after) >= o.min_lr_value
+
+
 def test_peak_table():
     assert peak_tflops("NVIDIA H200", "bf16") == 989.0
     assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0

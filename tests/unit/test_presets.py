@@ -21,6 +21,10 @@ is counted; a lookup costs no FLOPs, so DeepSeek and OpenAI leave it out):
 
 Where the architecture we were given does not reproduce a figure within 1%, the test pins our
 computed number instead of bending the architecture (see KNOWN_DEVIATIONS).
+
+Every preset also carries its training hyperparameters (optim:, model.init_std, the batch and
+sequence keys of train:), the published ones where the model's report gives them and documented
+defaults where it does not; each preset's comment says which (see TRAINING).
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ import sys
 
 import pytest
 
-from moetrain.config.load import list_presets, load_config
+from moetrain.config.load import PRESET_DIR, list_presets, load_config, parse_yaml_value, resolve
 from moetrain.models.accounting import count_params, train_flops_per_token
+from moetrain.train.lr import lr_at
 
 EXPECTED_PRESETS = {
     "deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b",
@@ -255,3 +260,73 @@ def test_cli_model_info_table_does_not_import_torch():
                           cwd=os.getcwd())
     assert proc.returncode == 0, proc.stderr
     assert "MTP" in proc.stdout and "routed_experts" in proc.stdout
+
+
+# ---- training hyperparameters ----------------------------------------------------------------
+
+# Keys every preset sets itself, so that its training does not silently run on schema defaults.
+TRAINING_KEYS = {
+    "optim": ["lr", "min_lr", "warmup_steps", "decay", "decay_steps", "beta1", "beta2", "eps", "weight_decay",
+              "clip_grad"],
+    "model": ["init_std"],
+    "train": ["micro_batch_size", "global_batch_size", "seq_length"],
+}
+
+# (lr, min_lr reached, warmup, beta1, beta2, eps, weight decay, clip, init std, global batch, seq length)
+_LLAMA2_DEFAULTS = (3e-4, 3e-5, 2000, 0.9, 0.95, 1e-5, 0.1, 1.0, 0.02, 1024, 4096)  # arXiv 2307.09288 sec 2.2
+TRAINING = {
+    "deepseek-v3": (2.2e-4, 2.2e-5, 2000, 0.9, 0.95, 1e-8, 0.1, 1.0, 0.006, 15360, 4096),  # arXiv 2412.19437 4.2
+    "deepseek-v2": (2.4e-4, 2.4e-5, 2000, 0.9, 0.95, 1e-8, 0.1, 1.0, 0.006, 9216, 4096),  # arXiv 2405.04434 3.1.2
+    "deepseek-v2-lite": (4.2e-4, 4.2e-5, 2000, 0.9, 0.95, 1e-8, 0.1, 1.0, 0.006, 4608, 4096),  # same, appendix
+    "llama3-8b": (3e-4, 3e-6, 8000, 0.9, 0.95, 1e-5, 0.1, 1.0, 0.02, 512, 8192),  # arXiv 2407.21783 + Llama 2
+    "mixtral-8x7b": _LLAMA2_DEFAULTS[:-1] + (32768,),  # 32k context: arXiv 2401.04088
+    "mixtral-8x22b": _LLAMA2_DEFAULTS,
+    "qwen3-30b-a3b": _LLAMA2_DEFAULTS,  # seq 4096: arXiv 2505.09388 stage S1
+    "qwen3-235b-a22b": _LLAMA2_DEFAULTS,
+    "gpt-oss-20b": _LLAMA2_DEFAULTS,
+    "gpt-oss-120b": _LLAMA2_DEFAULTS,
+    "moe-1t": (2.2e-4, 2.2e-5, 2000, 0.9, 0.95, 1e-8, 0.1, 1.0, 0.006, 1024, 4096),  # DeepSeek-V3's recipe
+    "moe-2t": (2.2e-4, 2.2e-5, 2000, 0.9, 0.95, 1e-8, 0.1, 1.0, 0.006, 1024, 4096),
+    "tiny": (3e-3, 3e-4, 10, 0.9, 0.95, 1e-8, 0.1, 1.0, 0.02, 8, 64),  # fast learning on a CPU
+}
+
+
+def test_every_preset_has_training_values():
+    assert sorted(TRAINING) == sorted(EXPECTED_PRESETS)
+
+
+@pytest.mark.parametrize("preset", sorted(EXPECTED_PRESETS))
+def test_preset_sets_its_training_keys_itself_and_says_where_they_come_from(preset):
+    text = (PRESET_DIR / f"{preset}.yaml").read_text()
+    raw = parse_yaml_value(text)
+    sources = resolve(preset=preset)
+    for section, keys in TRAINING_KEYS.items():
+        missing = [k for k in keys if k not in raw.get(section, {})]
+        assert not missing, f"{preset}: {section} lacks {missing}"
+        for key in keys:
+            assert sources.source_of(f"{section}.{key}") == f"preset {preset}"
+    assert "# Training hyperparameters" in text  # the comment that names their source
+
+
+@pytest.mark.parametrize("preset", sorted(TRAINING))
+def test_preset_training_values(preset):
+    c = load_config(preset=preset)
+    o, t = c.optim, c.train
+    got = (o.lr, o.min_lr_value, o.warmup_steps, o.beta1, o.beta2, o.eps, o.weight_decay, o.clip_grad,
+           c.model.init_std, t.global_batch_size, t.seq_length)
+    assert got == pytest.approx(TRAINING[preset], rel=1e-12)
+    assert o.decay == "cosine" and o.decay_steps is None
+
+
+@pytest.mark.parametrize("preset", sorted(EXPECTED_PRESETS))
+def test_preset_schedule_is_sane_for_a_short_and_a_full_run(preset):
+    """At its defaults (200 steps, shorter than most warmups) and over warmup + 1000 steps."""
+    o = load_config(preset=preset).optim
+    short = [lr_at(s, o, 200) for s in range(200)]
+    assert all(0 < x <= o.lr for x in short) and short[0] == pytest.approx(o.lr / max(o.warmup_steps, 1))
+    total = o.warmup_steps + 1000
+    full = [lr_at(s, o, total) for s in range(total)]
+    assert max(full) == pytest.approx(o.lr)
+    tail = full[o.warmup_steps:]
+    assert tail == sorted(tail, reverse=True)
+    assert tail[-1] == pytest.approx(o.min_lr_value, abs=(o.lr - o.min_lr_value) * 1e-5)  # one step before its end
