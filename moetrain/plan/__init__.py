@@ -1,6 +1,6 @@
 """Projection: will a configuration fit, and how fast will it run? (`moetrain plan`).
 
-hardware.py  profiles (profiles/*.yaml)      layout.py     pipeline_layout grammar, stages
+hardware.py  profiles (profiles/*.yaml)      layout.py     stages per pipeline rank (grammar: config/pipeline_layout.py)
 activations.py  saved-for-backward bytes     memory.py     per-rank memory and verdict
 costs.py     per-block roofline              comm.py       collectives over a two-level network
 simulator.py pipeline schedules              perf.py       step time, MFU, bubbles
