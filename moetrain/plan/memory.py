@@ -25,7 +25,10 @@ allocates them (moetrain/train/trainer.py, optim.py) and extended to Megatron-st
 The peak is the largest of these moments: start of backward (cross-entropy gradients), forward
 cross-entropy, each block's backward (walking the rank's blocks from the last), end of backward
 and the optimizer step. ``total`` is the allocator's peak (comparable with
-torch.cuda.max_memory_allocated); ``fragmentation`` (FRAGMENTATION of the dynamic part:
+torch.cuda.max_memory_allocated) in the steady state; ``first_step`` adds, during the MoE blocks'
+backward, one weight-gradient-sized output of the kernel tuning the first step runs on CUDA
+(measured on an H200: DeepSeek-V3 at two layers peaked 13.9 GiB higher on step 1, FC1's weight
+gradient is 14.0 GiB), and the verdict takes the larger of the two; ``fragmentation`` (FRAGMENTATION of the dynamic part:
 activations + other, an assumption) and ``runtime`` (CUDA context + NCCL buffers, outside the
 allocator) are added for the verdict: fits when (total + fragmentation) <= AT_RISK x (HBM -
 runtime), at-risk up to 100%, out-of-memory beyond.
@@ -88,6 +91,7 @@ class RankMemory:
     phase: str
     in_flight: float
     grads_full: float
+    first_step: float = 0.0  # allocator peak of the first step, MoE kernel tuning included (>= total)
     notes: dict = field(default_factory=dict)
 
     @property
@@ -100,7 +104,8 @@ class RankMemory:
                 "grads_gib": g(self.grads), "optimizer_gib": g(self.optimizer),
                 "activations_gib": g(self.activations), "other_gib": g(self.other), "total_gib": g(self.total),
                 "fragmentation_gib": g(self.fragmentation), "peak_phase": self.phase,
-                "micro_batches_in_flight": round(self.in_flight, 2), "grads_full_gib": g(self.grads_full)}
+                "micro_batches_in_flight": round(self.in_flight, 2), "grads_full_gib": g(self.grads_full),
+                "first_step_gib": g(self.first_step)}
 
 
 @dataclass
@@ -123,8 +128,14 @@ class MemoryReport:
 
     @property
     def reserved_gib(self) -> float:
+        """The steady peak with fragmentation, or the first step's where that is higher (tuning)."""
         pk = self.peak
-        return (pk.total + pk.fragmentation) / GiB
+        first = max(r.first_step + r.fragmentation for r in self.ranks)
+        return max(pk.total + pk.fragmentation, first) / GiB
+
+    @property
+    def first_step_gib(self) -> float:
+        return max(max(r.first_step for r in self.ranks), max(r.total for r in self.ranks)) / GiB
 
     @property
     def verdict(self) -> str:
@@ -133,6 +144,7 @@ class MemoryReport:
 
     def to_dict(self) -> dict:
         return {"peak_gib": round(self.peak_gib, 4), "peak_reserved_gib": round(self.reserved_gib, 4),
+                "first_step_gib": round(self.first_step_gib, 4),
                 "verdict": self.verdict, "peak_pp_rank": self.peak.pp_rank, "hardware": self.hardware,
                 "capacity_gib": self.capacity_gib, "usable_gib": round(self.usable_gib, 3),
                 "at_risk_threshold": AT_RISK, "layout": self.layout, "schedule": self.schedule,
@@ -320,6 +332,7 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
         g_new = b_p * (prm.head + cfg.model.hidden_size) if (lazy and last.has_loss) else 0.0
         L = cfg.model.num_layers
         grads_mode = "lazy" if lazy else ("hook" if separate_grads else "none")
+        tuning, first_step = tuning_bytes(cfg, device), 0.0
         for gid, saved, full in reversed(stage_block_terms(cfg, d, last)):
             moe = cfg.is_moe if gid >= L else cfg.is_moe_layer(gid)
             win = _window(cfg, gid) if gid < L else None
@@ -327,6 +340,8 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
             extra = A.block_backward_extra(cfg, d, moe, win, grads_mode, b_p, full)
             moments.append((f"backward of block {gid}", g_new if lazy else g0, remaining + recomputed,
                             WORKSPACE + extra))
+            if moe and tuning:  # the first step also holds a tuning candidate's weight gradient here
+                first_step = max(first_step, sum(moments[-1][1:]) + tuning)
             remaining -= A.total(saved)
             if lazy:
                 g_new += b_p * prm.by_block.get(gid, 0.0)
@@ -339,7 +354,7 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
             pp_rank=r, stages=[st.describe() for st in stages], params=params, grads=g_at, optimizer=optimizer,
             activations=act_at, other=other_at, fragmentation=FRAGMENTATION * dynamic, phase=phase,
             in_flight=in_flight_bytes / mb_bytes if mb_bytes else 0.0, grads_full=grads_full,
-            notes={}))
+            first_step=max(params + optimizer + first_step, params + g_at + optimizer + dynamic), notes={}))
     usable = hardware.hbm_gib - CONTEXT_GIB - (NCCL_GIB if world > 1 else 0.0)
     return MemoryReport(ranks=ranks, capacity_gib=hardware.hbm_gib, usable_gib=usable, hardware=hardware.name,
                         layout=layout.text, schedule=p.pp_schedule if layout.pp > 1 else "none", micro_batches=m)
@@ -349,6 +364,16 @@ def _peak_in_flight(order: list[Op], act_of: dict[int, float], wgrad_of: dict[in
     from moetrain.plan.simulator import peak_in_flight
 
     return peak_in_flight(order, act_of, wgrad_of)
+
+
+def tuning_bytes(cfg: Config, device: str) -> float:
+    """What the first step's MoE kernel tuning holds beyond the steady state (backend auto or triton on CUDA):
+    one candidate's output of the largest grouped GEMM, FC1's weight gradient [E_local, 2 I_local, H]."""
+    e, p = cfg.moe, cfg.parallel
+    if device != "cuda" or not cfg.is_moe or e.backend not in ("auto", "triton"):
+        return 0.0
+    rows = (2 if e.activation.startswith("swiglu") else 1) * e.moe_ffn_hidden_size / p.etp
+    return e.num_experts / p.ep * rows * cfg.model.hidden_size * DTYPE_BYTES[cfg.precision.dtype]
 
 
 def optimizer_temp(cfg: Config, numel: float) -> float:

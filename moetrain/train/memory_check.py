@@ -25,19 +25,25 @@ MAX_SUGGESTIONS = 3
 @dataclass
 class Projection:
     peak_gib: float  # allocator peak (torch.cuda.max_memory_allocated; RSS growth on the CPU)
+    first_step_gib: float  # the first step's, with the MoE kernel tuning (>= peak_gib)
     reserved_gib: float  # with the allocator's fragmentation
     available_gib: float
     verdict: str  # fits | at-risk | out-of-memory
     where: str  # "NVIDIA H200 GPU memory" or "CPU RAM"
     breakdown: str
 
+    def _first(self) -> str:
+        if self.first_step_gib <= self.peak_gib + 0.005:
+            return ""
+        return f", {self.first_step_gib:.2f} GiB on the first step while the MoE kernels are tuned"
+
     def short(self) -> str:
-        return (f"projected peak memory {self.peak_gib:.2f} GiB of {self.available_gib:.2f} GiB available "
-                f"{self.where} ({self.verdict})")
+        return (f"projected peak memory {self.peak_gib:.2f} GiB{self._first()}, of {self.available_gib:.2f} GiB "
+                f"available {self.where} ({self.verdict})")
 
     def summary(self) -> str:
-        return (f"projected peak memory {self.peak_gib:.2f} GiB ({self.reserved_gib:.2f} GiB with fragmentation) "
-                f"of {self.available_gib:.2f} GiB available {self.where} ({self.breakdown})")
+        return (f"projected peak memory {self.peak_gib:.2f} GiB{self._first()} ({self.reserved_gib:.2f} GiB with "
+                f"fragmentation) of {self.available_gib:.2f} GiB available {self.where} ({self.breakdown})")
 
 
 def _cgroup_limit_bytes() -> float | None:
@@ -106,7 +112,8 @@ def project(cfg: Config, device: torch.device) -> Projection:
     g = lambda x: f"{x / GiB:.2f}"  # noqa: E731
     breakdown = (f"params {g(pk.params)}, gradients {g(pk.grads)}, optimizer {g(pk.optimizer)}, activations "
                  f"{g(pk.activations)}, other {g(pk.other)} GiB at the {pk.phase}")
-    return Projection(rep.peak_gib, rep.reserved_gib, available / GiB, rep.verdict, where, breakdown)
+    return Projection(rep.peak_gib, rep.first_step_gib, rep.reserved_gib, available / GiB, rep.verdict, where,
+                      breakdown)
 
 
 # ---- what would make it fit ----------------------------------------------------------------

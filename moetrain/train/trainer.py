@@ -204,6 +204,10 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
                 f"{device_name or device.type}, {str(dtype).replace('torch.', '')}; {accum} micro-batch(es) of "
                 f"{t.micro_batch_size} x {t.seq_length} tokens per step; output in {out_dir}")
             display.log(projection.short())
+            if o.warmup_steps >= t.steps > start_step:
+                display.log(f"optim.warmup_steps = {o.warmup_steps} is not below train.steps = {t.steps}: the whole "
+                            f"run is warmup (the lr reaches {lr_at(t.steps - 1, o, t.steps):.2e} of its peak "
+                            f"{o.lr:.2e}); lower optim.warmup_steps to train at the peak", style="yellow")
             if resume_from is not None:
                 display.log(f"resumed from {resume_from} at step {start_step}")
             if graphed is not None:

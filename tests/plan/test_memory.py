@@ -130,3 +130,20 @@ def test_matches_h200_measurements(name):
 
     proj = project_memory(validation_config(name, 6, "unused"), H200).peak_gib
     assert proj == pytest.approx(MEASURED_S4[name][0], rel=0.025)
+
+
+def test_the_first_step_holds_one_tuning_output_more_during_moe_backward():
+    """Measured on an H200 (issue 37's preset runs): DeepSeek-V3 at two layers in bf16 state peaked at 118.97 GiB
+    on step 1 and 105.12 GiB after; the tuning output is FC1's weight gradient, E x 2I x H bf16 = 14.0 GiB."""
+    over = ["model.num_layers=2", "moe.first_k_dense=1", "model.mtp_num_layers=0", "train.global_batch_size=1",
+            "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16", "optim.main_grads_dtype=bf16",
+            "precision.master_weights=false"]
+    rep = project_memory(cfg("deepseek-v3", *over), H200)
+    fc1_wgrad = 256 * 2 * 2048 * 7168 * 2 / 2**30
+    assert rep.peak.phase == "backward of block 1"
+    assert rep.first_step_gib == pytest.approx(rep.peak_gib + fc1_wgrad)
+    assert rep.first_step_gib == pytest.approx(118.97, rel=0.02) and rep.peak_gib == pytest.approx(105.12, rel=0.02)
+    assert rep.to_dict()["first_step_gib"] == pytest.approx(rep.first_step_gib, abs=1e-3)
+    for untuned in (project_memory(cfg("deepseek-v3", *over, "moe.backend=torch"), H200),
+                    project_memory(cfg("deepseek-v3", *over), H200, device="cpu")):
+        assert untuned.first_step_gib == pytest.approx(untuned.peak_gib)
