@@ -146,16 +146,21 @@ def test_a_leftover_partial_is_ignored_then_cleared(tmp_path):
     assert not leftover.exists()
 
 
-def test_disk_full_mid_save_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
-    save(tmp_path, 10, 1.0)
+def disk_full_at(monkeypatch, name):
+    """The checkpoint writer runs out of space when it reaches file ``name``."""
     real = ckpt._write
 
     def full(path, obj=None, text=None):
-        if path.name == "trainer.pt":
+        if path.name == name:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real(path, obj, text)
 
     monkeypatch.setattr(ckpt, "_write", full)
+
+
+def test_disk_full_mid_save_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    save(tmp_path, 10, 1.0)
+    disk_full_at(monkeypatch, "trainer.pt")
     with pytest.raises(UserError) as err:
         save(tmp_path, 20, 2.0)
     message = str(err.value)

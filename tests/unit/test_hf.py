@@ -54,6 +54,23 @@ FAMILIES = {
 }
 
 
+def perturbed_tiny(*overrides, seed=0):
+    """The tiny preset with every weight and the expert bias moved off their initial values (so that a
+    mapping that confuses two tensors shows in the logits)."""
+    from moetrain.config.load import load_config
+    from moetrain.models import build_model
+
+    cfg = load_config(preset="tiny", overrides=list(overrides))
+    torch.manual_seed(seed)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        for layer in model.moe_layers():
+            layer.router.expert_bias.normal_(0.0, 0.05)
+    return model
+
+
 def make_hf(family, seed=0, **over):
     """A tiny transformers model of ``family`` with every parameter and buffer randomised."""
     cfg_name, model_name, kw = FAMILIES[family]
@@ -401,17 +418,8 @@ def test_deepseek_v3_fp8_checkpoint_is_dequantized_on_import(saved, tmp_path):
 def test_export_without_a_hf_origin_infers_the_family(tmp_path):
     """The tiny preset (DeepSeek-V3-shaped: MLA, group routing, expert bias, MTP) written as
     deepseek_v3; transformers reads it as the same model (it ignores the MTP layer)."""
-    from moetrain.config.load import load_config
-    from moetrain.models import build_model
-
-    cfg = load_config(preset="tiny")
-    torch.manual_seed(0)
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-        for layer in model.moe_layers():
-            layer.router.expert_bias.normal_(0.0, 0.05)
+    model = perturbed_tiny()
+    cfg = model.cfg
     out = export_hf(model, cfg, tmp_path / "out", max_shard_size="1MB")
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["num_nextn_predict_layers"], config["n_group"]) == ("deepseek_v3", 1, 4)

@@ -18,6 +18,8 @@ from moetrain import cli  # noqa: E402
 from moetrain.errors import UserError  # noqa: E402
 from moetrain.models.hf import export_hf, from_hf, save_moetrain_dir  # noqa: E402
 
+from test_hf import perturbed_tiny  # noqa: E402  (this directory is on sys.path)
+
 V = 64
 
 
@@ -109,18 +111,7 @@ def test_corrupt_header_length_is_one_line_in_train(corrupt_dir, tmp_path, capsy
 
 def tiny_model(*overrides, seed=0):
     """The tiny preset (DeepSeek-V3-shaped, vocab 512) without MTP, every weight perturbed."""
-    from moetrain.config.load import load_config
-    from moetrain.models import build_model
-
-    cfg = load_config(preset="tiny", overrides=["model.mtp_num_layers=0", *overrides])
-    torch.manual_seed(seed)
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-        for layer in model.moe_layers():
-            layer.router.expert_bias.normal_(0.0, 0.05)
-    return model
+    return perturbed_tiny("model.mtp_num_layers=0", *overrides, seed=seed)
 
 
 def test_deepseek_export_refuses_a_layer_freq_transformers_ignores(tmp_path, capsys):

@@ -12,6 +12,7 @@ from moetrain import cli
 from moetrain.train import checkpoint as ckpt
 from moetrain.train import memory_check
 
+from test_checkpoint import disk_full_at
 from test_run_dir import SMALL, errors, names, train
 
 GiB = 2**30
@@ -41,14 +42,7 @@ def test_unwritable_out_dir_is_one_line(tmp_path, capsys):
 def test_disk_full_during_a_save_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     train(capsys, out, "train.steps=2")
-    real = ckpt._write
-
-    def full(path, obj=None, text=None):
-        if path.name == "optimizer.pt":
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, obj, text)
-
-    monkeypatch.setattr(ckpt, "_write", full)
+    disk_full_at(monkeypatch, "optimizer.pt")
     code, lines = train(capsys, out, "train.steps=4", "checkpoint.resume=auto")
     (line,) = errors(lines)
     assert code == 2 and "disk full" in line and "needs" in line and "step_2 is intact" in line
