@@ -190,7 +190,8 @@ def moetrain_to_hf(ckpt: str | Path, out: str | Path, *, family: str = "auto", d
 
     from moetrain.config.load import build, resolve
     from moetrain.models.hf import HF_CONFIG_COPY, HF_FILES_DIR, copy_side_files, export_hf
-    from moetrain.models.hf_config import CheckpointFiles, is_moetrain_dir
+    from moetrain.models.hf_config import is_moetrain_dir
+    from moetrain.models.hf_files import CheckpointFiles
     from moetrain.models.hf_io import read_all
 
     src, out = Path(ckpt), Path(out)

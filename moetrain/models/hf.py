@@ -32,8 +32,9 @@ import torch
 from moetrain.config.schema import Config
 from moetrain.errors import UserError
 from moetrain.models.hf_config import (
-    DEEPSEEK, MOETRAIN_CONFIG, CheckpointFiles, arch_from_hf, cfg_arch, effective_arch, hf_config_from_cfg,
-    hints_from_hf, infer_model_type, is_moetrain_dir, model_type_of, mtp_layers_present, read_hf_config)
+    DEEPSEEK, MOETRAIN_CONFIG, arch_from_hf, cfg_arch, effective_arch, hf_config_from_cfg, hints_from_hf,
+    infer_model_type, is_moetrain_dir, model_type_of, read_hf_config)
+from moetrain.models.hf_files import CheckpointFiles, mtp_layers_present
 from moetrain.models.hf_families import ignorable, layout
 from moetrain.models.hf_io import (
     DEFAULT_SHARD_SIZE, check_coverage, identity_pieces, load_pieces, state_targets, write_pieces)

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from moetrain.errors import UserError
-from moetrain.models.hf_config import INDEX, SINGLE, CheckpointFiles
+from moetrain.models.hf_files import INDEX, SINGLE, CheckpointFiles
 from moetrain.models.hf_families import Piece, load_piece, save_piece
 
 SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
