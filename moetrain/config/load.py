@@ -30,7 +30,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from moetrain.config.schema import SECTIONS, Config
+from moetrain.config.schema import SECTIONS, VALUE_RANGES, Config
 from moetrain.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
@@ -563,7 +563,9 @@ def config_docs() -> str:
         defaults = cls()
         for f in dataclasses.fields(cls):
             default = _yaml_scalar(getattr(defaults, f.name))
-            lines.append(f"  {name}.{f.name}: {describe(hints[f.name])} = {default}")
+            valid = VALUE_RANGES.get(f"{name}.{f.name}")
+            where = f" ({valid})" if valid is not None else ""
+            lines.append(f"  {name}.{f.name}: {describe(hints[f.name])}{where} = {default}")
             lines.append(f"      {f.metadata.get('doc', '')}")
         lines.append("")
     return "\n".join(lines)

@@ -470,10 +470,11 @@ def test_config_docs_lists_every_field_with_type_default_doc():
         for f in dataclasses.fields(cls):
             assert f"  {section}.{f.name}: " in text, f.name
             assert f"      {f.metadata['doc']}\n" in text
-    assert "  model.hidden_size: int = 64\n      Model width H.\n" in text
-    assert "  model.num_query_groups: int or null = null\n" in text
+    assert "  model.hidden_size: int (>= 1) = 64\n      Model width H.\n" in text
+    assert "  model.num_query_groups: int or null (>= 1) = null\n" in text
     assert "  moe.score_function: one of softmax, sigmoid = softmax\n" in text
     assert "  train.recompute_layer_ids: list of int or null = null\n" in text
-    assert "  model.norm_eps: float = 1.0e-06\n" in text
+    assert "  model.norm_eps: float (> 0) = 1.0e-06\n" in text
     assert "  train.compile: bool = false\n" in text
-    assert "  optim.min_lr: float or null = null\n      Learning rate at the end of decay; null = lr / 10.\n" in text
+    assert "  optim.beta1: float (in [0, 1)) = 0.9\n" in text
+    assert "  optim.min_lr: float or null (>= 0) = null\n      Learning rate at the end of decay; null = lr / 10.\n" in text
