@@ -63,7 +63,7 @@ def test_config_show_doc_lists_every_field(tmp_path):
     listed = [line.split(":")[0].strip() for line in out.splitlines() if line.startswith("  ") and
               not line.startswith("      ")]
     assert listed == [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
-    assert "  model.hidden_size: int = 64\n      Model width H.\n" in out
+    assert "  model.hidden_size: int (>= 1) = 64\n      Model width H.\n" in out
 
 
 @pytest.mark.parametrize("args,files,message", [
