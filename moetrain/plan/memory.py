@@ -28,8 +28,8 @@ and the optimizer step. ``total`` is the allocator's peak (comparable with
 torch.cuda.max_memory_allocated) in the steady state; ``first_step`` adds, during the MoE blocks'
 backward, one weight-gradient-sized output of the kernel tuning the first step runs on CUDA
 (measured on an H200: DeepSeek-V3 at two layers peaked 13.9 GiB higher on step 1, FC1's weight
-gradient is 14.0 GiB), and the verdict takes the larger of the two; ``fragmentation`` (FRAGMENTATION of the dynamic part:
-activations + other, an assumption) and ``runtime`` (CUDA context + NCCL buffers, outside the
+gradient is 14.0 GiB), and the verdict takes the larger of the two; ``fragmentation``
+(FRAGMENTATION of the dynamic part: activations + other, an assumption) and ``runtime`` (CUDA context + NCCL buffers, outside the
 allocator) are added for the verdict: fits when (total + fragmentation) <= AT_RISK x (HBM -
 runtime), at-risk up to 100%, out-of-memory beyond.
 Pure Python.
@@ -128,14 +128,12 @@ class MemoryReport:
 
     @property
     def reserved_gib(self) -> float:
-        """The steady peak with fragmentation, or the first step's where that is higher (tuning)."""
-        pk = self.peak
-        first = max(r.first_step + r.fragmentation for r in self.ranks)
-        return max(pk.total + pk.fragmentation, first) / GiB
+        """The first step's peak with fragmentation (the steady peak where no tuning adds to it)."""
+        return max(r.first_step + r.fragmentation for r in self.ranks) / GiB
 
     @property
     def first_step_gib(self) -> float:
-        return max(max(r.first_step for r in self.ranks), max(r.total for r in self.ranks)) / GiB
+        return max(r.first_step for r in self.ranks) / GiB
 
     @property
     def verdict(self) -> str:
@@ -368,11 +366,12 @@ def _peak_in_flight(order: list[Op], act_of: dict[int, float], wgrad_of: dict[in
 
 def tuning_bytes(cfg: Config, device: str) -> float:
     """What the first step's MoE kernel tuning holds beyond the steady state (backend auto or triton on CUDA):
-    one candidate's output of the largest grouped GEMM, FC1's weight gradient [E_local, 2 I_local, H]."""
+    one candidate's output of the largest grouped GEMM, FC1's weight gradient [E_local, 2 I_local, H]
+    (FC1 holds the gate and the up projection of every SwiGLU variant)."""
     e, p = cfg.moe, cfg.parallel
     if device != "cuda" or not cfg.is_moe or e.backend not in ("auto", "triton"):
         return 0.0
-    rows = (2 if e.activation.startswith("swiglu") else 1) * e.moe_ffn_hidden_size / p.etp
+    rows = 2 * e.moe_ffn_hidden_size / p.etp
     return e.num_experts / p.ep * rows * cfg.model.hidden_size * DTYPE_BYTES[cfg.precision.dtype]
 
 
