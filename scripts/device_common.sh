@@ -1,4 +1,5 @@
-# Sourced by one-off device call scripts (kept in the ignored scripts/device_calls/; older ones in git history): the output folder ($1, else $OUT), the repository
+# Sourced by one-off device call scripts (the ignored scripts/device_calls/; older ones in git history):
+# the output folder ($1, else $OUT), the repository
 # on the Python path, unbuffered output, `filter` to drop warning noise from what comes back, `gpu_tests SECONDS`,
 # `gpu_test_subset NAME SECONDS PYTEST_ARGS...`, `kernel_tests`, `row_sweep`, `run_bench`, `run_gemm_bench` (below).
 # Call with `source scripts/device_common.sh "$@"` from the repository root (where the run tool starts).

@@ -213,10 +213,13 @@ def _install(tmp: Path, final: Path) -> None:
 
 
 def prune(out_dir: str | Path, run_id: str, keep_last: int) -> list[Path]:
-    """Delete all but the newest ``keep_last`` intact checkpoints of run ``run_id``; returns the deleted.
+    """Delete all but the newest ``keep_last`` complete checkpoints of run ``run_id``; returns the deleted.
 
-    Checkpoints of other runs, damaged ones and those of the old format are never deleted here."""
-    mine = [p for p in list_checkpoints(out_dir) if read_meta(p).get("run_id") == run_id and verify(p) is None]
+    Checkpoints of other runs, incomplete or truncated ones and those of the old format are never deleted
+    here. Completeness is read from the manifest and the file sizes: checksumming every kept checkpoint
+    on every save would read them all again."""
+    mine = [p for p in list_checkpoints(out_dir)
+            if read_meta(p).get("run_id") == run_id and verify(p, checksums=False) is None]
     doomed = mine[:-keep_last] if keep_last > 0 else []
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
@@ -251,9 +254,10 @@ def _crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def verify(path: Path, only: tuple[str, ...] | None = None) -> str | None:
+def verify(path: Path, only: tuple[str, ...] | None = None, checksums: bool = True) -> str | None:
     """None when the checkpoint at ``path`` is complete and matches its manifest, else what is wrong.
-    ``only`` limits the size and checksum checks to those files (e.g. model.pt for an export)."""
+    ``only`` limits the file checks to those files (e.g. model.pt for an export); without ``checksums``
+    only sizes are compared (no file is read)."""
     if not (path / "meta.json").is_file():
         return "no meta.json (the save did not finish)"
     try:
@@ -284,7 +288,7 @@ def verify(path: Path, only: tuple[str, ...] | None = None) -> str | None:
         size = file.stat().st_size
         if size != entry["bytes"]:
             return f"{name} is {size} bytes, the manifest says {entry['bytes']} (truncated or overwritten)"
-        if _crc32(file) != entry[CHECKSUM]:
+        if checksums and _crc32(file) != entry[CHECKSUM]:
             return f"{name} does not match its checksum (corrupted)"
     return None
 
@@ -317,14 +321,25 @@ def first_non_finite(state, prefix: str = "") -> str | None:
     return bad[0] if bad else None
 
 
-def load_checkpoint(path: Path, device: str | torch.device = "cpu", *, check_finite: bool = True) -> dict:
-    """Verify and read a checkpoint (tensors on ``device``; memory-mapped on the CPU).
+def non_finite_state(model_state: dict, optimizer_state: dict) -> tuple[str, str] | None:
+    """(file, tensor name) of the first NaN or inf in a model or optimizer state dict, else None."""
+    for what, state in (("model.pt", model_state), ("optimizer.pt", optimizer_state)):
+        bad = first_non_finite(state)
+        if bad is not None:
+            return what, bad
+    return None
+
+
+def load_checkpoint(path: Path, device: str | torch.device = "cpu", *, check_finite: bool = True,
+                    verified: bool = False) -> dict:
+    """Verify (unless ``verified`` says the caller just did) and read a checkpoint (tensors on ``device``;
+    memory-mapped on the CPU).
 
     Raises DamagedCheckpoint when the files do not match the manifest or cannot be read, and, with
     ``check_finite``, when the weights or optimizer state hold a NaN or inf (the trainer checks them
     on its device after loading instead: faster than on the host).
     """
-    reason = verify(path)
+    reason = None if verified else verify(path)
     if reason is not None:
         raise DamagedCheckpoint(path, reason)
     meta = read_meta(path)
@@ -343,11 +358,9 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu", *, check_fin
                                       f"values{what}, which could run code; refused") from None
     except (OSError, RuntimeError, EOFError, ValueError) as err:
         raise DamagedCheckpoint(path, f"cannot be read ({str(err).splitlines()[0]})") from None
-    if check_finite:
-        for what, state in (("model.pt", model), ("optimizer.pt", optimizer)):
-            bad = first_non_finite(state)
-            if bad is not None:
-                raise DamagedCheckpoint(path, non_finite_reason(what, bad))
+    bad = non_finite_state(model, optimizer) if check_finite else None
+    if bad is not None:
+        raise DamagedCheckpoint(path, non_finite_reason(*bad))
     return {"meta": meta, "model": model, "optimizer": optimizer, "trainer": trainer}
 
 
@@ -357,10 +370,12 @@ def non_finite_reason(what: str, name: str) -> str:
 
 def resume_candidates(resume: str | None, out_dir: str | Path,
                       warn: Callable[[str], None]) -> tuple[list[Path], list[Path]]:
-    """checkpoint.resume -> (intact checkpoints to try, newest first; damaged ones skipped).
+    """checkpoint.resume -> (checkpoints to try, newest first; damaged ones skipped).
 
-    'auto' verifies every checkpoint under out_dir, newest first, warning about each damaged one;
-    an explicit path must be intact, else a one-line UserError says what is wrong with it.
+    The first candidate has been verified against its manifest, the older ones (fallbacks for a
+    checkpoint that turns out to hold non-finite values) not yet: 'auto' verifies newest first, warning
+    about each damaged one, and stops at the first intact one. An explicit path must be intact, else a
+    one-line UserError says what is wrong with it.
     """
     if resume is None:
         return [], []
@@ -372,15 +387,14 @@ def resume_candidates(resume: str | None, out_dir: str | Path,
         if reason is not None:
             raise explicit_damaged(resume, reason)
         return [path], []
-    intact, skipped = [], []
-    for path in reversed(list_checkpoints(out_dir)):
+    newest_first, skipped = list(reversed(list_checkpoints(out_dir))), []
+    for i, path in enumerate(newest_first):
         reason = verify(path)
         if reason is None:
-            intact.append(path)
-        else:
-            warn(f"skipping damaged checkpoint {path}: {reason}")
-            skipped.append(path)
-    return intact, skipped
+            return newest_first[i:], skipped
+        warn(f"skipping damaged checkpoint {path}: {reason}")
+        skipped.append(path)
+    return [], skipped
 
 
 def explicit_damaged(resume: str, reason: str) -> UserError:

@@ -164,9 +164,13 @@ def _show(changes: dict[str, object]) -> str:
     return " ".join(f"{k}={value(v)}" for k, v in changes.items())
 
 
-def _current(cfg: Config, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
+def _changed(cfg: Config, changes: dict[str, object]) -> dict[str, object]:
+    """The changes that differ from cfg's values (those already set need no suggesting)."""
+    def current(key):
+        section, name = key.split(".")
+        return getattr(getattr(cfg, section), name)
+
+    return {k: v for k, v in changes.items() if current(k) != v}
 
 
 class _Trials:
@@ -177,7 +181,7 @@ class _Trials:
         self.smallest: tuple[float, str] | None = None
 
     def peak_if_fits(self, changes: dict[str, object]) -> float | None:
-        changes = {k: v for k, v in changes.items() if _current(self.cfg, k) != v}
+        changes = _changed(self.cfg, changes)
         trial = _with(self.cfg, changes)
         if not changes or not _legal(trial):
             return None
@@ -204,7 +208,7 @@ def suggestions(cfg: Config, device: torch.device, available: float) -> tuple[li
     trials, out = _Trials(cfg, device, available), []
 
     def offer(changes: dict[str, object]) -> None:
-        changes = {k: v for k, v in changes.items() if _current(cfg, k) != v}
+        changes = _changed(cfg, changes)
         text = _show(changes)
         if changes and all(not line.startswith(text + " (") for line in out):
             peak = trials.peak_if_fits(changes)
@@ -235,13 +239,13 @@ def check(cfg: Config, device: torch.device, log) -> Projection:
     """Project this run's peak memory on ``device``; refuse (UserError) when it will not fit."""
     proj = project(cfg, device)
     if proj.verdict == "out-of-memory":
+        if cfg.train.skip_memory_check:
+            log(f"warning: {proj.summary()}: it will not fit (train.skip_memory_check=true: trying anyway)")
+            return proj
         fixes, smallest = suggestions(cfg, device, proj.available_gib * GiB)
         fix_text = ("; changes projected to fit: " + "; ".join(fixes)) if fixes else \
             (f"; none of the changes tried fits (the smallest projection: {smallest})" if smallest else
              "; none of the changes tried fits")
-        if cfg.train.skip_memory_check:
-            log(f"warning: {proj.summary()}: it will not fit (train.skip_memory_check=true: trying anyway)")
-            return proj
         raise UserError(f"{proj.summary()}: this run will not fit{fix_text}; or train.skip_memory_check=true to "
                         "try anyway")
     if proj.verdict == "at-risk":

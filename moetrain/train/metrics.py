@@ -109,13 +109,19 @@ class ProgressDisplay:
             print(f"step {record['step']}/{self.progress.tasks[0].total}  {text}", file=sys.stderr, flush=True)
 
     def log(self, message: str, style: str | None = None) -> None:
-        """One line above the bar (plain text: brackets in paths or lists are not markup)."""
-        if self.enabled:
-            from rich.text import Text
+        """One line above the bar."""
+        log_line(message, style, self.progress.console if self.enabled else None)
 
-            self.progress.console.log(Text(message, style=style or ""))
-        else:
-            print(message, file=sys.stderr, flush=True)
+
+def log_line(message: str, style: str | None = None, console=None) -> None:
+    """One line on stderr: through a rich ``console`` when given (a terminal), else plain. The message is
+    plain text either way: brackets in paths or lists are not markup."""
+    if console is not None:
+        from rich.text import Text
+
+        console.log(Text(message, style=style or ""))
+    else:
+        print(message, file=sys.stderr, flush=True)
 
 
 def summary_table(records: list[dict], title: str):

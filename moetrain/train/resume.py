@@ -38,16 +38,16 @@ def open_run(cfg: Config, out_dir: Path, log: Callable[[str], None]) -> RunStart
         if contents.holds_run:
             if not cfg.train.overwrite:
                 raise run_dir.refuse_fresh_run(contents)
-            moved = run_dir.move_aside(out_dir, run_dir.artifacts(out_dir), label=contents.run_id or "")
+            moved = run_dir.move_run_aside(contents)
             log(f"train.overwrite: moved the earlier run ({contents.describe()}) to {moved}")
-        return _fresh(out_dir)
+        return RunStart(run_dir.new_run_id())
     candidates, skipped = ckpt.resume_candidates(resume, out_dir, log)
     if not candidates:
         if contents.holds_run:
-            moved = run_dir.move_aside(out_dir, run_dir.artifacts(out_dir), label=contents.run_id or "")
+            moved = run_dir.move_run_aside(contents)
             log(f"checkpoint.resume = auto: no intact checkpoint in {out_dir}; starting fresh (the earlier run's "
                 f"files moved to {moved})")
-        return _fresh(out_dir)
+        return RunStart(run_dir.new_run_id())
     meta = ckpt.read_meta(candidates[0])
     theirs = meta.get("run_id")
     if contents.holds_run and contents.run_id and theirs and contents.run_id != theirs:
@@ -61,17 +61,11 @@ def open_run(cfg: Config, out_dir: Path, log: Callable[[str], None]) -> RunStart
     return start
 
 
-def _fresh(out_dir: Path) -> RunStart:
-    start = RunStart(run_dir.new_run_id())
-    run_dir.claim(out_dir, start.run_id, None)
-    return start
-
-
 def set_aside_later(out_dir: Path, resumed: Path, log: Callable[[str], None]) -> None:
     """Checkpoints after the resumed one belong to a future this run abandons: move them aside (with a
     copy of metrics.jsonl, whose later lines the resumed run rewrites)."""
     step = ckpt.step_of(resumed)
-    later = [p for p in ckpt.list_checkpoints(out_dir) if ckpt.step_of(p) > step and p.resolve() != resumed.resolve()]
+    later = [p for p in ckpt.list_checkpoints(out_dir) if ckpt.step_of(p) > step]
     if not later:
         return
     metrics = out_dir / run_dir.METRICS_FILE
@@ -120,20 +114,12 @@ def check_shapes(model: torch.nn.Module, saved: dict, ckpt_dir: Path, cfg: Confi
                     "checkpoint's model.* and moe.* settings, or start a new run in another train.out_dir")
 
 
-def _non_finite_on_device(model: torch.nn.Module, optimizer) -> str | None:
-    bad = ckpt.first_non_finite(dict(model.state_dict()))
-    if bad is not None:
-        return ckpt.non_finite_reason("model.pt", bad)
-    bad = ckpt.first_non_finite(optimizer.state_dict()["params"])
-    return ckpt.non_finite_reason("optimizer.pt", bad) if bad is not None else None
-
-
 def load_into(start: RunStart, cfg: Config, model, optimizer, data, explicit: bool,
               log: Callable[[str], None]) -> tuple[Path, dict]:
     """Restore the newest usable candidate into model, optimizer and data; returns (its path, trainer state)."""
-    for path in start.candidates:
-        try:
-            state = ckpt.load_checkpoint(path, "cpu", check_finite=False)
+    for i, path in enumerate(start.candidates):
+        try:  # the first candidate was verified by resume_candidates; older ones are verified here
+            state = ckpt.load_checkpoint(path, "cpu", check_finite=False, verified=i == 0)
         except ckpt.DamagedCheckpoint as err:
             if explicit:
                 raise ckpt.explicit_damaged(str(path), err.reason) from None
@@ -147,8 +133,9 @@ def load_into(start: RunStart, cfg: Config, model, optimizer, data, explicit: bo
         except (ValueError, RuntimeError, KeyError) as err:
             raise UserError(f"checkpoint {path}: its optimizer state does not fit this run "
                             f"({str(err).splitlines()[0]})") from None
-        reason = _non_finite_on_device(model, optimizer)
-        if reason is not None:
+        bad = ckpt.non_finite_state(model.state_dict(), optimizer.state_dict())  # on the device: fast
+        if bad is not None:
+            reason = ckpt.non_finite_reason(*bad)
             if explicit:
                 raise ckpt.explicit_damaged(str(path), reason)
             log(f"skipping damaged checkpoint {path}: {reason}")

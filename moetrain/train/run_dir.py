@@ -57,7 +57,8 @@ class RunContents:
 
     @property
     def holds_run(self) -> bool:
-        return bool(self.checkpoints or self.metrics_steps or (self.out_dir / RUN_FILE).exists())
+        """Metrics or checkpoints to protect (a run.json alone is a run that stopped before its first step)."""
+        return bool(self.checkpoints or self.metrics_steps)
 
     def describe(self) -> str:
         parts = []
@@ -67,7 +68,7 @@ class RunContents:
             parts.append(f"{METRICS_FILE} with {self.metrics_steps} steps")
         if self.checkpoints:
             parts.append(f"{len(self.checkpoints)} checkpoint(s), the last {self.checkpoints[-1].name}")
-        return ", ".join(parts) or "an empty run"
+        return ", ".join(parts)
 
 
 def scan(out_dir: Path) -> RunContents:
@@ -128,10 +129,11 @@ def move_aside(out_dir: Path, paths: list[Path], copies: list[Path] = (), label:
     return dest
 
 
-def artifacts(out_dir: Path) -> list[Path]:
-    """The files and directories of the run in out_dir (checkpoints/ included)."""
-    names = (*RUN_ARTIFACTS, "checkpoints")
-    return [out_dir / n for n in names if (out_dir / n).exists()]
+def move_run_aside(contents: RunContents) -> Path:
+    """Move every file and directory of the run in contents.out_dir (checkpoints/ included) aside."""
+    d = contents.out_dir
+    present = [d / n for n in (*RUN_ARTIFACTS, "checkpoints") if (d / n).exists()]
+    return move_aside(d, present, label=contents.run_id or "")
 
 
 def refuse_fresh_run(contents: RunContents) -> UserError:

@@ -9,6 +9,7 @@ and are refused with a clear message rather than ignored.
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import random
@@ -28,7 +29,7 @@ from moetrain.errors import UserError, format_bytes
 from moetrain.train import checkpoint as ckpt
 from moetrain.train import memory_check, resume, run_dir
 from moetrain.train.lr import lr_at
-from moetrain.train.metrics import MetricsLog, ProgressDisplay, summary_table
+from moetrain.train.metrics import MetricsLog, ProgressDisplay, log_line, summary_table
 from moetrain.train.optim import DTYPES, PrecisionAwareAdamW
 from moetrain.train.throughput import peak_tflops
 
@@ -109,6 +110,8 @@ def peak_memory_gib(device: torch.device) -> float:
 
 def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     """Train as configured; returns the per-step records. Raises UserError on user mistakes."""
+    from rich.console import Console
+
     from moetrain.config.load import dump_config
     from moetrain.models import build_model
     from moetrain.models.accounting import count_params, train_flops_per_token
@@ -123,10 +126,13 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     out_dir = Path(t.out_dir)
     if show_progress is None:
         show_progress = sys.stderr.isatty()
-    say = _Say(show_progress)
+    # Messages before the progress display exists: through rich on a terminal, plain lines otherwise.
+    early_console = Console(stderr=True) if show_progress else None
+    say = functools.partial(log_line, console=early_console)
+    warn = functools.partial(log_line, style="yellow", console=early_console)
     run_dir.prepare_out_dir(out_dir)
-    projection = memory_check.check(cfg, device, lambda m: say(m, "yellow"))
-    start = resume.open_run(cfg, out_dir, lambda m: say(m, "yellow"))
+    projection = memory_check.check(cfg, device, warn)
+    start = resume.open_run(cfg, out_dir, warn)
     if start.finished_at is not None:
         say(f"nothing to train: checkpoint {start.candidates[0]} is at step {start.finished_at} and train.steps = "
             f"{t.steps}; the run is finished (raise train.steps to train further)")
@@ -151,10 +157,10 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     start_step, skipped_in_row, resume_from = 0, 0, None
     if start.candidates:
         resume_from, trainer_state = resume.load_into(start, cfg, model, optimizer, train_data,
-                                                      cfg.checkpoint.resume != "auto", lambda m: say(m, "yellow"))
+                                                      cfg.checkpoint.resume != "auto", warn)
         start_step = int(trainer_state["step"])
         skipped_in_row = int(trainer_state["skipped_in_row"])
-        resume.set_aside_later(out_dir, resume_from, lambda m: say(m, "yellow"))
+        resume.set_aside_later(out_dir, resume_from, warn)
     run_dir.claim(out_dir, start.run_id, resume_from)
 
     accum = cfg.grad_accum_steps
@@ -327,26 +333,8 @@ def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
         if t.manual_gc:
             gc.enable()
     if show_progress or result.records:
-        from rich.console import Console
-
         Console(stderr=True).print(summary_table(result.records, f"{cfg.model.name}: training summary"))
     return result
-
-
-class _Say:
-    """Messages before the progress display exists: rich on a terminal, plain lines otherwise."""
-
-    def __init__(self, rich_output: bool):
-        self.rich_output = rich_output
-
-    def __call__(self, message: str, style: str | None = None) -> None:
-        if self.rich_output:
-            from rich.console import Console
-            from rich.text import Text
-
-            Console(stderr=True).log(Text(message, style=style or ""))
-        else:
-            print(message, file=sys.stderr, flush=True)
 
 
 def _latest_note(out_dir: Path) -> str:
@@ -356,11 +344,11 @@ def _latest_note(out_dir: Path) -> str:
 
 def _refuse_non_finite(model_state: dict, optimizer_state: dict, step: int, out_dir: Path) -> None:
     """A checkpoint of NaN/inf weights would become the latest and poison every resume: stop instead."""
-    for what, state in (("weights", model_state), ("optimizer state", optimizer_state.get("params", {}))):
-        bad = ckpt.first_non_finite(state)
-        if bad is not None:
-            raise UserError(f"training diverged: the {what} hold non-finite values (NaN or inf) in {bad} at step "
-                            f"{step}; not saved; {_latest_note(out_dir)}; lower optim.lr or check the data")
+    bad = ckpt.non_finite_state(model_state, optimizer_state)
+    if bad is not None:
+        what = {"model.pt": "weights", "optimizer.pt": "optimizer state"}[bad[0]]
+        raise UserError(f"training diverged: the {what} hold non-finite values (NaN or inf) in {bad[1]} at step "
+                        f"{step}; not saved; {_latest_note(out_dir)}; lower optim.lr or check the data")
 
 
 @torch.no_grad()
