@@ -223,7 +223,7 @@ def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict
         try:
             # One call before the baseline, so that every contender's baseline holds one set of gradients (x, w1,
             # w2: its own), which each call frees and makes again. Without it the first contender's peak counted
-            # the gradients (22 GB at DeepSeek-V3) and the others' did not (sessions 2-8 tables).
+            # the gradients (22 GB at DeepSeek-V3) and the others' did not.
             _fwd_bwd(fn, args)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -305,7 +305,7 @@ class HostAhead:
     start event): the host has issued the call's first launches before the GPU reaches them, as inside a
     training step where earlier layers keep the GPU busy; its syncs, allocations and per-kernel gaps still count.
     The queued work is dense GEMMs, not a sleep: behind an idle lead-in the GPU's clocks had recovered from the power
-    cap, and the big layers timed 3-11% fast (Mixtral under its own six GEMMs; bench/NOTES.md, session 9)."""
+    cap, and the big layers timed 3-11% fast (Mixtral under its own six GEMMs; bench/NOTES.md)."""
 
     _lead: tuple | None = None  # (a, b, out, GEMMs per lead-in), shared by every host-ahead contender
 

@@ -26,13 +26,13 @@ def _round_ratios(reps_ms: list[float], floor_reps_ms: list[float]) -> list[floa
 def paired_ratio(reps_ms: list[float], floor_reps_ms: list[float]) -> float:
     """Median over the repetitions of a contender's time over the floor's time of the same round. The contenders
     run in turns, so a round's two calls meet the same clocks: the paired ratio leaves out the drift between rounds
-    that the ratio of the two medians carries (the floor's own spread was 2.5-8.8% on the H200, session 17)."""
+    that the ratio of the two medians carries (the floor's own spread was 2.5-8.8% on the H200)."""
     return statistics.median(_round_ratios(reps_ms, floor_reps_ms))
 
 
 def paired_range(reps_ms: list[float], floor_reps_ms: list[float]) -> tuple[float, float]:
     """The lowest and highest of the rounds' ratios that paired_ratio takes the median of: how far a single round
-    can land from it (at 3-5 rounds on the H200, up to 13 points: bench/NOTES.md session 27), which says whether a
+    can land from it (at 3-5 rounds on the H200, up to 13 points: bench/NOTES.md), which says whether a
     ratio is told apart from a criterion like "within 3%"."""
     ratios = _round_ratios(reps_ms, floor_reps_ms)
     return min(ratios), max(ratios)

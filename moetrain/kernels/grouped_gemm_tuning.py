@@ -93,7 +93,7 @@ ROWGROUP_CONFIGS = (
     GemmConfig(128, 256, 64, 3, 8, use_tma=False),
     GemmConfig(128, 128, 64, 4, 4, use_tma=False),
     # 256-row tiles: a DeepSeek-V3 expert's balanced 256 rows in one tile, half the weight-tile loads of 128
-    # (on trial in session 4; their bf16 GPU test on skewed routing passed in session 5)
+    # (candidates: their bf16 GPU test on skewed routing passed)
     GemmConfig(256, 128, 64, 3, 8, tail_split=True),
     GemmConfig(256, 128, 64, 3, 8),
 )
@@ -104,14 +104,14 @@ WGRAD_CONFIGS = (
     GemmConfig(128, 256, 64, 3, 8, use_tma=False),
     GemmConfig(128, 128, 64, 4, 4, use_tma=False),
     GemmConfig(128, 128, 64, 4, 8, use_tma=False),
-    GemmConfig(256, 128, 64, 3, 8),  # dw tiles 256 (over N) x 128 (over K); promoted from trial in session 5
+    GemmConfig(256, 128, 64, 3, 8),  # dw tiles 256 (over N) x 128 (over K); GPU-tested
 )
-# The warp-specialized ping-pong weight gradient (wgrad_pingpong.py; session 10, bench/NOTES.md): candidates where it
+# The warp-specialized ping-pong weight gradient (wgrad_pingpong.py; bench/NOTES.md): candidates where it
 # applies (Hopper, bf16, TMA, rows not gathered). 128x128 consumer tiles; bands of 8 dw row tiles keep a big
 # group's rows in L2 (row-major order, g1, lost 20% on skewed routing at DeepSeek-V3's FC1 but won at its FC2);
 # 5 stages won at EP8's long reductions. 64x256 consumer tiles (m64n256 wgmma) were slower everywhere.
-# Groups heaviest first (sorted_groups; session 18): the light groups' store-bound tiles come last, under the tail of
-# the heavy ones. Session 19 (schedule.py made by one launch, queued): 2-15% faster on the layers' skewed routing at
+# Groups heaviest first (sorted_groups): the light groups' store-bound tiles come last, under the tail of
+# the heavy ones. Timed queued (schedule.py made by one launch): 2-15% faster on the layers' skewed routing at
 # DeepSeek-V3 and Qwen3 in 11 of 12 cases, 0-2% slower on balanced routing (once 7%: Qwen3's FC2 with bands of one),
 # so each config is offered both ways and the autotuner, timing the caller's and a skewed routing, decides.
 PINGPONG_WGRAD_CONFIGS = (
@@ -122,7 +122,7 @@ PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong", sorted_groups=True),
     GemmConfig(128, 128, 64, 4, 4, group_m=1, kernel="pingpong", sorted_groups=True),
 )
-# The warp-specialized ping-pong forward / data gradient (rowgroup_pingpong.py; session 12, bench/NOTES.md): where it
+# The warp-specialized ping-pong forward / data gradient (rowgroup_pingpong.py; bench/NOTES.md): where it
 # applies (Hopper, bf16, TMA, rows not gathered). Level with torch._grouped_mm on the six GEMMs' sums at Qwen3,
 # GPT-OSS and Mixtral, 0-5% ahead of it on some ops, behind at DeepSeek-V3's (5-10%); the autotuner keeps it where
 # it wins. 64x256 consumer tiles were slower everywhere but DeepSeek-V3's FC2 data gradient.
@@ -131,12 +131,12 @@ PINGPONG_ROWGROUP_CONFIGS = (
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
 )
 # On trial: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order, so that
-# under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (session 11: skew cost the
-# DeepSeek-V3 layer +30%, padding alone +13-16%). GPU-tested (session 11, call J); timed there against one cohort:
+# under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (skew cost the
+# DeepSeek-V3 layer +30%, padding alone +13-16%). GPU-tested; timed against one cohort:
 # 2 cohorts 6% faster at DeepSeek-V3's FC1 on skewed routing, 8% slower on balanced (half as many programs share
 # each group's operands in L2), no gain at Qwen3; 4 slower everywhere. Kept for a skew-aware choice. And "mix"
 # (schedule.py): groups heaviest first, and only where the routing is skewed, half the programs walking backwards
-# (light groups under heavy ones). GPU-tested in session 12 (call A) and refuted there: at DeepSeek-V3's FC1 weight
+# (light groups under heavy ones). GPU-tested and refuted: at DeepSeek-V3's FC1 weight
 # gradient 11.4 ms on skewed routing against 9.9 for the plain schedule (and +3% on balanced).
 TRIAL_PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=2),
@@ -145,7 +145,7 @@ TRIAL_PINGPONG_WGRAD_CONFIGS = (
 )
 # On trial (bench gemm's sweep, the sm_90a compile test and the GPU tests, not the autotuner): the ping-pong weight
 # gradient with x's rows gathered by a fourth warpgroup (cp.async), the permuted copy of x never made; K a multiple
-# of 128. GPU-tested in session 11 (call B), and 1.3-1.8x slower than the copy + ping-pong (bench/NOTES.md).
+# of 128. GPU-tested: 1.3-1.8x slower than the copy + ping-pong (bench/NOTES.md).
 TRIAL_PINGPONG_GATHER_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 3, 4, group_m=8, kernel="pingpong"),
@@ -155,7 +155,7 @@ TRIAL_PINGPONG_GATHER_CONFIGS = (
 INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True)
 TUNE_ROUNDS = 3
 # The best few of the first pass are timed again, longer: one pass of 4 reps over 13 configs left the
-# layer's kernel 5-9% slower than the sweep's best on some hosts (bench/NOTES.md, session 7).
+# layer's kernel 5-9% slower than the sweep's best on some hosts (bench/NOTES.md).
 FINALISTS = 3
 FINAL_ROUNDS = 4
 FINAL_REPS = 10
@@ -167,7 +167,7 @@ CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
 # 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient; 4: the two-programs-per-SM configs
 # left them; 5: the ping-pong forward / data gradient joined; 6: candidates timed on a skewed routing too (winners
 # tuned otherwise are re-tuned); 7: the sorted ping-pong weight gradient joined (and each timing round starts at
-# another candidate); 8: the sorted schedule made by one launch (session 19: its winners were judged with a 0.06-0.1
+# another candidate); 8: the sorted schedule made by one launch (its winners were judged with a 0.06-0.1
 # ms schedule per call), and sorted variants of the other ping-pong weight gradient configs joined; 9: candidates timed
 # queued, and no preference for tail-split configs; 10: torch._grouped_mm timed beside them, and a config at least as
 # fast as it on both routings preferred (PEER)
@@ -186,24 +186,24 @@ def interpreting() -> bool:
 # shared memory, no spills, wgmma, pipelined) and timed by `moetrain bench gemm`, but not yet run on a GPU by
 # the correctness tests, so the run-time autotuner does not pick them. Promote them once they have.
 # Also here, though they passed their GPU tests: the two-programs-per-SM configs. They won only the gathered weight
-# gradient, which no layer ran (the permuted copy + weight gradient beat it everywhere, sessions 7-11), and one
-# launch of any of them left the ping-pong weight gradient ~27% slower for a while after (session 10,
-# wgrad_state.py): timed after them, the ping-pong lost the autotuner's choice at DeepSeek-V3's FC1, where it makes
-# the layer 5-7% faster than that pick (session 11, layer_wgrad_ab.py; bench/NOTES.md).
+# gradient, which no layer ran (the permuted copy + weight gradient beat it everywhere), and one
+# launch of any of them left the ping-pong weight gradient ~27% slower for a while after
+# (wgrad_state.py): timed after them, the ping-pong lost the autotuner's choice at DeepSeek-V3's FC1, where it makes
+# the layer 5-7% faster than that pick (layer_wgrad_ab.py; bench/NOTES.md).
 TWO_PER_SM_CONFIGS = (
     GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
     GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
 )
-# On trial: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested in session 12
-# (call A): level with or slower than the plain schedule at DeepSeek-V3 on both routings (bench gemm's sweep).
+# On trial: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested:
+# level with or slower than the plain schedule at DeepSeek-V3 on both routings (bench gemm's sweep).
 TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),)
 TRIAL_WGRAD_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
-    # (session 6: they lost everywhere; kept as the reference for the next ones). Refuted in session 8 and dropped:
+    # (they lose everywhere; kept as the reference for the next ones). Refuted and dropped:
     # 128 rows per reduction step (128x256x128, 128x128x128) and two programs per SM with register stores
-    # (128x128x64/s3/w4/x2): none beat 128x256x64/s3/w8 at DeepSeek-V3 (bench/NOTES.md). Refuted in session 9 and
+    # (128x128x64/s3/w4/x2): none beat 128x256x64/s3/w8 at DeepSeek-V3 (bench/NOTES.md). Refuted and
     # dropped: 32-row steps with 5-6 stages (more rows in flight across a tile's end) and bands of one tile (half
-    # the per-tile divisions): within noise of it (439-456 against 434-440 TF/s). Also refuted in session 9: 5-stage
+    # the per-tile divisions): within noise of it (439-456 against 434-440 TF/s). Also refuted: 5-stage
     # configs for the gathered weight gradient (3-4 stages let the index and row loads share one wait, one step of
     # prefetch; 5 keep two in flight) ran no faster: 311 / 398 / 388 TF/s at DeepSeek-V3 / EP8 / Qwen3 against
     # 309-336 / 386-439 / 368-401 for the usual configs, ~0.7x torch on the permuted copy
@@ -309,7 +309,7 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None, pee
     the winner in both. ``run_skewed(cfg)``: the same op on a skewed routing of the same rows; each candidate is
     then judged by the sum of both times, as auto's torch-or-triton choice is (ops/autoselect.py): the key cannot
     see skew without a host sync, the first call's routing is near-uniform and training's skews later, and a config
-    can lead on balanced routing yet collapse on skewed (the ping-pong weight gradient, bench/NOTES.md session 11).
+    can lead on balanced routing yet collapse on skewed (the ping-pong weight gradient, bench/NOTES.md).
     ``peer``: run(PEER) and run_skewed(PEER) run torch._grouped_mm's form of the op. It is timed in the same turns,
     and a candidate at least as fast as the peer on each routing ("safe") wins over one that is faster on the sum
     but slower than the peer on one routing: auto (torch or this pick) must not lose to torch on either routing."""
@@ -328,7 +328,7 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None, pee
 
     # Queued, not each call from an idle GPU (median_ms): from idle each call carries its launch (host work, GPU
     # start-up: 0.03-0.21 ms, differing between candidates), which a layer's queued kernels hide; timed so, the
-    # autotuner's picks ran 1-16% slower in the layer's order than the best candidate (bench/NOTES.md, session 20)
+    # autotuner's picks ran 1-16% slower in the layer's order than the best candidate (bench/NOTES.md)
     def timed(cfg, reps: int, parts: dict) -> float:
         ms = (queued_ms(lambda: run(cfg), reps=reps, warmup=1),)
         if run_skewed is not None:
@@ -357,9 +357,9 @@ def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None, pee
         finalists = [c for c in finalists if c in again] or finalists
     # The fastest on the sum, tail-split or not: the skewed routing in the sum measures what the split saves on
     # uneven routing (a 3% preference for split configs, from before that, cost DeepSeek-V3's FC1 forward 1-3% on
-    # both routings; bench/NOTES.md, session 20). Among the safe ones when there are any: a guard, so that auto does
+    # both routings; bench/NOTES.md). Among the safe ones when there are any: a guard, so that auto does
     # not trade a loss to torch on one routing for a win on the other (at DeepSeek-V3 it changed no pick: every
-    # sum's winner was also ahead of torch on both routings, session 24 call I).
+    # sum's winner was also ahead of torch on both routings).
     parts = final or first
     safe = [c for c in finalists if _as_fast_as_peer(c, parts)]
     best = min(safe or finalists, key=times.get)

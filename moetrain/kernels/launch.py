@@ -2,11 +2,11 @@
 
 Why: on the H200's host an eager MoE layer call spends 40-160 us per Triton or Gluon launch inside the call, 19
 launches per forward + backward, and in an eager call from an idle GPU the GPU waits for every one of them before FC1
-(bench/NOTES.md, sessions 21-23). Triton 3.6's ``kernel[grid](...)`` runs its Python binder (the specialization of
+(bench/NOTES.md). Triton 3.6's ``kernel[grid](...)`` runs its Python binder (the specialization of
 every argument), a cache-key computation and its launch metadata, calls the (empty) launch hook chains, and its C
 launcher asks the driver about every pointer argument (cuPointerGetAttribute, ~2 us each). A launch of the compiled
 kernel with the pointers as integers skips all of that: 7-8 us against 24-30 for eight pointers in a loop
-(scripts/launch_cold_probe.py), and in the layer call (scripts/host_breakdown.py --launches triton,direct, session 23)
+(scripts/launch_cold_probe.py), and in the layer call (scripts/host_breakdown.py --launches triton,direct)
 the launches' host time fell from ~1.7 to ~1.3 ms per forward + backward at Qwen3 and GPT-OSS.
 
 How: the first call with a given specialization launches through Triton (which compiles or finds the kernel) and

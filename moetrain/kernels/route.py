@@ -10,7 +10,7 @@ One program per BLOCK_T tokens holds their logits as a [BLOCK_T, G * GS] tile (G
 two; no groups = one group of E), so group ranking and the expert top-k work on the same registers, and the
 counts take one atomic add per expert per program. (One program per token with one atomic add per
 assignment, all on E addresses, took 0.114 ms at Qwen3-30B-A3B's 16384 tokens x 128 experts; this 0.064 ms
-on the H200, bench/NOTES.md session 7: the rest is the K rounds of block reductions.)
+on the H200, bench/NOTES.md: the rest is the K rounds of block reductions.)
 The top-k is K rounds of argmax (ties: lower expert id), best first, like torch.topk's order.
 
 With prob_sums, each program also writes the column sums of the aux loss's probabilities over its tokens (the
@@ -72,7 +72,7 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, psum_pt
     # Slot s of the [BLOCK_T, BLOCK_E] tile holds expert g * GROUP_SIZE + j, g = s // BLOCK_GS, j = s % BLOCK_GS.
     # The tile stays two-dimensional throughout: only the group scores view it as [BLOCK_T, BLOCK_G, BLOCK_GS], and
     # the chosen groups come back as a compare per slot (a [tokens, groups, group size] tile flattened for the top-k
-    # picked experts past E with 2 tokens per program on the H200, Triton 3.6: bench/NOTES.md session 26)
+    # picked experts past E with 2 tokens per program on the H200, Triton 3.6: bench/NOTES.md)
     BLOCK_E: tl.constexpr = BLOCK_G * BLOCK_GS
     slot = tl.arange(0, BLOCK_E)
     group_of = slot // BLOCK_GS
@@ -181,20 +181,19 @@ def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dpsum_ptr, dlogits_ptr, 
              mask=tok_ok[:, None] & valid[None, :])
 
 
-# Tokens per program before session 26: a [BLOCK_T, E] tile of ~4K scores at 4 warps (still the rule where no
-# measurement below applies)
+# Tokens per program where no measurement below applies: a [BLOCK_T, E] tile of ~4K scores at 4 warps
 ROUTE_TILE = 4096
 # (tokens per program, warps) by E rounded to a power of two, (forward, backward): the fastest programs that
 # scripts/row_kernel_sweep.py timed on the H200 at Qwen3's 128 experts and DeepSeek-V3's 256 without expert groups
-# (bench/NOTES.md, each pair from one run. Session 26: forward 50.8 -> 33.6 us and 58.7 -> 38.2, backward 11.9 -> 9.4
-# and 14.3 -> 9.8; session 27 at 256 experts, one token on one warp: forward 43.3 -> 29.7, backward 9.8 -> 7.9).
-# Fewer scores per program than the old tile, on fewer warps: the K rounds of row reductions are the kernel's
-# latency, and more programs hide it. Session 28 at Mixtral's 8 and GPT-OSS's 32 experts (16 tokens per program,
+# (bench/NOTES.md, each pair from one run. From ROUTE_TILE: forward 50.8 -> 33.6 us and 58.7 -> 38.2, backward
+# 11.9 -> 9.4 and 14.3 -> 9.8; at 256 experts, one token on one warp against 2 on 2: forward 43.3 -> 29.7,
+# backward 9.8 -> 7.9). Fewer scores per program than ROUTE_TILE, on fewer warps: the K rounds of row reductions
+# are the kernel's latency, and more programs hide it. At Mixtral's 8 and GPT-OSS's 32 experts (16 tokens per program,
 # against ~4096 scores on 4 warps): forward 13.2 -> 5.4 and 11.9 -> 7.5 us, backward 8.0 -> 2.3 and 4.5 -> 3.1.
 MEASURED_PROGRAMS = {8: ((16, 1), (16, 2)), 32: ((16, 2), (16, 4)), 128: ((8, 2), (2, 2)), 256: ((1, 1), (1, 1))}
 # The group-limited forward (the backward is the same kernel with or without groups): DeepSeek-V3's own routing
 # (sigmoid + bias, 8 groups ranked by their two best scores, 4 kept) at 256 experts, and the same routing at
-# Qwen3's 128 (session 27: 73.4 -> 40.3 us and 62.4 -> 44.9 us).
+# Qwen3's 128 (from ROUTE_TILE: 73.4 -> 40.3 us and 62.4 -> 44.9 us).
 MEASURED_GROUPED_FORWARD = {128: (4, 2), 256: (1, 1)}
 
 

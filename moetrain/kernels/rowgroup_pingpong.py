@@ -24,7 +24,7 @@ Loads: A through a 2-D descriptor (rows past the group's end only feed output ro
 3-D [G, N, K] one (zero fill stays inside the expert). Stores: the "ragged" 4-D descriptor (grouped_gemm_kernels
 RAGGED), which drops rows at or past the group's end in hardware.
 
-Measured on the H200 (session 12, bench/NOTES.md): level with torch._grouped_mm on the sums of the forward / data
+Measured on the H200 (bench/NOTES.md): level with torch._grouped_mm on the sums of the forward / data
 gradient GEMMs at Qwen3, GPT-OSS and Mixtral (0.999-1.010x), 0.94x at DeepSeek-V3; up to 1.05x on single ops. The
 autotuner offers it (grouped_gemm_tuning.PINGPONG_ROWGROUP_CONFIGS) and keeps it where it wins.
 
@@ -32,15 +32,15 @@ Two fused epilogues (the EPILOGUE constexpr; their code is pingpong_epilogues.py
 - SWIGLU_FWD, grouped_gemm_fc1_swiglu_pingpong, called by the layer (moe_fused.fc1_swiglu, where auto measures it
   faster): FC1's forward writes h and a = SwiGLU(h) * probs. Each stage loads the gate rows and the up rows of 64
   columns of a into one 128-row w block, so each thread's accumulator holds g and u of the same elements and the
-  activation runs in registers; the separate SwiGLU kernel's read of h [M, 2I] goes away. Session 13: 1.02-1.14x the
+  activation runs in registers; the separate SwiGLU kernel's read of h [M, 2I] goes away. On the H200: 1.02-1.14x the
   best separate path (FC1 GEMM + SwiGLU kernel) at Qwen3, GPT-OSS and Mixtral, 0.98x at DeepSeek-V3.
 - SWIGLU_BWD, grouped_gemm_dgrad_swiglu_pingpong, on trial (not called by the layer): FC2's data gradient with
-  SwiGLU's backward. Correct. Session 13's epilogue (da converted to 16-byte rows per thread, g and u loaded and dh
+  SwiGLU's backward. Correct. Its epilogue (da converted to 16-byte rows per thread, g and u loaded and dh
   stored from registers, each consumer on its own) runs 0.68x the best separate pair at Qwen3, 0.77x at GPT-OSS,
-  0.94-0.98x at Mixtral and DeepSeek-V3 (session 12's, with shared buffers passed between the consumers: 0.57x at
+  0.94-0.98x at Mixtral and DeepSeek-V3 (a variant with shared buffers passed between the consumers: 0.57x at
   Qwen3): per tile it still takes ~2x a Qwen3 tile's main loop. Branch next/swiglu-bwd-prefetch loads a quarter
-  tile's g and u at once (four memory round trips per tile instead of eight): 0.73x at Qwen3, 0.77x at GPT-OSS
-  (session 14), so the round trips are part of the cost, not all of it. Shelved: even a free epilogue would save only
+  tile's g and u at once (four memory round trips per tile instead of eight): 0.73x at Qwen3, 0.77x at GPT-OSS,
+  so the round trips are part of the cost, not all of it. Shelved: even a free epilogue would save only
   da's write and read (~0.1 ms per layer at Qwen3).
 """
 

@@ -7,23 +7,22 @@
 With group-major tiles every persistent program works on the same group at once. Under skewed routing a small
 group's tiles are bound by HBM (its weight slice read in the forward and data gradient, its dw written in the weight
 gradient: one MMA step each) and a big group's by the tensor cores, and in step they never overlap: by roofline that
-is +29-34% of DeepSeek-V3's six GEMMs against +13.6% when overlapped (scripts/skew_roofline.py, bench/NOTES.md
-session 11). Two schedules read this order:
+is +29-34% of DeepSeek-V3's six GEMMs against +13.6% when overlapped (scripts/skew_roofline.py, bench/NOTES.md).
+Two schedules read this order:
 - "sorted" (the ping-pong weight gradient's SORTED, an autotuner candidate): every program in step over the groups
   heaviest first, so the light groups' store-bound tiles come last, under the heavy groups' tail.
 - "mix" (the kernels' MIX, on trial): where the routing is skewed (the flag), half the programs walk the tiles
   backwards, and odd rounds of tiles are dealt in reverse program order ("snake": with the heaviest groups first
   that evens out the programs' work; Qwen3's skewed weight gradient: the busiest of 132 programs 7.5% over the mean,
-  1% with mix). Measured on the H200 in session 12 it did not pay (bench/NOTES.md).
+  1% with mix). Measured on the H200, it does not pay (bench/NOTES.md).
 The index arithmetic that reads the schedule is written twice, in grouped_gemm_kernels._rowgroup_kernel (Triton) and
 wgrad_pingpong._tile (Gluon): the two cannot share a jit function.
 
 One Triton launch (``_skew_schedule_kernel``) makes it on CUDA and in the interpreter: each group's place is the
 count of the groups before it in that order (a [BLOCK_I, G] comparison per program). The PyTorch version
 (``skew_schedule_torch``, the reference) was ~8 operations around a stable argsort; made on every call, it cost the
-sorted weight gradient 0.06-0.1 ms per call timed queued, as in a layer (session 19: Qwen3's FC1 weight gradient
-1.34 ms sorted, 1.26 with the schedule made once, 1.27 plain), which session 18 had read as a per-tile cost of the
-schedule.
+sorted weight gradient 0.06-0.1 ms per call timed queued, as in a layer (Qwen3's FC1 weight gradient
+1.34 ms sorted, 1.26 with the schedule made once, 1.27 plain), not a per-tile cost of the schedule.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def in_turns(candidates, time_one, rounds: int) -> tuple[dict, dict]:
     candidate runs on a GPU already hot from the earlier ones (on the H200 a later timing of the very
     same GEMM came out 4-13% slower), which biases a choice toward whatever is timed first. So each round
     starts at another candidate (round r at candidate r * n // rounds): every position in a round is taken
-    by as many candidates (session 18: the same config timed 3-7% apart at DeepSeek-V3 and GPT-OSS sizes by
+    by as many candidates (the same config timed 3-7% apart at DeepSeek-V3 and GPT-OSS sizes by
     its place in a fixed order)."""
     candidates = list(candidates)
     times: dict = {c: [] for c in candidates}
@@ -93,7 +93,7 @@ def relabeled_tokens(token_of_row: torch.Tensor, inverse: torch.Tensor, topk: in
     reads token s[token_of_row[r]], and token s[t] owns the rows token t owned. The groups and their sizes stay; what
     changes is the order in which the rows visit the tokens. The benchmarks' balanced routing sends token t to experts
     t*K .. t*K+K-1 (mod E), so a token's K rows are read close together in time and hit L2; a trained router's
-    routing does not (bench/NOTES.md, session 17). token_of_row [M] int32, inverse [M] int64, M = T*K -> the same
+    routing does not (bench/NOTES.md). token_of_row [M] int32, inverse [M] int64, M = T*K -> the same
     shapes and dtypes, on their device."""
     tokens = inverse.shape[0] // topk
     gen = torch.Generator().manual_seed(seed)

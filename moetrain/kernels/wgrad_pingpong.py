@@ -6,7 +6,7 @@ Legend as in grouped_gemm.py: M grouped rows, G groups, dy [M, N], x [M, K], off
 
 Why: under Nsight Compute our Triton weight gradient keeps the tensor pipe ~52% busy at DeepSeek-V3 (4 reduction
 steps per 128x256 tile): the same warps issue the TMA loads, the MMAs and the epilogue, so the epilogue (26% of the
-warp samples) and the TMA issue (17%) stall the MMAs (bench/NOTES.md, session 9). Here:
+warp samples) and the TMA issue (17%) stall the MMAs (bench/NOTES.md). Here:
 - a producer warp issues every TMA load into a ring of STAGES stages (ready / empty mbarriers);
 - two consumer warpgroups each own whole 128x128 dw tiles, alternately (tile j of this program goes to warpgroup
   j % 2), and take turns at the tensor cores (turn mbarriers): while one runs its epilogue (convert, shared store, TMA
@@ -16,19 +16,19 @@ warpgroup. The price: 128x128 tiles read a third more operand bytes per FLOP tha
 Row ranges use the "ragged" 4-D TMA descriptors of grouped_gemm_kernels.py (loads past a group's end read zeros).
 With gather_rows (FC1's weight gradient, x read from the token rows without the permuted copy) a fourth warpgroup
 copies each step's x rows with cp.async, since Hopper's TMA cannot gather rows; its address arithmetic, which made
-our Triton kernel's pointer-gathered operand ~0.7x as fast as TMA (session 9), runs beside the MMAs. On trial: it
-was 1.3-1.8x slower than the permuted copy + this kernel (session 11): one warpgroup of copies cannot feed two of
+our Triton kernel's pointer-gathered operand ~0.7x as fast as TMA, runs beside the MMAs. On trial: it
+is 1.3-1.8x slower than the permuted copy + this kernel: one warpgroup of copies cannot feed two of
 MMAs.
 Tile order: group-major, every program on the same group at once. Schedules for skewed routing, where small groups'
-one-step tiles are bound by their dw stores (_tile): COHORTS and MIX on trial (bench/NOTES.md sessions 11-12), SORTED
-(groups heaviest first, the light ones' tiles last, under the heavy ones' tail) an autotuner candidate since session
-18 (DeepSeek-V3's FC1 on skewed routing 9.78 -> 8.84 ms).
+one-step tiles are bound by their dw stores (_tile): COHORTS and MIX on trial (bench/NOTES.md), SORTED
+(groups heaviest first, the light ones' tiles last, under the heavy ones' tail) an autotuner candidate
+(DeepSeek-V3's FC1 on skewed routing 9.78 -> 8.84 ms).
 
-Measured on the H200 (session 10, bench/NOTES.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
+Measured on the H200 (bench/NOTES.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
 with bands (GROUP_N 8), about level at EP8's long reductions. grouped_gemm_wgrad offers it to the autotuner
 (grouped_gemm_tuning.PINGPONG_WGRAD_CONFIGS) where it applies: Hopper, bf16, TMA-aligned, rows not gathered.
 Its speed depends on what the process ran before: after one launch of any two-programs-per-SM grouped GEMM config
-it ran ~27% slower for a while (not explained; session 10-11), so those configs left the autotuner's candidates.
+it ran ~27% slower for a while (not explained), so those configs left the autotuner's candidates.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def _wgrad_pingpong_kernel(dy_desc, x_desc, x_ptr, gather_ptr, dw_desc, offs_ptr
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     # (the partition lists are spelled out: a jit function cannot be held in a variable, and argument tuples held in
-    # variables lose their constexprs: tried in session 11, TN and TK then reach reshape as tensors)
+    # variables lose their constexprs: TN and TK then reach reshape as tensors)
     if GATHER:
         gl.warp_specialize([
             (_consumer, (dw_desc, dy_bufs, x_bufs, out_bufs, ready, ready_x, empty, turn, offs_ptr, sched_ptr, M,
@@ -289,7 +289,7 @@ def grouped_gemm_wgrad_pingpong(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     """dw [G, N, K] = dy_g^T @ x_g per group (the module docstring); dy [M, N], x [M, K] bf16 contiguous on a
     Hopper GPU, N and K multiples of 8 (16-byte rows for TMA), offs [G] int32. ``tile``: each consumer's dw tile,
     (128, 128) or (64, 256) (one m64n256 wgmma per 16 rows: fewer shared-memory reads per FLOP, more L2 reads;
-    slower on the H200, session 10). gather_rows [M] int32 (optional; 128x128 tiles only): row r of the grouped x
+    slower on the H200). gather_rows [M] int32 (optional; 128x128 tiles only): row r of the grouped x
     operand is x[gather_rows[r]], with x [T, K] the token rows, copied by a fourth warpgroup (cp.async).
     ``cohorts``: groups of programs that start at different points of the tile order (_tile; 1: all together).
     ``mix``: groups heaviest first, half the programs walking backwards when the routing is skewed (_tile, MIX).

@@ -55,7 +55,7 @@ GPU_VALIDATED = {
     # reading x through the index ("gather"; its GPU tests passed on an H200).
     "moe_fc1_wgrad": ("copy", "gather"),
     # FC1 and SwiGLU (moe_fused.fc1_swiglu): the two kernels, or the ping-pong FC1 with SwiGLU in its epilogue
-    # (Hopper only; its GPU tests passed on an H200 in session 13).
+    # (Hopper only; its GPU tests passed on an H200).
     "moe_fc1_swiglu": ("separate", "fused"),
 }
 # What runs when every candidate of a kind failed to run (kinds not listed: the loop reference).
@@ -93,7 +93,7 @@ def triton_available() -> bool:
 
 
 # Candidates are timed in turns over ROUNDS rounds and compared by their median (kernels.timing.in_turns).
-ROUNDS = 5  # with 3, auto timed our Qwen3 dgrad 5-9% apart in two runs (bench/NOTES.md, session 7)
+ROUNDS = 5  # with 3, auto timed our Qwen3 dgrad 5-9% apart in two runs (bench/NOTES.md)
 
 
 def time_backend(backend: str, run) -> float:

@@ -25,12 +25,12 @@ measured once per shape as "separate" (the FC1 above, then the SwiGLU kernel, wh
 (x_perm written transiently and one ping-pong kernel writing h and a: kernels/rowgroup_pingpong.py); the backward
 is the same either way (SwiGLU's backward kernel, then FC1's as above), and so are the saved tensors. Memory: the
 fused forward holds x_perm, h and a at once, a [M, I] more than the separate path's "copy" forward, which stays
-under the backward's peak: the layer peaks as the separate path does (GPT-OSS 1.15 GiB, Mixtral 2.63, session 14;
-the +0.35 GiB measured in session 13 was a zero-filled gradient for a, bench/NOTES.md).
+under the backward's peak: the layer peaks as the separate path does (GPT-OSS 1.15 GiB, Mixtral 2.63;
+with a's gradient zero-filled it was +0.35 GiB, bench/NOTES.md).
 
 ``fc2_combine``: FC2 and the top-k sum as one autograd node (y = FC2's rows lives only inside the forward; the
 backward gathers dout to rows, then FC2's data and weight gradients). One node instead of two: each autograd node
-costs the H200's host ~25 us in the forward and ~50 in the backward (host_breakdown.py, session 16), and an eager
+costs the H200's host ~25 us in the forward and ~50 in the backward (host_breakdown.py), and an eager
 layer at a small micro-batch is host-bound. The node boundaries that stay (the sort, FC1, SwiGLU, this) are where
 the backward frees memory: a node's saved tensors live until its backward returns (h after SwiGLU's, not FC1's).
 """
@@ -67,7 +67,7 @@ def _on_both_token_orders(token_of_row, inverse, topk: int, run_one):
     caller's rows and again on the same routing with its tokens relabeled (kernels.timing.relabeled_tokens, made on the
     first timed call only). A gather through token_of_row is fast where a token's K rows are read close together in
     time (L2 hits), as on the benchmarks' round-robin balanced routing, and slower on a trained router's; timed on
-    the caller's first routing alone, auto picked the gathers for that reason (Qwen3, bench/NOTES.md session 17)."""
+    the caller's first routing alone, auto picked the gathers for that reason (Qwen3, bench/NOTES.md)."""
 
     def relabeled():
         from moetrain.kernels.timing import relabeled_tokens
@@ -112,7 +112,7 @@ def _fc1_backward(ctx, dh) -> tuple:
     dx = dw1 = None
     if ctx.needs_input_grad[0]:
         # dx_perm [M, H] is freed before the weight gradient runs (its "copy" variant gathers another
-        # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md session 9)
+        # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md)
         dx = moe_rows.row_kernels().combine(grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape), inverse, None, topk)
     if ctx.needs_input_grad[1]:
         variant = "copy"
@@ -155,7 +155,7 @@ class FusedFC1(torch.autograd.Function):
     """(h, a) = FC1 of the token rows and a = act(h) * probs[:, None], by one kernel (SwiGLU in FC1's epilogue, over a
     transient x_perm). Differentiable in h only, with GatherFC1's backward: a's gradient reaches h through
     ``_SwiGLUOfFusedFC1``, SwiGLU's own node, so that h is freed after SwiGLU's backward as on the separate path
-    (held by this node instead, it stayed alive through FC1's backward: +1.9 GB peak at Mixtral, session 13)."""
+    (held by this node instead, it stayed alive through FC1's backward: +1.9 GB peak at Mixtral)."""
 
     @staticmethod
     def forward(ctx, x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation):
@@ -164,7 +164,7 @@ class FusedFC1(torch.autograd.Function):
         _keep_for_fc1_backward(ctx, x, w1, offs, inverse, token_of_row, topk, gemm)
         ctx.mark_non_differentiable(a)
         # a's gradient is never used: materialized, it was a zero-filled [M, I] per backward (0.06-0.28 ms from
-        # Qwen3 to Mixtral, session 14's profiles)
+        # Qwen3 to Mixtral in profiles)
         ctx.set_materialize_grads(False)
         return h, a
 

@@ -32,19 +32,19 @@ from moetrain.config.schema import Config
 from moetrain.plan.activations import (Dims, attention_kernel, fused_experts, routed_rows, tensor_core_router,
                                       triton_routing)
 
-GROUPED_FACTOR = 0.90  # bench gemm on the H200 (session 3): auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
+GROUPED_FACTOR = 0.90  # bench gemm on the H200: auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
 ATTN_FWD = 0.60  # fused attention forward vs the large-GEMM rate
 ATTN_BWD = 0.57
 ELEMENTWISE = 0.54  # of the achievable copy bandwidth (many small fp32 kernels); fitted with BWD_MEM to each
-BWD_MEM = 2.0  # layer timed alone (plan calibration, session 4); backward elementwise traffic / forward traffic
+BWD_MEM = 2.0  # layer timed alone (plan calibration); backward elementwise traffic / forward traffic
 # x_perm [M, H] written token by token (kernels.moe_rows.token_rows: each token's row read once, stored K times), of the
-# achievable bandwidth: two such copies at Qwen3 (1.21 GB) took 0.321 ms on the H200 (session 17, call B)
+# achievable bandwidth: two such copies at Qwen3 (1.21 GB) took 0.321 ms on the H200
 ROW_COPY = 0.92
 CE_FWD = 0.62  # the cross-entropy's passes over [T, V] fp32 logits: few GB-sized streaming kernels, faster
-CE_BWD = 0.76  # than the blocks' elementwise mix (head alone, plan calibration session 4: 0.60-0.68 / 0.72-0.78)
+CE_BWD = 0.76  # than the blocks' elementwise mix (head alone, plan calibration: 0.60-0.68 / 0.72-0.78)
 KERNEL_FLOOR_S = 4e-6  # GPU time of the smallest kernel
 BWD_KERNELS = 2.0  # backward kernels / forward kernels (autograd nodes, accumulation); fitted to host-bound
-                  # block backward times (tiny preset, H200 host, session 2)
+                  # block backward times (tiny preset, H200 host)
 
 
 @dataclass

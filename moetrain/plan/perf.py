@@ -38,12 +38,12 @@ from moetrain.plan.simulator import simulate
 
 FUSED_ADAMW = 0.75  # fraction of the copy bandwidth the fused AdamW kernel streams at (H200 fit)
 STEP_OVERHEAD_S = 1.4e-3  # per step: host sync for metrics, loss bookkeeping; the median of (trainer - script step) on
-# the GPU-bound calibration configs once the trainer read data ahead (session 5: +2.2, -2.5, +1.4 ms; it was 5 ms;
-# session 11, clip inside the fused AdamW: +1.0, -2.5, -0.5 ms, left at 1.4: see VALIDATION.md, session 11)
+# the GPU-bound calibration configs with the trainer reading data ahead (+2.2, -2.5, +1.4 ms;
+# with clip inside the fused AdamW: +1.0, -2.5, -0.5 ms, kept at 1.4: see VALIDATION.md)
 # train.cuda_graph: the same per-step host time with forward, backward and the update replayed from graphs (the host
 # then does metrics, zero_grad, the input copies and the replays): fitted to the calibration configs cal-tiny-graph
 # and cal-qwen3-2l-graph (validate_configs.CALIBRATION_CONFIGS)
-STEP_OVERHEAD_GRAPH_S = 0.9e-3  # cal-tiny-graph 0.83, cal-qwen3-2l-graph 1.02 ms (measured mode, session 6)
+STEP_OVERHEAD_GRAPH_S = 0.9e-3  # cal-tiny-graph 0.83, cal-qwen3-2l-graph 1.02 ms (measured mode)
 TENSORS_PER_BLOCK = 11  # parameter tensors per block (hooks, zero_grad, explicit AdamW launch per tensor)
 
 

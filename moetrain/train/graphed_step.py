@@ -17,7 +17,7 @@ The host per step: zero the gradients and MoE counts and the loss sum, copy each
 learning rate, replay, and one read of that vector (the step's only sync) for metrics and the skip count.
 With the tail captured, the host's speed hardly enters the step: eagerly the optimizer, norm and clip alone
 are ~100 launches, which left the step of tiny-wide-graph with only the micro-batch captured at 6.2 / 7.3 ms
-on two hosts whose GPU work was the same (session 6). Evaluation and checkpoints stay eager.
+on two hosts whose GPU work was the same. Evaluation and checkpoints stay eager.
 
 Gradients: where a parameter has a separate main-grad buffer (optim.main_grads_dtype differs from its
 dtype) the hook captured with the backward adds each replay's gradient into it, so micro-batches
@@ -29,7 +29,7 @@ Streams: the whole run, eager steps included, runs on one non-default stream (``
 is captured on it. The eager steps are then the warm-up torch asks for before a capture, on the capture's own
 stream, and lazily made per-stream state exists once: cuBLAS keeps a 64 MiB workspace per stream, so warming up
 on a side stream and capturing on a third (torch.cuda.graph's default) held three of them and put the capture
-step's peak 0.1 GiB above the eager steps' (tiny-wide-graph on the H200, session 6).
+step's peak 0.1 GiB above the eager steps' (tiny-wide-graph on the H200).
 
 Capturing does not run the work: the capture step replays right after capturing. A host sync, a
 host read of routing-dependent values or a CPU tensor inside the forward fails the capture loudly.
