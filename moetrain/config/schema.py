@@ -426,127 +426,176 @@ class Config:
             out[name] = {f.name: getattr(section, f.name) for f in fields(section)}
         return out
 
-    # ---- cross-field validation -------------------------------------------------------
+    # ---- validation -------------------------------------------------------------------
 
     def check(self) -> None:
-        """Raise ConfigError naming the keys involved when a value is out of range or values disagree."""
-        m, e, p, t, o = self.model, self.moe, self.parallel, self.train, self.optim
+        """Raise ConfigError naming the keys involved when a value is out of range or values disagree: every
+        value against its range first, then each section's relations (``SECTION_CHECKS``, in that order)."""
         check_ranges(self)
+        for check_section in SECTION_CHECKS:
+            check_section(self)
 
-        if o.min_lr is not None and o.min_lr > o.lr:
-            raise ConfigError(f"optim.min_lr = {o.min_lr} is larger than optim.lr = {o.lr}")
-        if self.data.source == "tokens" and not self.data.path:
-            raise ConfigError("data.source = tokens needs data.path (a directory from `moetrain data prepare`)")
 
-        if m.attention_type == "gqa":
-            kv = self.kv_heads
-            if m.num_attention_heads % kv:
-                raise ConfigError(
-                    f"model.num_attention_heads = {m.num_attention_heads} is not divisible by "
-                    f"model.num_query_groups = {kv}")
-            if m.head_dim is None and m.hidden_size % m.num_attention_heads:
-                raise ConfigError(
-                    f"model.hidden_size = {m.hidden_size} is not divisible by model.num_attention_heads = "
-                    f"{m.num_attention_heads}; set model.head_dim explicitly")
-            if self.attn_head_dim % 2:
-                what = (f"model.head_dim = {m.head_dim}" if m.head_dim is not None else
-                        f"model.hidden_size / model.num_attention_heads = {self.attn_head_dim} (the head dim)")
-                raise ConfigError(f"{what}: RoPE needs an even dimension")
-        else:
-            if m.qk_rope_head_dim % 2:
-                raise ConfigError(f"model.qk_rope_head_dim = {m.qk_rope_head_dim}: RoPE needs an even dimension")
-        if m.rope_scaling == "yarn" and m.yarn_beta_fast < m.yarn_beta_slow:
-            raise ConfigError(
-                f"model.yarn_beta_fast = {m.yarn_beta_fast} must be >= model.yarn_beta_slow = {m.yarn_beta_slow} "
-                "(YaRN's high- and low-frequency boundaries, in rotations)")
+# ---- relations between keys, one function per section ----------------------------------------------
+# Each raises ConfigError for the first relation broken. A relation between sections sits with the key
+# its message names first. precision.* and checkpoint.* have value ranges only (VALUE_RANGES).
 
-        if e.num_experts > 0:
-            if e.topk > e.num_experts:
-                raise ConfigError(
-                    f"moe.topk = {e.topk} must be between 1 and moe.num_experts = {e.num_experts}")
-            if (e.num_groups is None) != (e.topk_groups is None):
-                raise ConfigError("moe.num_groups and moe.topk_groups must be set together (or both null)")
-            if e.num_groups is not None:
-                if e.num_experts % e.num_groups:
-                    raise ConfigError(
-                        f"moe.num_groups = {e.num_groups} does not divide moe.num_experts = {e.num_experts}")
-                if e.topk_groups > e.num_groups:
-                    raise ConfigError(
-                        f"moe.topk_groups = {e.topk_groups} must be between 1 and moe.num_groups = {e.num_groups}")
-                per_group = e.num_experts // e.num_groups
-                if e.topk > e.topk_groups * per_group:
-                    raise ConfigError(
-                        f"moe.topk = {e.topk} exceeds the experts reachable in moe.topk_groups = {e.topk_groups} "
-                        f"groups of {per_group}")
-                if e.group_score == "top2_sum" and per_group < 2:
-                    raise ConfigError(
-                        "moe.group_score = top2_sum needs at least 2 experts per group "
-                        f"(moe.num_experts / moe.num_groups = {per_group})")
-            if e.num_experts % p.ep:
-                raise ConfigError(
-                    f"moe.num_experts = {e.num_experts} is not divisible by parallel.ep = {p.ep}")
-            if e.first_k_dense >= m.num_layers:
-                raise ConfigError(
-                    f"moe.first_k_dense = {e.first_k_dense} leaves no MoE layer among model.num_layers = "
-                    f"{m.num_layers}; set moe.num_experts = 0 for a dense model")
+def check_model(cfg: Config) -> None:
+    """Attention head sizes (divisibility, RoPE's even dimension) and YaRN's betas."""
+    m = cfg.model
+    if m.attention_type == "gqa":
+        kv = cfg.kv_heads
+        if m.num_attention_heads % kv:
+            raise ConfigError(
+                f"model.num_attention_heads = {m.num_attention_heads} is not divisible by "
+                f"model.num_query_groups = {kv}")
+        if m.head_dim is None and m.hidden_size % m.num_attention_heads:
+            raise ConfigError(
+                f"model.hidden_size = {m.hidden_size} is not divisible by model.num_attention_heads = "
+                f"{m.num_attention_heads}; set model.head_dim explicitly")
+        if cfg.attn_head_dim % 2:
+            what = (f"model.head_dim = {m.head_dim}" if m.head_dim is not None else
+                    f"model.hidden_size / model.num_attention_heads = {cfg.attn_head_dim} (the head dim)")
+            raise ConfigError(f"{what}: RoPE needs an even dimension")
+    else:
+        if m.qk_rope_head_dim % 2:
+            raise ConfigError(f"model.qk_rope_head_dim = {m.qk_rope_head_dim}: RoPE needs an even dimension")
+    if m.rope_scaling == "yarn" and m.yarn_beta_fast < m.yarn_beta_slow:
+        raise ConfigError(
+            f"model.yarn_beta_fast = {m.yarn_beta_fast} must be >= model.yarn_beta_slow = {m.yarn_beta_slow} "
+            "(YaRN's high- and low-frequency boundaries, in rotations)")
 
-        per_step = t.micro_batch_size * p.dp
-        if t.global_batch_size % per_step:
-            raise ConfigError(
-                f"train.global_batch_size = {t.global_batch_size} is not divisible by train.micro_batch_size "
-                f"({t.micro_batch_size}) x parallel.dp ({p.dp}) = {per_step}")
-        if (p.dp * p.cp * p.tp) % (p.ep * p.etp):
-            raise ConfigError(
-                f"parallel.ep ({p.ep}) x parallel.etp ({p.etp}) must divide parallel.dp ({p.dp}) x "
-                f"parallel.cp ({p.cp}) x parallel.tp ({p.tp})")
-        if m.num_attention_heads % p.tp:
-            raise ConfigError(
-                f"model.num_attention_heads = {m.num_attention_heads} is not divisible by parallel.tp = {p.tp}")
-        if p.sequence_parallel and p.tp == 1:
-            raise ConfigError("parallel.sequence_parallel needs parallel.tp > 1")
-        if p.vpp > 1 and p.pp == 1:
-            raise ConfigError("parallel.vpp > 1 needs parallel.pp > 1")
-        if p.pipeline_layout is not None:
-            layout_stages(p.pipeline_layout, num_layers=m.num_layers, mtp_num_layers=m.mtp_num_layers,
-                          pp=p.pp, vpp=p.vpp)
-        elif m.num_layers % (p.pp * p.vpp):
-            raise ConfigError(
-                f"model.num_layers = {m.num_layers} is not divisible by parallel.pp ({p.pp}) x parallel.vpp "
-                f"({p.vpp}); set parallel.pipeline_layout for uneven stages")
-        if t.seq_length % p.cp:
-            raise ConfigError(f"train.seq_length = {t.seq_length} is not divisible by parallel.cp = {p.cp}")
 
-        if t.recompute_layer_ids is not None:
-            total = m.num_layers + m.mtp_num_layers
-            bad = [i for i in t.recompute_layer_ids if not 0 <= i < total]
-            if bad:
-                raise ConfigError(
-                    f"train.recompute_layer_ids has {bad}: valid ids are 0..{total - 1} "
-                    f"(decoder layers then MTP depths)")
-        if t.cuda_graph:
-            clash = [what for what, on in (
-                (f"train.recompute={t.recompute}", t.recompute != "none"),
-                ("train.recompute_layer_ids", bool(t.recompute_layer_ids)),
-                ("train.compile", t.compile),
-                ("moe.backend=reference", self.is_moe and self.moe.backend == "reference"),
-            ) if on]
-            if clash:
-                raise ConfigError(
-                    f"train.cuda_graph does not combine with {', '.join(clash)} (recompute re-runs the forward inside "
-                    "the backward, compile has its own graphs, the reference expert loop reads expert counts on the "
-                    "host); turn one of them off")
-            # the captured update is torch's fused AdamW: updated tensor, gradient and both moments in one dtype
-            target = "fp32" if self.precision.master_weights and self.precision.dtype != "fp32" else self.precision.dtype
-            state = {"optim.main_grads_dtype": o.main_grads_dtype, "optim.exp_avg_dtype": o.exp_avg_dtype,
-                     "optim.exp_avg_sq_dtype": o.exp_avg_sq_dtype}
-            odd = [f"{k}={v}" for k, v in state.items() if v != target]
-            if odd:
-                raise ConfigError(
-                    f"train.cuda_graph captures the optimizer step, which needs the weights it updates ({target}: "
-                    f"precision.dtype={self.precision.dtype}, master_weights={self.precision.master_weights}), their "
-                    f"gradients and both Adam moments in one dtype; {', '.join(odd)} differ: set them to {target} or "
-                    "train.cuda_graph=false")
-        if self.profile.enabled and self.profile.end_step < self.profile.start_step:
+def check_moe(cfg: Config) -> None:
+    """Top-k and expert groups against the expert count, experts against parallel.ep, at least one MoE layer."""
+    e, m = cfg.moe, cfg.model
+    if e.num_experts == 0:
+        return
+    if e.topk > e.num_experts:
+        raise ConfigError(
+            f"moe.topk = {e.topk} must be between 1 and moe.num_experts = {e.num_experts}")
+    if (e.num_groups is None) != (e.topk_groups is None):
+        raise ConfigError("moe.num_groups and moe.topk_groups must be set together (or both null)")
+    if e.num_groups is not None:
+        _check_expert_groups(e)
+    if e.num_experts % cfg.parallel.ep:
+        raise ConfigError(
+            f"moe.num_experts = {e.num_experts} is not divisible by parallel.ep = {cfg.parallel.ep}")
+    if e.first_k_dense >= m.num_layers:
+        raise ConfigError(
+            f"moe.first_k_dense = {e.first_k_dense} leaves no MoE layer among model.num_layers = "
+            f"{m.num_layers}; set moe.num_experts = 0 for a dense model")
+
+
+def _check_expert_groups(e: MoEConfig) -> None:
+    if e.num_experts % e.num_groups:
+        raise ConfigError(
+            f"moe.num_groups = {e.num_groups} does not divide moe.num_experts = {e.num_experts}")
+    if e.topk_groups > e.num_groups:
+        raise ConfigError(
+            f"moe.topk_groups = {e.topk_groups} must be between 1 and moe.num_groups = {e.num_groups}")
+    per_group = e.num_experts // e.num_groups
+    if e.topk > e.topk_groups * per_group:
+        raise ConfigError(
+            f"moe.topk = {e.topk} exceeds the experts reachable in moe.topk_groups = {e.topk_groups} "
+            f"groups of {per_group}")
+    if e.group_score == "top2_sum" and per_group < 2:
+        raise ConfigError(
+            "moe.group_score = top2_sum needs at least 2 experts per group "
+            f"(moe.num_experts / moe.num_groups = {per_group})")
+
+
+def check_parallel(cfg: Config) -> None:
+    """Degrees that must divide one another, the heads (tp), the layers (pp x vpp) and the sequence (cp)."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    if (p.dp * p.cp * p.tp) % (p.ep * p.etp):
+        raise ConfigError(
+            f"parallel.ep ({p.ep}) x parallel.etp ({p.etp}) must divide parallel.dp ({p.dp}) x "
+            f"parallel.cp ({p.cp}) x parallel.tp ({p.tp})")
+    if m.num_attention_heads % p.tp:
+        raise ConfigError(
+            f"model.num_attention_heads = {m.num_attention_heads} is not divisible by parallel.tp = {p.tp}")
+    if p.sequence_parallel and p.tp == 1:
+        raise ConfigError("parallel.sequence_parallel needs parallel.tp > 1")
+    if p.vpp > 1 and p.pp == 1:
+        raise ConfigError("parallel.vpp > 1 needs parallel.pp > 1")
+    if p.pipeline_layout is not None:
+        layout_stages(p.pipeline_layout, num_layers=m.num_layers, mtp_num_layers=m.mtp_num_layers,
+                      pp=p.pp, vpp=p.vpp)
+    elif m.num_layers % (p.pp * p.vpp):
+        raise ConfigError(
+            f"model.num_layers = {m.num_layers} is not divisible by parallel.pp ({p.pp}) x parallel.vpp "
+            f"({p.vpp}); set parallel.pipeline_layout for uneven stages")
+    if t.seq_length % p.cp:
+        raise ConfigError(f"train.seq_length = {t.seq_length} is not divisible by parallel.cp = {p.cp}")
+
+
+def check_train(cfg: Config) -> None:
+    """The global batch in whole micro-batches per data-parallel rank, recompute layer ids, and what
+    train.cuda_graph cannot combine with."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    per_step = t.micro_batch_size * p.dp
+    if t.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size = {t.global_batch_size} is not divisible by train.micro_batch_size "
+            f"({t.micro_batch_size}) x parallel.dp ({p.dp}) = {per_step}")
+    if t.recompute_layer_ids is not None:
+        total = m.num_layers + m.mtp_num_layers
+        bad = [i for i in t.recompute_layer_ids if not 0 <= i < total]
+        if bad:
             raise ConfigError(
-                f"profile.end_step = {self.profile.end_step} is before profile.start_step = "
-                f"{self.profile.start_step}")
+                f"train.recompute_layer_ids has {bad}: valid ids are 0..{total - 1} "
+                f"(decoder layers then MTP depths)")
+    if t.cuda_graph:
+        _check_cuda_graph(cfg)
+
+
+def _check_cuda_graph(cfg: Config) -> None:
+    t, o, precision = cfg.train, cfg.optim, cfg.precision
+    clash = [what for what, on in (
+        (f"train.recompute={t.recompute}", t.recompute != "none"),
+        ("train.recompute_layer_ids", bool(t.recompute_layer_ids)),
+        ("train.compile", t.compile),
+        ("moe.backend=reference", cfg.is_moe and cfg.moe.backend == "reference"),
+    ) if on]
+    if clash:
+        raise ConfigError(
+            f"train.cuda_graph does not combine with {', '.join(clash)} (recompute re-runs the forward inside "
+            "the backward, compile has its own graphs, the reference expert loop reads expert counts on the "
+            "host); turn one of them off")
+    # the captured update is torch's fused AdamW: updated tensor, gradient and both moments in one dtype
+    target = "fp32" if precision.master_weights and precision.dtype != "fp32" else precision.dtype
+    state = {"optim.main_grads_dtype": o.main_grads_dtype, "optim.exp_avg_dtype": o.exp_avg_dtype,
+             "optim.exp_avg_sq_dtype": o.exp_avg_sq_dtype}
+    odd = [f"{k}={v}" for k, v in state.items() if v != target]
+    if odd:
+        raise ConfigError(
+            f"train.cuda_graph captures the optimizer step, which needs the weights it updates ({target}: "
+            f"precision.dtype={precision.dtype}, master_weights={precision.master_weights}), their "
+            f"gradients and both Adam moments in one dtype; {', '.join(odd)} differ: set them to {target} or "
+            "train.cuda_graph=false")
+
+
+def check_optim(cfg: Config) -> None:
+    """The decayed learning rate's floor below its peak."""
+    o = cfg.optim
+    if o.min_lr is not None and o.min_lr > o.lr:
+        raise ConfigError(f"optim.min_lr = {o.min_lr} is larger than optim.lr = {o.lr}")
+
+
+def check_data(cfg: Config) -> None:
+    """A token dataset names its directory."""
+    if cfg.data.source == "tokens" and not cfg.data.path:
+        raise ConfigError("data.source = tokens needs data.path (a directory from `moetrain data prepare`)")
+
+
+def check_profile(cfg: Config) -> None:
+    """The profiled steps in order."""
+    pr = cfg.profile
+    if pr.enabled and pr.end_step < pr.start_step:
+        raise ConfigError(
+            f"profile.end_step = {pr.end_step} is before profile.start_step = {pr.start_step}")
+
+
+# Config.check runs these in this order (the sections' order) after the value ranges.
+SECTION_CHECKS = (check_model, check_moe, check_parallel, check_train, check_optim, check_data, check_profile)
