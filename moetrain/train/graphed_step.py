@@ -13,8 +13,9 @@ moe.backend=auto time its choices and settle the allocator):
   AdamW update (``PrecisionAwareAdamW.step_on_device``: learning rate from a device scalar, clip and skip
   inside torch's fused kernel), the expert-bias update (masked on a skipped step), and one static fp32 vector
   for the host: [loss terms (4), grad norm, skipped, load imbalance per MoE layer]. Replayed once per step.
-The host per step: zero the gradients and MoE counts and the loss sum, copy each micro-batch in, set the
-learning rate, replay, and one read of that vector (the step's only sync) for metrics and the skip count.
+``GraphReplayStep`` is the trainer's step strategy around them. The host per step: zero the gradients and
+MoE counts and the loss sum, copy each micro-batch in, set the learning rate, replay, and one read of that
+vector (the step's only sync) for metrics and the skip count.
 With the tail captured, the host's speed hardly enters the step: eagerly the optimizer, norm and clip alone
 are ~100 launches, which left the step of tiny-wide-graph with only the micro-batch captured at 6.2 / 7.3 ms
 on two hosts whose GPU work was the same. Evaluation and checkpoints stay eager.
@@ -41,39 +42,22 @@ mixed-precision path reads the step count on the host.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 
 import torch
 
 from moetrain.errors import UserError
+from moetrain.train.steps import (
+    DeviceUpdateStep,
+    ForwardBackward,
+    LossTerms,
+    MicroBatch,
+    StepResult,
+    device_update,
+    forward_backward,
+)
 
 WARMUP_STEPS = 2
-
-
-def forward_backward(model, input_ids: torch.Tensor, labels: torch.Tensor, accum: int) -> torch.Tensor:
-    """One micro-batch as the trainer runs it, eagerly or inside the graph: the forward, the backward of
-    loss / accum; returns the loss terms [4] fp32 (loss, lm_loss, aux_loss, mtp_loss; 0 without MTP)."""
-    out = model(input_ids, labels)
-    (out.loss / accum).backward()
-    mtp = out.mtp_loss if out.mtp_loss is not None else torch.zeros((), device=input_ids.device)
-    # detached: a tensor with a grad_fn would keep the micro-batch's autograd graph (its nodes) alive
-    return torch.stack([out.loss.float(), out.lm_loss, out.aux_loss, mtp]).detach()
-
-
-@torch.no_grad()
-def device_update(model, optimizer, sums: torch.Tensor, lr: float | torch.Tensor, clip: float,
-                  expert_bias_rate: float | None) -> torch.Tensor:
-    """A step's update with no host in the loop (the graph's tail; the eager trainer too, where every parameter
-    takes the fused AdamW): grad norm, skip on a non-finite loss (sums[0]) or norm, clip and AdamW
-    (``step_on_device``), the expert-bias update masked on a skip. Returns the fp32 vector for the host: [loss terms
-    (sums, 4), grad norm, skipped (1.0 / 0.0), load imbalance per MoE layer]."""
-    norm = optimizer.grad_norm().to(sums.device)
-    keep = (torch.isfinite(sums[0]) & torch.isfinite(norm)).float()
-    optimizer.step_on_device(lr, norm, keep, clip)
-    if expert_bias_rate is not None:
-        model.update_expert_bias(expert_bias_rate, keep)
-    imbalance = model.load_imbalance()
-    parts = [sums, norm.reshape(1), (1.0 - keep).reshape(1)]
-    return torch.cat(parts + ([imbalance.float()] if imbalance is not None else []))
 
 
 @contextlib.contextmanager
@@ -198,3 +182,23 @@ class GraphedStep:
                 fn()
             self._graphs[name] = graph
         graph.replay()
+
+
+class GraphReplayStep(DeviceUpdateStep):
+    """The step strategy of train.cuda_graph (steps.py): each micro-batch's forward + backward and the step's update
+    replayed from a ``GraphedStep``'s graphs (captured on first use); the one read after the tail, as
+    ``DeviceUpdateStep``. The micro-batch graph holds ``steps.forward_backward`` itself: a trainer's override of
+    ``forward_backward`` or ``forward_backward_step`` runs in the eager warm-up steps only."""
+
+    def __init__(self, graphed: GraphedStep):
+        super().__init__(graphed.model, graphed.optimizer, graphed.clip_grad, graphed.expert_bias_rate)
+        self.graphed = graphed
+
+    def forward_backward(self, micro_batches: Iterable[MicroBatch], eager: ForwardBackward | None = None) -> LossTerms:
+        self.graphed.begin_step()
+        for input_ids, labels in micro_batches:
+            self.graphed.run(input_ids, labels)
+        return LossTerms(self.graphed.sums)
+
+    def update(self, losses: LossTerms, lr: float) -> StepResult:
+        return self.read(self.graphed.finish(lr), lr)

@@ -77,13 +77,13 @@ def test_a_second_ctrl_c_during_the_save_stops_with_one_line(tmp_path, capsys, m
 
 
 def test_cuda_out_of_memory_is_one_line_with_the_projection(tmp_path, capsys, monkeypatch):
-    import moetrain.train.graphed_step as graphed_step
+    from moetrain.train.trainer import Trainer
 
     def oom(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                                           "capacity of 139.81 GiB of which 1.2 GiB is free.")
 
-    monkeypatch.setattr(graphed_step, "forward_backward", oom)
+    monkeypatch.setattr(Trainer, "forward_backward_step", oom)
     code, lines = train(capsys, tmp_path / "run", "train.steps=2")
     (line,) = errors(lines)
     assert code == 2 and "CUDA out of memory at step 1 (CUDA out of memory. Tried to allocate 2.00 GiB)" in line

@@ -75,7 +75,8 @@ def test_accumulation_equals_one_big_batch(tmp_path):
     assert many.records[0]["grad_norm"] == pytest.approx(one.records[0]["grad_norm"], rel=1e-4)
 
 
-def test_non_finite_steps_are_skipped_then_abort(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [[], ["optim.exp_avg_dtype=bf16"]])  # update on the device; decided on the host
+def test_non_finite_steps_are_skipped_then_abort(tmp_path, monkeypatch, extra):
     import moetrain.models as models
 
     real_build = models.build_model
@@ -97,11 +98,11 @@ def test_non_finite_steps_are_skipped_then_abort(tmp_path, monkeypatch):
 
     monkeypatch.setattr(models, "build_model", build)
     poisoned_calls["bad"] = {3, 4}  # micro-batches of step 2 (2 per step)
-    result = run(small(tmp_path / "a", "train.steps=4"), show_progress=False)
+    result = run(small(tmp_path / "a", "train.steps=4", *extra), show_progress=False)
     assert [r["skipped"] for r in result.records] == [False, True, False, False]
     poisoned_calls.update(n=0, bad=set(range(1, 100)))
     with pytest.raises(UserError, match="max_skipped_steps = 2"):
-        run(small(tmp_path / "b", "train.steps=10", "train.max_skipped_steps=2"), show_progress=False)
+        run(small(tmp_path / "b", "train.steps=10", "train.max_skipped_steps=2", *extra), show_progress=False)
 
 
 def test_multi_device_layout_is_refused(tmp_path):
@@ -242,3 +243,113 @@ def test_compiled_layers_train_exactly_like_eager_on_cpu(tmp_path):
     eager = run(small(tmp_path / "e", "train.steps=3"), show_progress=False)
     compiled = run(small(tmp_path / "c", "train.steps=3", "train.compile=true"), show_progress=False)
     assert [r["loss"] for r in compiled.records] == pytest.approx([r["loss"] for r in eager.records], rel=1e-6)
+
+
+# ---- the Trainer's step methods ----------------------------------------------------------------------------
+
+def test_step_result_matches_a_direct_forward_backward(tmp_path):
+    """The first StepResult against the model run by hand: same seed, the same two micro-batches, the mean of
+    their loss terms and the norm of the accumulated gradients of loss / 2."""
+    from moetrain.models import build_model
+    from moetrain.train.data import build_data
+    from moetrain.train.lr import lr_at
+    from moetrain.train.trainer import Trainer
+
+    cfg = small(tmp_path, "train.steps=1", "checkpoint.save_final=false")
+    results = []
+
+    class Recording(Trainer):
+        def train_step(self, step):
+            results.append(super().train_step(step))
+            return results[-1]
+
+    Recording(cfg, show_progress=False).run()
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg)
+    data = build_data(cfg, cfg.model.vocab_size, "train")
+    terms = torch.zeros(4)
+    for _ in range(2):
+        out = model(*data.next_batch(2))
+        (out.loss / 2).backward()
+        terms += torch.stack([out.loss, out.lm_loss, out.aux_loss, out.mtp_loss]).detach() / 2
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+    (got,) = results
+    assert [got.loss, got.lm_loss, got.aux_loss, got.mtp_loss] == pytest.approx(terms.tolist(), rel=1e-6)
+    assert got.grad_norm == pytest.approx(norm.item(), rel=1e-5)
+    assert not got.skipped and got.tokens == 4 * 32 and got.lr == lr_at(0, cfg.optim, cfg.train.steps)
+    assert len(got.load_imbalance) == len(model.moe_layers()) and all(v >= 1.0 for v in got.load_imbalance)
+
+
+def test_the_loop_runs_a_subclass_forward_backward_step(tmp_path):
+    """An override of forward_backward_step sees every micro-batch, and the step reports what it returns: loss
+    terms doubled (exact in fp32) leave the gradients, so grad norms, as they were."""
+    from moetrain.train.steps import LossTerms
+    from moetrain.train.trainer import Trainer
+
+    seen = []
+
+    class Doubled(Trainer):
+        def forward_backward_step(self, input_ids, labels):
+            seen.append((tuple(input_ids.shape), input_ids.dtype))
+            return LossTerms(super().forward_backward_step(input_ids, labels).values * 2)
+
+    base = run(small(tmp_path / "a", "train.steps=3"), show_progress=False).records
+    doubled = Doubled(small(tmp_path / "b", "train.steps=3"), show_progress=False).run().records
+    assert seen == [((2, 32), torch.int64)] * 6  # 3 steps of 2 micro-batches
+    assert [r["loss"] for r in doubled] == [2 * r["loss"] for r in base]
+    assert [r["mtp_loss"] for r in doubled] == [2 * r["mtp_loss"] for r in base]
+    assert [r["grad_norm"] for r in doubled] == [r["grad_norm"] for r in base]
+
+
+def test_a_pipeline_shaped_forward_backward_trains_the_same(tmp_path):
+    """forward_backward is the unit a pipeline schedule replaces: one that runs every micro-batch's forward and
+    then every backward (GPipe's order) trains bit for bit like the default one forward + backward at a time."""
+    from moetrain.train.steps import LossTerms
+    from moetrain.train.trainer import Trainer
+
+    order = []
+
+    class AllForwardsThenAllBackwards(Trainer):
+        def forward_backward(self, micro_batches):
+            outs = []
+            for input_ids, labels in list(micro_batches):
+                order.append("F")
+                outs.append(self.model(input_ids, labels))
+            sums = torch.zeros(4)
+            for out in outs:
+                order.append("B")
+                (out.loss / self.accum).backward()
+                sums += torch.stack([out.loss, out.lm_loss, out.aux_loss, out.mtp_loss]).detach() / self.accum
+            return LossTerms(sums)
+
+    base = run(small(tmp_path / "a", "train.steps=3"), show_progress=False).records
+    piped = AllForwardsThenAllBackwards(small(tmp_path / "b", "train.steps=3"), show_progress=False).run().records
+    assert order == ["F", "F", "B", "B"] * 3
+    for key in ("loss", "lm_loss", "aux_loss", "mtp_loss", "grad_norm", "load_imbalance"):
+        assert [r[key] for r in piped] == [r[key] for r in base], key
+
+
+def test_the_update_decided_on_the_host_matches_the_one_on_the_device(tmp_path):
+    """The step strategy follows the optimizer: fused AdamW for every parameter -> DeviceUpdateStep, the explicit
+    per-tensor path -> EagerStep; with every step clipped (clip 0.01) both train alike."""
+    from moetrain.train.optim import PrecisionAwareAdamW
+    from moetrain.train.steps import DeviceUpdateStep, EagerStep
+    from moetrain.train.trainer import Trainer
+
+    class Watched(Trainer):
+        def train_step(self, step):
+            self.modes_seen = getattr(self, "modes_seen", set()) | {type(self.step_mode(step))}
+            return super().train_step(step)
+
+    class Explicit(Watched):
+        def build_optimizer(self):
+            return PrecisionAwareAdamW(self.model.named_parameters(), self.cfg.optim, self.cfg.precision.master_weights,
+                                       fused=False)
+
+    on_device = Watched(small(tmp_path / "d", "train.steps=4", "optim.clip_grad=0.01"), show_progress=False)
+    on_host = Explicit(small(tmp_path / "h", "train.steps=4", "optim.clip_grad=0.01"), show_progress=False)
+    device, host = on_device.run().records, on_host.run().records
+    assert on_device.modes_seen == {DeviceUpdateStep} and on_host.modes_seen == {EagerStep}
+    assert all(r["grad_norm"] > 0.01 for r in device)  # every step clipped
+    assert [r["loss"] for r in host] == pytest.approx([r["loss"] for r in device], rel=1e-5)
+    assert [r["grad_norm"] for r in host] == pytest.approx([r["grad_norm"] for r in device], rel=1e-4)
