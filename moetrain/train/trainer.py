@@ -26,7 +26,7 @@ import torch
 from moetrain.config.schema import Config
 from moetrain.errors import UserError, format_bytes
 from moetrain.train import checkpoint as ckpt
-from moetrain.train import graphed_step, memory_check, resume, run_dir
+from moetrain.train import graphed_step, memory_check, resume, run_dir, steps
 from moetrain.train.loop_support import (
     Profiler,
     StopFlag,
@@ -48,7 +48,6 @@ from moetrain.train.steps import (
     MicroBatch,
     StepResult,
     StepStrategy,
-    forward_backward,
 )
 from moetrain.train.throughput import peak_tflops
 
@@ -144,8 +143,8 @@ class Trainer:
     def forward_backward_step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> LossTerms:
         """One micro-batch (int64 [micro_batch_size, seq_length], on the CPU or the device): the forward and the
         backward of loss / grad_accum_steps; its loss terms."""
-        terms = forward_backward(self.model, input_ids.to(self.device, non_blocking=True),
-                                 labels.to(self.device, non_blocking=True), self.accum)
+        terms = steps.forward_backward(self.model, input_ids.to(self.device, non_blocking=True),
+                                       labels.to(self.device, non_blocking=True), self.accum)
         return LossTerms(terms)
 
     def micro_batches(self) -> Iterator[MicroBatch]:
@@ -311,6 +310,7 @@ class Trainer:
         return result
 
     def _log_start(self) -> None:
+        """The run's opening lines: model, device, batch, memory projection, resume and mode notes."""
         cfg, t, o, log = self.cfg, self.cfg.train, self.cfg.optim, self.display.log
         log(f"{cfg.model.name}: {self.counts.total / 1e6:,.2f}M params ({self.counts.active / 1e6:,.2f}M active) on "
             f"{self.device_name or self.device.type}, {str(self.dtype).replace('torch.', '')}; {self.accum} "
