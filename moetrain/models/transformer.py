@@ -2,9 +2,16 @@
 
 Legend: B batch, S sequence, H hidden, V vocab, D MTP depths, L decoder layers.
 
-Contract (see the project notes): ``MoETransformer(cfg)``; ``forward(input_ids [B, S] int64,
-labels [B, S] int64 | None)``. Without labels -> logits [B, S, V] in the parameter dtype. With
-labels (labels[b, i] = token after input_ids[b, i], -100 = ignore) -> ``ModelOutput``.
+Contract: ``MoETransformer(cfg)``; ``forward(inputs, labels [B, S] int64 | None)`` with inputs the token ids
+input_ids [B, S] int64. Without labels -> logits [B, S, V] in the parameter dtype. With labels (labels[b, i] =
+token after input_ids[b, i], -100 = ignore) -> ``ModelOutput``.
+
+Pipeline stages: ``keep_only`` (or ``models.stages.split_stages``) removes what a stage does not hold. The layers
+are an ``nn.ModuleDict`` keyed by global layer id and the MTP depths one keyed by depth, so a stage's parameter
+names are the whole model's. A stage without the input embedding takes hidden states h [B, S, H] as ``inputs``; a
+stage without the final norm returns its last layer's h [B, S, H]; the last stage computes the loss (``loss``).
+Every block returns one tensor: the MoE layers' balancing losses reach the backward through autograd
+(``moe.aux_loss``), and ``ModelOutput.aux_loss`` sums the detached values of the blocks this module holds.
 
 MTP depth d (1-based): position i gets the token t_{i+d} (= labels[i + d - 1]) and the previous
 depth's hidden state (the main model's last-layer output for d = 1, before the final norm):
@@ -52,24 +59,26 @@ IGNORE_INDEX = -100
 
 @dataclass
 class ModelOutput:
-    loss: torch.Tensor  # scalar with grad: lm_loss + aux terms + mtp_loss_scale * mtp_loss
+    # scalar with grad: lm_loss + mtp_loss_scale * mtp_loss, plus the aux terms' value (their gradient reaches the
+    # routers through the MoE layers' outputs)
+    loss: torch.Tensor
     lm_loss: torch.Tensor  # detached fp32
     aux_loss: torch.Tensor  # detached fp32: sum over MoE layers of coeff * aux + z_coeff * z
     mtp_loss: Optional[torch.Tensor]  # detached fp32 mean over depths, None without MTP
 
 
-def _sum_terms(terms: list, like: torch.Tensor) -> torch.Tensor:
+def _sum_terms(terms: list, device: torch.device) -> torch.Tensor:
     """The sum of the MoE layers' 0-dim loss terms (one dtype: the routers') in one stack and one reduction: two
     kernels however many layers, where an add per layer was one kernel and ~50-80 us of host time each on the H200
     host. A shared fp32 zero without terms."""
     if not terms:
-        return zero_loss(like.device)
+        return zero_loss(device)
     return terms[0] if len(terms) == 1 else torch.stack(terms).sum()
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: h += attn(input_norm(h)); h += mlp(post_attn_norm(h)).
-    forward(h [B, S, H], cos, sin) -> (h [B, S, H], aux [] fp32)."""
+    forward(h [B, S, H], cos, sin) -> h [B, S, H]."""
 
     def __init__(self, cfg, moe: bool, window: int | None):
         super().__init__()
@@ -87,18 +96,24 @@ class DecoderLayer(nn.Module):
         if self.is_moe:
             self.mlp.recompute_experts = mode == "selective"
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = h + self.attn(self.input_norm(h), cos, sin)
-        x = self.post_attn_norm(h)
-        if self.is_moe:
-            y, aux = self.mlp(x)
-        else:
-            y, aux = self.mlp(x), zero_loss(h.device)
-        return h + y, aux
+        return h + self.mlp(self.post_attn_norm(h))
+
+    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """forward, under activation checkpointing when this block's recompute is "full"."""
+        if self.recompute == "full":
+            return checkpoint(self, h, cos, sin)
+        return self(h, cos, sin)
+
+    def aux_value(self) -> torch.Tensor | None:
+        """The MoE layer's detached weighted losses of the last forward (None for a dense block)."""
+        return self.mlp.aux_value if self.is_moe else None
 
 
 class MTPDepth(nn.Module):
-    """One multi-token-prediction depth: enorm, hnorm, eh_proj [H, 2H], block, final_norm."""
+    """One multi-token-prediction depth: enorm, hnorm, eh_proj [H, 2H], block, final_norm.
+    forward(h_prev [B, S, H], token_embeds [B, S, H], cos, sin) -> (h [B, S, H], final_norm(h) [B, S, H])."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -109,6 +124,12 @@ class MTPDepth(nn.Module):
         self.eh_proj = Linear(2 * H, H)
         self.block = DecoderLayer(cfg, cfg.is_moe, window=None)
         self.final_norm = RMSNorm(H, m.norm_eps)
+
+    def forward(self, h_prev: torch.Tensor, token_embeds: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.eh_proj(torch.cat([self.enorm(token_embeds), self.hnorm(h_prev)], dim=-1))
+        h = self.block.run(x, cos, sin)
+        return h, self.final_norm(h)
 
 
 def mtp_tokens_and_targets(labels: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,11 +162,12 @@ class MoETransformer(nn.Module):
         rope_dim = m.qk_rope_head_dim if m.attention_type == "mla" else cfg.attn_head_dim
         self.rope = RopeParams.from_model_config(m, rope_dim)
         self.embed = Embedding(V, H)
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, cfg.is_moe_layer(i), self._window(i)) for i in range(m.num_layers))
+        self.embeds_input = True  # inputs are token ids (False: a later pipeline stage's hidden states)
+        self.layers = nn.ModuleDict(
+            {str(i): DecoderLayer(cfg, cfg.is_moe_layer(i), self._window(i)) for i in range(m.num_layers)})
         self.final_norm = RMSNorm(H, m.norm_eps)
         self.head = None if m.tie_embeddings else Linear(H, V)
-        self.mtp = nn.ModuleList(MTPDepth(cfg) for _ in range(m.mtp_num_layers))
+        self.mtp = nn.ModuleDict({str(d): MTPDepth(cfg) for d in range(m.mtp_num_layers)})
         self.init_weights()
         self.set_recompute(cfg.train.recompute, cfg.train.recompute_layer_ids)
 
@@ -176,11 +198,30 @@ class MoETransformer(nn.Module):
     # ---- structure ----------------------------------------------------------------------
 
     def blocks(self) -> list[tuple[int, DecoderLayer]]:
-        """(global id, decoder block): layers 0..L-1, then MTP depth d at L + d."""
-        out = list(enumerate(self.layers))
-        L = len(self.layers)
-        out += [(L + d, depth.block) for d, depth in enumerate(self.mtp)]
+        """(global id, decoder block) of the blocks held: layers 0..L-1, then MTP depth d at L + d."""
+        L = self.cfg.model.num_layers
+        out = [(int(i), blk) for i, blk in self.layers.items()]
+        out += [(L + int(d), depth.block) for d, depth in self.mtp.items()]
         return out
+
+    def keep_only(self, layer_ids, mtp_depths, *, embedding: bool, loss: bool) -> "MoETransformer":
+        """Make this module one pipeline stage (in place; returns self): keep the decoder layers ``layer_ids`` and
+        the MTP depths ``mtp_depths`` (0-based), the input embedding when ``embedding``, the final norm and head
+        (and the loss) when ``loss``. The embedding's weight also stays where the loss needs it (a tied head, MTP)."""
+        keep_layers, keep_mtp = {str(i) for i in layer_ids}, {str(d) for d in mtp_depths}
+        for name in [k for k in self.layers if k not in keep_layers]:
+            del self.layers[name]
+        for name in [k for k in self.mtp if k not in keep_mtp]:
+            del self.mtp[name]
+        if keep_mtp and not loss:
+            raise ValueError("keep_only: MTP depths need the loss on the same stage (their loss uses the head)")
+        self.embeds_input = embedding
+        needs_embed = embedding or (loss and (self.head is None or bool(keep_mtp)))
+        if not needs_embed:
+            self.embed = None
+        if not loss:
+            self.final_norm = self.head = None
+        return self
 
     def moe_layers(self) -> list[MoELayer]:
         return [blk.mlp for _, blk in self.blocks() if blk.is_moe]
@@ -208,59 +249,66 @@ class MoETransformer(nn.Module):
     def set_recompute(self, mode: str, layer_ids=None) -> None:
         if mode not in RECOMPUTE_MODES:
             raise ValueError(f"recompute mode {mode!r}; valid: {', '.join(RECOMPUTE_MODES)}")
-        blocks = self.blocks()
+        m = self.cfg.model
+        total = m.num_layers + m.mtp_num_layers
         ids = set(layer_ids or ())
-        bad = sorted(i for i in ids if not 0 <= i < len(blocks))
+        bad = sorted(i for i in ids if not 0 <= i < total)
         if bad:
-            raise ValueError(f"recompute layer ids {bad}: valid ids are 0..{len(blocks) - 1}")
-        for gid, blk in blocks:
+            raise ValueError(f"recompute layer ids {bad}: valid ids are 0..{total - 1}")
+        for gid, blk in self.blocks():
             blk.set_recompute("full" if gid in ids else mode)
 
-    # ---- forward ------------------------------------------------------------------------
+    def set_aux_grad_scale(self, scale: float) -> None:
+        """The factor the training loss is multiplied by before backward (1 / micro-batches per step): the MoE
+        layers' balancing losses get that gradient through autograd (see ``moe.aux_loss``)."""
+        for layer in self.moe_layers():
+            layer.aux_grad_scale = scale
 
-    def _run_block(self, blk: DecoderLayer, h, cos, sin):
-        if blk.recompute == "full":
-            return checkpoint(blk, h, cos, sin)
-        return blk(h, cos, sin)
+    # ---- forward ------------------------------------------------------------------------
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         weight = self.embed.weight if self.head is None else self.head.weight
         return F.linear(h, weight)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
-        S = input_ids.shape[1]
-        cos, sin = self.rope.tables(S, device=input_ids.device)
-        h = self.embed(input_ids)
-        aux_terms = []  # the MoE layers' (dense layers give none): summed once below, not one add per layer
-        for blk in self.layers:
-            h, a = self._run_block(blk, h, cos, sin)
-            if blk.is_moe:
-                aux_terms.append(a)
-        logits = self._logits(self.final_norm(h))
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None):
+        """inputs: input_ids [B, S] int64, or h [B, S, H] on a stage without the input embedding. Returns h [B, S, H]
+        on a stage without the loss, else logits [B, S, V] without labels and ModelOutput with them."""
+        S = inputs.shape[1]
+        cos, sin = self.rope.tables(S, device=inputs.device)
+        h = self.embed(inputs) if self.embeds_input else inputs
+        for blk in self.layers.values():
+            h = blk.run(h, cos, sin)
+        if self.final_norm is None:
+            return h
         if labels is None:
-            return logits
-        lm_loss = cross_entropy(logits, labels)
+            return self._logits(self.final_norm(h))
+        return self.loss(h, labels, cos, sin)
 
+    def loss(self, h: torch.Tensor, labels: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> ModelOutput:
+        """The last stage's loss from its last decoder layer's output h [B, S, H] (before the final norm): the LM
+        cross-entropy, the MTP depths' (which run here), and the aux terms' logged value."""
+        lm_loss = cross_entropy(self._logits(self.final_norm(h)), labels)
         mtp_loss = None
         if len(self.mtp):
             losses = []
-            h_prev = h
-            for d, depth in enumerate(self.mtp, start=1):
-                tokens, targets = mtp_tokens_and_targets(labels, d)
-                x = depth.eh_proj(torch.cat([depth.enorm(self.embed(tokens)), depth.hnorm(h_prev)], dim=-1))
-                h_prev, a = self._run_block(depth.block, x, cos, sin)
-                if depth.block.is_moe:
-                    aux_terms.append(a)
-                losses.append(cross_entropy(self._logits(depth.final_norm(h_prev)), targets))
+            for d, depth in self.mtp.items():
+                tokens, targets = mtp_tokens_and_targets(labels, int(d) + 1)
+                h, normed = depth(h, self.embed(tokens), cos, sin)
+                losses.append(cross_entropy(self._logits(normed), targets))
             mtp_loss = torch.stack(losses).mean()
-
-        aux = _sum_terms(aux_terms, lm_loss)
+        aux = self.aux_value()
         loss = lm_loss + aux
         if mtp_loss is not None:
             loss = loss + self.cfg.model.mtp_loss_scale * mtp_loss
         return ModelOutput(
             loss=loss,
             lm_loss=lm_loss.detach().float(),
-            aux_loss=aux.detach().float(),
+            aux_loss=aux.float(),
             mtp_loss=None if mtp_loss is None else mtp_loss.detach().float(),
         )
+
+    def aux_value(self) -> torch.Tensor:
+        """fp32 [] detached sum of the weighted balancing losses of the MoE blocks held, from their last forward."""
+        terms = [v for _, blk in self.blocks() if (v := blk.aux_value()) is not None]
+        device = next(self.parameters()).device
+        return _sum_terms(terms, device)

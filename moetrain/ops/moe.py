@@ -124,11 +124,7 @@ def moe_experts(
     See the module docstring for the backends; every one is sync-free except "loop".
     """
     _check_operands(x, topk_idx, topk_weight, w1, w2, b1, b2)
-    gemm = _ALIASES.get(backend, backend)
-    if gemm != "auto" or not autoselect.measures(x.device):
-        gemm = resolve_backend(gemm, x.device)
-    elif x.dtype not in AUTO_FUSED_DTYPES or not autoselect.triton_available():  # see the module docstring
-        gemm = "torch"
+    gemm = expert_gemm_backend(backend, x)
     fused = gemm in ("triton", "auto")
     if fused and torch.compiler.is_compiling():
         # Inside a torch.compile'd layer the fused path runs eagerly behind a graph break: our kernels
@@ -136,6 +132,17 @@ def moe_experts(
         # traced. The rest of the layer stays compiled.
         return _eager_fused(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
     return _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
+
+
+def expert_gemm_backend(backend: str, x: torch.Tensor) -> str:
+    """The GEMM backend the expert path runs for moe.backend ``backend`` and activations x: "triton" or "auto" (the
+    fused path's kernels), "torch" or "loop" (see the module docstring)."""
+    gemm = _ALIASES.get(backend, backend)
+    if gemm != "auto" or not autoselect.measures(x.device):
+        return resolve_backend(gemm, x.device)
+    if x.dtype not in AUTO_FUSED_DTYPES or not autoselect.triton_available():
+        return "torch"
+    return gemm
 
 
 def _check_operands(x, topk_idx, topk_weight, w1, w2, b1, b2) -> None:

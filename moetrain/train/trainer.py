@@ -100,8 +100,9 @@ class Trainer:
 
             load_hf_weights(model, cfg.model.from_hf, progress=self.show_progress)
         model.set_recompute(t.recompute, t.recompute_layer_ids)
+        model.set_aux_grad_scale(1.0 / cfg.grad_accum_steps)  # the backward runs on loss / micro-batches
         if t.compile:
-            for layer in model.layers:
+            for layer in model.layers.values():
                 layer.compile()
         return model
 

@@ -18,6 +18,7 @@ ON_GPU = use_gpu_or_interpreter()
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
 from test_models_moe import moe_cfg, random_init  # noqa: E402
 
+from moetrain.models.moe.dispatch import LocalDispatcher  # noqa: E402
 from moetrain.models.moe.layer import MoELayer  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -32,16 +33,18 @@ VARIANTS = {
 pytestmark = pytest.mark.usefixtures("exact_fp32")  # tests/kernels/conftest.py
 
 
-def run(cfg, state, dtype, x, probe, backend):
+def run(cfg, state, dtype, x, probe, backend, fused=True):
     cfg = copy.deepcopy(cfg)
     cfg.moe.backend = backend
     layer = MoELayer(cfg).to(DEVICE, dtype)
+    layer.dispatcher = LocalDispatcher(fused=fused)
     layer.load_state_dict({k: v.to(DEVICE, dtype) if v.is_floating_point() else v.to(DEVICE) for k, v in state.items()})
     if layer.router.expert_bias is not None:
         layer.router.expert_bias.copy_(torch.linspace(-0.2, 0.2, cfg.moe.num_experts))
     leaf = x.detach().to(DEVICE, dtype, copy=True).requires_grad_()
-    y, aux = layer(leaf)
-    ((y * probe.to(DEVICE, dtype)).sum() + aux).backward()
+    y = layer(leaf)  # the aux losses reach the router through y's backward
+    aux = layer.aux_value
+    (y * probe.to(DEVICE, dtype)).sum().backward()
     grads = {n: p.grad.double().cpu() for n, p in layer.named_parameters()}
     return y.detach().double().cpu(), aux.detach().double().cpu(), leaf.grad.double().cpu(), grads
 
@@ -67,6 +70,20 @@ def test_triton_backend_layer_matches_reference(variant):
     assert got[3].keys() == want[3].keys()
     for name in want[3]:
         torch.testing.assert_close(got[3][name], want[3][name], rtol=2e-5, atol=2e-5, msg=name)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_unfused_dispatch_matches_the_fused_path(variant):
+    """The unfused composition (rows materialised in expert order by the sort and row kernels, grouped FC1, SwiGLU
+    with the weights, FC2, the top-k sum: what an expert-parallel dispatcher sends and receives) against the fused
+    path's kernels, fp32: equal up to summation order, forward and every gradient."""
+    cfg, state, x, probe = case(variant)
+    want = run(cfg, state, torch.float32, x, probe, "triton", fused=True)
+    got = run(cfg, state, torch.float32, x, probe, "triton", fused=False)
+    for a, b in zip(got[:3], want[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for name in want[3]:
+        torch.testing.assert_close(got[3][name], want[3][name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_compiled_layer_runs_the_fused_path_eagerly_and_matches():

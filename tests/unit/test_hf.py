@@ -199,7 +199,7 @@ def test_bf16_load_and_dtype(saved):
     hf_model, path = saved["mixtral"]
     model = from_hf(path, dtype=torch.bfloat16)
     assert model.embed.weight.dtype == torch.bfloat16
-    assert torch.equal(model.layers[1].mlp.experts.w2[3], hf_model.model.layers[1].mlp.experts.down_proj[3].bfloat16())
+    assert torch.equal(model.layers["1"].mlp.experts.w2[3], hf_model.model.layers["1"].mlp.experts.down_proj[3].bfloat16())
 
 
 # ---- DeepSeek-V3 MTP ----------------------------------------------------------------------------
@@ -234,11 +234,11 @@ def test_deepseek_v3_mtp_weights_kept_or_dropped(saved, tmp_path):
         model = from_hf(path)
         assert model.cfg.model.mtp_num_layers == 1
         assert rel_err(model(ids), ref) < 1e-4  # MTP does not change the main logits
-        depth = model.mtp[0]
+        depth = model.mtp["0"]
         assert torch.equal(depth.eh_proj.weight, mtp["model.layers.3.eh_proj.weight"])
         assert torch.equal(depth.final_norm.weight, mtp["model.layers.3.shared_head.norm.weight"])
         # the MTP block was stored as a copy of layer 2: it must load exactly like layer 2
-        block, last = depth.block.state_dict(), model.layers[2].state_dict()
+        block, last = depth.block.state_dict(), model.layers["2"].state_dict()
         assert sorted(block) == sorted(last) and all(torch.equal(block[k], last[k]) for k in block)
         out = model(ids, torch.roll(ids, -1, 1))
         assert out.mtp_loss is not None and torch.isfinite(out.mtp_loss)

@@ -211,8 +211,8 @@ def test_set_recompute_layer_ids():
     model = build("deepseek")
     model.set_recompute("selective", [1, 3])
     assert [blk.recompute for _, blk in model.blocks()] == ["selective", "full", "selective", "full"]
-    assert model.layers[0].attn.recompute_core and not model.layers[1].attn.recompute_core
-    assert model.layers[2].mlp.recompute_experts
+    assert model.layers["0"].attn.recompute_core and not model.layers["1"].attn.recompute_core
+    assert model.layers["2"].mlp.recompute_experts
     with pytest.raises(ValueError):
         model.set_recompute("full", [4])
     cfg = family("qwen3")
@@ -237,12 +237,12 @@ def test_mtp_loss_matches_manual():
     with torch.no_grad():
         cos, sin = model.rope.tables(S)
         h = model.embed(ids)
-        for blk in model.layers:
-            h, _ = blk(h, cos, sin)
-        d = model.mtp[0]
+        for blk in model.layers.values():
+            h = blk(h, cos, sin)
+        d = model.mtp["0"]
         nxt = labels.clamp(min=0)  # position i holds t_{i+1}
         x = d.eh_proj(torch.cat([d.enorm(model.embed(nxt)), d.hnorm(h)], -1))
-        hm, _ = d.block(x, cos, sin)
+        hm = d.block(x, cos, sin)
         logits = d.final_norm(hm) @ model.head.weight.t()
         target = torch.cat([labels[:, 1:], torch.full((2, 1), -100)], 1)
         ref = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=-100)

@@ -67,7 +67,7 @@ def test_moe_layer_matches_naive_loop_fp64(variant):
     if layer.router.expert_bias is not None:
         layer.router.expert_bias.copy_(torch.linspace(-0.2, 0.2, 6))
     x = torch.randn(2, 7, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    y, aux = layer(x)
+    y = layer(x)
     ref = naive_layer(layer, x.reshape(14, 16), cfg.moe.activation).view(2, 7, 16)
     assert y.dtype == torch.float64
     torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-12)
@@ -82,7 +82,8 @@ def test_aux_terms_weighted_by_coefficients():
     layer = MoELayer(cfg)
     random_init(layer, seed=3)
     x = torch.randn(2, 5, 16)
-    _, aux = layer(x)
+    layer(x)
+    aux = layer.aux_value
     r = layer.router(x.reshape(10, 16))
     assert aux.item() == pytest.approx(0.01 * r.aux_loss.item() + 0.001 * r.z_loss.item(), rel=1e-6)
     assert r.aux_loss.item() > 0 and r.z_loss.item() > 0
@@ -105,14 +106,11 @@ def test_losses_that_are_off_share_one_zero_and_the_model_sums_the_layers_once()
     cfg.model.num_layers, cfg.moe.first_k_dense, cfg.model.vocab_size = 4, 1, 64
     model = MoETransformer(cfg)
     random_init(model, seed=4)
-    layer_aux = []
-    for blk in model.layers:
-        blk.register_forward_hook(lambda mod, args, out: layer_aux.append((mod.is_moe, out[1])))
     ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(5))
     out = model(ids, ids)
-    moe_terms = [a for is_moe, a in layer_aux if is_moe]
-    assert len(moe_terms) == 3 and all(a is zero_loss(a.device) for is_moe, a in layer_aux if not is_moe)
-    torch.testing.assert_close(out.aux_loss, torch.stack(moe_terms).sum().detach())
+    moe_terms = [blk.aux_value() for blk in model.layers.values() if blk.is_moe]
+    assert len(moe_terms) == 3 and all(blk.aux_value() is None for blk in model.layers.values() if not blk.is_moe)
+    torch.testing.assert_close(out.aux_loss, torch.stack(moe_terms).sum())
     torch.testing.assert_close(out.loss, out.lm_loss + out.aux_loss)
 
 
@@ -171,3 +169,80 @@ def test_counts_accumulate_over_micro_batches_and_not_on_recompute():
     with torch.no_grad():
         plain(ids)
     assert all(m.tokens_per_expert.sum() == 0 for m in plain.moe_layers())  # eval does not count
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_aux_loss_gradients_through_autograd_equal_adding_the_losses(recompute):
+    """The layer returns y alone; its weighted aux + z losses reach the router through autograd with gradient
+    aux_grad_scale: the same gradients as adding scale * aux to the loss (the old (y, aux) path)."""
+    cfg = moe_cfg(aux_loss_coeff=0.03, z_loss_coeff=0.002, score_function="sigmoid", num_shared_experts=1)
+    layer = MoELayer(cfg).double()
+    random_init(layer, seed=7)
+    layer.recompute_experts = recompute == "selective"
+    x = torch.randn(2, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    probe = torch.randn(2, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    scale = 0.25
+
+    def grads(loss_of):
+        layer.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_()
+        loss_of(leaf).backward()
+        return [leaf.grad] + [p.grad.clone() for p in layer.parameters()]
+
+    layer.aux_grad_scale = scale
+    new = grads(lambda leaf: scale * (layer(leaf) * probe).sum())
+
+    def old(leaf):
+        y, aux = layer.forward_with_aux(leaf)
+        return scale * ((y * probe).sum() + aux)
+
+    ref = grads(old)
+    assert layer.router.weight.grad.abs().sum() > 0
+    for a, b in zip(new, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_model_aux_grad_scale_follows_the_loss_factor():
+    cfg = moe_cfg(aux_loss_coeff=0.05)
+    cfg.model.num_layers, cfg.moe.first_k_dense, cfg.model.vocab_size = 3, 1, 64
+    model = MoETransformer(cfg).double()
+    random_init(model, seed=4)
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(5))
+
+    def router_grad(factor):
+        model.zero_grad(set_to_none=True)
+        model.set_aux_grad_scale(factor)
+        (model(ids, ids).loss * factor).backward()
+        return model.layers["1"].mlp.router.weight.grad.clone()
+
+    torch.testing.assert_close(router_grad(0.5), 0.5 * router_grad(1.0), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("variant", ["deepseek", "gptoss", "capacity"])
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+def test_unfused_dispatch_composition_matches_moe_experts(variant, backend):
+    """LocalDispatcher(fused=False): rows permuted and materialised, FFN on the rows with the weights travelling
+    with them (or at the combine with FC2 biases), top-k sum: the same output and gradients as ops.moe_experts."""
+    from moetrain.models.moe.dispatch import LocalDispatcher
+
+    kw = {"deepseek": dict(score_function="sigmoid", num_shared_experts=1, aux_loss_coeff=0.01),
+          "gptoss": dict(router_bias=True, expert_linear_bias=True, activation="swiglu_clamped", topk=3),
+          "capacity": dict(capacity_factor=0.6)}[variant]
+    cfg = moe_cfg(backend=backend, **kw)
+    dtype = torch.float64 if backend == "reference" else torch.float32  # torch._grouped_mm has no fp64
+    tol = dict(rtol=1e-12, atol=1e-13) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    layer = MoELayer(cfg).to(dtype)
+    random_init(layer, seed=11)
+    x = torch.randn(3, 5, 16, dtype=dtype, generator=torch.Generator().manual_seed(12))
+    probe = torch.randn(3, 5, 16, dtype=dtype, generator=torch.Generator().manual_seed(13))
+
+    def run(fused):
+        layer.dispatcher = LocalDispatcher(fused=fused)
+        layer.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_()
+        y = layer(leaf)
+        (y * probe).sum().backward()
+        return [y.detach(), leaf.grad] + [p.grad.clone() for p in layer.parameters()]
+
+    for a, b in zip(run(False), run(True)):
+        torch.testing.assert_close(a, b, **tol)

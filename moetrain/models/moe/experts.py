@@ -1,9 +1,10 @@
-"""Routed experts: stacked weights, computed by ``moetrain.ops.moe_experts``.
+"""Routed experts: stacked weights, computed by ``moetrain.ops.moe_experts`` or on dispatched rows.
 
-Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k.
+Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M routed rows.
 w1 [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), w2 [E, H, I], optional b1 [E, 2I], b2 [E, H].
 FFN_e(x) = w2[e] @ act(w1[e] @ x + b1[e]) + b2[e]; the layer output for token t is
 sum_k topk_weight[t, k] * FFN_{topk_idx[t, k]}(x[t]) (topk_idx -1 = dropped, contributes 0).
+The weights stay stacked with gate and up in one w1: expert parallelism shards dim 0 (whole experts).
 Which kernel runs is ops' choice (moe.backend), never decided here.
 """
 
@@ -13,6 +14,8 @@ import torch
 from torch import nn
 
 from moetrain import ops
+from moetrain.ops.dispatch import expert_of_rows
+from moetrain.ops.moe import expert_gemm_backend
 
 
 class Experts(nn.Module):
@@ -26,10 +29,30 @@ class Experts(nn.Module):
         self.b1 = nn.Parameter(torch.empty(E, 2 * I)) if e.expert_linear_bias else None
         self.b2 = nn.Parameter(torch.empty(E, H)) if e.expert_linear_bias else None
 
+    @property
+    def num_experts(self) -> int:
+        """Experts held here (all of them, or this rank's share under expert parallelism)."""
+        return self.w1.shape[0]
+
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
-        """x [T, H], topk_idx [T, K] int64, topk_weight [T, K] fp32 -> [T, H] in x.dtype."""
+        """The fused path: x [T, H], topk_idx [T, K] int64, topk_weight [T, K] fp32 -> [T, H] in x.dtype."""
         return ops.moe_experts(x, topk_idx, topk_weight, self.w1, self.w2, b1=self.b1, b2=self.b2,
                                activation=self.activation, backend=self.backend)
+
+    def compute_rows(self, rows: torch.Tensor, offs: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
+        """FFN of dispatched rows: rows [M, H] sorted by expert, offs [E] int32 group ends, probs [M] fp32 (routing
+        weights applied to the activation before FC2) or None -> y [M, H] in rows.dtype."""
+        gemm = expert_gemm_backend(self.backend, rows)
+        impl = "triton" if gemm in ("triton", "auto") else "torch"
+        expert = None if self.b1 is None and self.b2 is None else expert_of_rows(offs, rows.shape[0])
+        h = ops.grouped_gemm(rows, self.w1, offs, gemm)
+        if self.b1 is not None:
+            h = h + self.b1.index_select(0, expert)
+        a = ops.swiglu(h, self.activation, probs=probs, impl=impl)
+        y = ops.grouped_gemm(a, self.w2, offs, gemm)
+        if self.b2 is not None:
+            y = y + self.b2.index_select(0, expert)
+        return y
 
     def extra_repr(self) -> str:
         E, I2, H = self.w1.shape

@@ -1,8 +1,15 @@
-"""MoE layer: route -> routed experts (+ shared experts).
+"""MoE layer in named phases: route -> dispatch -> experts -> combine (+ shared experts).
 
 Legend: B batch, S sequence, T = B*S tokens, H hidden, E experts, K top-k.
-forward(x [B, S, H]) -> (y [B, S, H], aux [] fp32) where aux = aux_loss_coeff * aux_loss +
-z_loss_coeff * z_loss of this layer (a differentiable scalar, 0 when both are off).
+forward(x [B, S, H]) -> y [B, S, H]. The layer's weighted balancing losses (aux_loss_coeff * aux_loss +
+z_loss_coeff * z_loss, a differentiable fp32 scalar) reach the backward through autograd
+(``aux_loss.attach_aux_loss`` on the output, with gradient ``aux_grad_scale``), and their detached value of the
+last forward is ``aux_value`` (for logging; the shared zero when both losses are off).
+
+Phases: ``route`` (the router: top-k ids and weights, counts, the losses); ``dispatcher`` (``dispatch.Dispatcher``:
+rows sorted by expert and, under expert parallelism, sent to the ranks owning them; ``LocalDispatcher`` by default,
+which keeps the fused kernels' path); ``experts`` (grouped FC1, activation, FC2 on the dispatched rows); the
+dispatcher's combine (back to token order, summed over top-k). Parallelism replaces ``dispatcher`` from outside.
 
 Load statistics: ``tokens_per_expert`` [E] fp32 (a non-persistent buffer) accumulates the
 router's per-expert assignment counts (before capacity dropping) of every training-mode
@@ -11,10 +18,9 @@ layer counts once). ``update_expert_bias(rate)`` applies DeepSeek's aux-loss-fre
 those counts; ``reset_stats()`` zeroes them. With data parallelism the trainer should
 all-reduce ``tokens_per_expert`` before the update so that every rank moves the same bias.
 
-Selective recompute (``recompute_experts``) checkpoints the whole ``ops.moe_experts`` call
-(permute, FC1, activation, FC2, combine): only its inputs x, topk_idx, topk_weight are kept;
-the routed-expert activations [T*K, 2I] and [T*K, I] are recomputed in backward. The router
-and the shared experts are not recomputed.
+Selective recompute (``recompute_experts``) checkpoints the dispatch -> experts -> combine call:
+only its inputs x, topk_idx, topk_weight are kept; the routed-expert activations [T*K, 2I] and
+[T*K, I] are recomputed in backward. The router and the shared experts are not recomputed.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import torch
 from torch import nn
 
 from moetrain.models.mlp import MLP
+from moetrain.models.moe.aux_loss import attach_aux_loss
+from moetrain.models.moe.dispatch import LocalDispatcher
 from moetrain.models.moe.experts import Experts
 from moetrain.models.moe.router import Router
 from moetrain.models.recompute import checkpoint, is_recomputing
@@ -42,6 +50,9 @@ class MoELayer(nn.Module):
         self.shared = MLP(cfg.model.hidden_size, shared, e.activation) if shared > 0 else None
         self.register_buffer("tokens_per_expert", torch.zeros(e.num_experts, dtype=torch.float32), persistent=False)
         self.recompute_experts = False
+        self.dispatcher = LocalDispatcher()
+        self.aux_grad_scale = 1.0  # the factor on the final loss before backward (MoETransformer.set_aux_grad_scale)
+        self.aux_value = None  # detached weighted losses of the last forward
 
     def _apply(self, fn, recurse=True):
         # Keep the counts in fp32 when the model is cast to bf16 (counts above 256 lose units).
@@ -51,17 +62,20 @@ class MoELayer(nn.Module):
             self.tokens_per_expert = saved.to(device=self.tokens_per_expert.device, dtype=torch.float32)
         return self
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, aux = self.forward_with_aux(x)
+        self.aux_value = aux.detach()
+        return attach_aux_loss(y, aux, self.aux_grad_scale) if aux.requires_grad else y
+
+    def forward_with_aux(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y [B, S, H], the weighted losses [] fp32 with grad) without attaching them: forward's parts."""
         B, S, H = x.shape
         xt = x.reshape(B * S, H)
-        r = self.router(xt, seq_len=S, aux_scale=self.aux_loss_coeff, z_scale=self.z_loss_coeff)  # weighted losses
-        if self.training and not is_recomputing():
-            with torch.no_grad():
-                self.tokens_per_expert.add_(r.counts)
+        r = self.route(xt, S)
         if self.recompute_experts:
-            y = checkpoint(self.experts, xt, r.topk_idx, r.topk_weight)
+            y = checkpoint(self.dispatcher, xt, r.topk_idx, r.topk_weight, self.experts)
         else:
-            y = self.experts(xt, r.topk_idx, r.topk_weight)
+            y = self.dispatcher(xt, r.topk_idx, r.topk_weight, self.experts)
         if self.shared is not None:
             y = y + self.shared(xt)
         # only the losses that are on (an add is a kernel, ~50 us of host time on the H200 host): a loss that is off is
@@ -69,6 +83,15 @@ class MoELayer(nn.Module):
         aux_on, z_on = self.router.compute_aux, self.router.compute_z
         aux = r.aux_loss + r.z_loss if aux_on and z_on else r.z_loss if z_on else r.aux_loss
         return y.view(B, S, H), aux
+
+    def route(self, xt: torch.Tensor, seq_len: int):
+        """The router on xt [T, H] (RouterOutput, losses weighted by their coefficients); counts the assignments of
+        a training forward into tokens_per_expert."""
+        r = self.router(xt, seq_len=seq_len, aux_scale=self.aux_loss_coeff, z_scale=self.z_loss_coeff)
+        if self.training and not is_recomputing():
+            with torch.no_grad():
+                self.tokens_per_expert.add_(r.counts)
+        return r
 
     @torch.no_grad()
     def update_expert_bias(self, rate: float, keep: torch.Tensor | None = None) -> None:
