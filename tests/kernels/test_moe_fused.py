@@ -13,8 +13,7 @@ import weakref
 
 import pytest
 import torch
-
-from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
+from triton_env import use_gpu_or_interpreter
 
 if use_gpu_or_interpreter():
     # fp32 checks of the Triton kernels in the interpreter; a GPU runs the bf16 ones (test_moe_fused_gpu.py). On a GPU
@@ -22,9 +21,9 @@ if use_gpu_or_interpreter():
     # session 17); pinned to one config, the file still ran past its 150 s limit (session 18, not looked into)
     pytest.skip("fp32 interpreter checks: the GPU's are test_moe_fused_gpu.py", allow_module_level=True)
 
-from moetrain import ops  # noqa: E402
-from moetrain.kernels import grouped_gemm as gg  # noqa: E402
-from moetrain.ops import autoselect, moe, moe_fused  # noqa: E402
+from moetrain import ops
+from moetrain.kernels import grouped_gemm as gg
+from moetrain.ops import autoselect, moe, moe_fused
 
 BOUND = 2e-5  # fp32 (IEEE dots) against fp64, a few GEMMs deep
 
@@ -82,12 +81,12 @@ def auto_matches_reference(inputs, probe_seed: int) -> None:
 
 CASES = {
     # name: (T, H, I, E, K, extra)
-    "uneven_dropped": (13, 24, 10, 6, 2, dict(dropped=[(0, 1), (5, 0), (12, 1)])),
-    "skewed_empty_groups": (17, 24, 10, 8, 2, dict(skew=True)),
+    "uneven_dropped": (13, 24, 10, 6, 2, {"dropped": [(0, 1), (5, 0), (12, 1)]}),
+    "skewed_empty_groups": (17, 24, 10, 8, 2, {"skew": True}),
     "k1": (11, 16, 12, 4, 1, {}),
-    "k8": (9, 16, 6, 10, 8, dict(dropped=[(3, 7)])),
+    "k8": (9, 16, 6, 10, 8, {"dropped": [(3, 7)]}),
     "e1": (7, 16, 8, 1, 1, {}),
-    "t_odd_bias": (37, 20, 9, 5, 3, dict(bias=True, dropped=[(1, 2)])),
+    "t_odd_bias": (37, 20, 9, 5, 3, {"bias": True, "dropped": [(1, 2)]}),
 }
 
 
@@ -177,8 +176,8 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
 
     monkeypatch.setattr(autoselect, "time_backend", fake_timer)
     used = []
-    real = moe_fused.GatherFC1.apply
-    monkeypatch.setattr(moe_fused.GatherFC1, "apply", lambda *a: used.append(a[-1]) or real(*a))
+    real = moe_fused.FusedFC1.apply  # auto's FC1 node (its op measures separate vs fused where the fused one applies)
+    monkeypatch.setattr(moe_fused.FusedFC1, "apply", lambda *a: used.append(a[-2]) or real(*a))
     auto_matches_reference(make(9, 16, 8, 4, 2, seed=11), probe_seed=5)
     assert used == ["auto"]
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
@@ -245,12 +244,12 @@ def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch
     # ran (whose "copy" variant gathers another [M, H]) was the layer's memory peak at DeepSeek-V3
     import weakref
 
-    real_op, real_wgrad = moe_fused.grouped_gemm_op, moe_fused._fc1_wgrad
+    real_dgrad, real_wgrad = moe_fused.gemm_dgrad, moe_fused._fc1_wgrad
     dgrad_rows, alive_at_wgrad = [], []
 
-    def op(name, *args, **kwargs):
-        out = real_op(name, *args, **kwargs)
-        if name == "dgrad" and out.shape[1] == H:  # FC1's (FC2's data gradient has I columns)
+    def dgrad(*args):
+        out = real_dgrad(*args)
+        if out.shape[1] == H:  # FC1's (FC2's data gradient has I columns)
             dgrad_rows.append(weakref.ref(out))
         return out
 
@@ -258,7 +257,7 @@ def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch
         alive_at_wgrad.extend(ref() is not None for ref in dgrad_rows)
         return real_wgrad(*args, **kwargs)
 
-    monkeypatch.setattr(moe_fused, "grouped_gemm_op", op)
+    monkeypatch.setattr(moe_fused, "gemm_dgrad", dgrad)
     monkeypatch.setattr(moe_fused, "_fc1_wgrad", wgrad)
     T, H, I, E, K = 12, 24, 8, 4, 2
     inputs = make(T, H, I, E, K, seed=5)
