@@ -95,7 +95,12 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def split_bf16_cat(g: torch.Tensor) -> torch.Tensor:
     """fp32 g [..., E] -> [..., 2E] bf16 holding hi | lo, with hi + lo = g to about 2^-16 relative
     (hi = bf16(g), lo = bf16(g - hi)). The halves are written into one buffer, two ops and no cat, since
-    every op costs 50-80 us of host time on the H200 host and the concatenation is the dx GEMM's operand."""
+    every op costs 50-80 us of host time on the H200 host and the concatenation is the dx GEMM's operand.
+    Under torch.compile (which refuses an out= into a strided view, and fuses the ops itself) the same values
+    from the definition's casts and a cat."""
+    if torch.compiler.is_compiling():
+        hi = g.to(torch.bfloat16)
+        return torch.cat([hi, (g - hi.float()).to(torch.bfloat16)], dim=-1)
     E = g.shape[-1]
     hilo = torch.empty(*g.shape[:-1], 2 * E, dtype=torch.bfloat16, device=g.device)
     hi, lo = hilo.split(E, dim=-1)
