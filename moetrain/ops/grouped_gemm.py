@@ -164,7 +164,7 @@ class _PerOpGroupedGemm(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, w, offs = ctx.saved_tensors
-        dy, backend = dy.to(x.dtype), ctx.backend
+        dy, backend = dy.to(x.dtype).contiguous(), ctx.backend
         dx = gemm_dgrad(dy, w, offs, backend) if ctx.needs_input_grad[0] else None
         dw = None
         if ctx.needs_input_grad[1]:
