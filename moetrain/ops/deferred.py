@@ -15,8 +15,7 @@ gradient: the grouped GEMM (``grouped_gemm`` with the triton, torch and auto bac
 FC2 with the combine (w2), and the router's tensor-core GEMM (its weight). Everything else, plain PyTorch layers and
 the reference backend's plain ops included, computes its weight gradients in the backward as usual. A queued
 gradient is the very call the backward would have made (same kernel, same operands), made later: deferral adds no
-GEMM and changes no number. Outside the context nothing is queued and the backward is as before (but for the
-skipped GEMMs below).
+GEMM and changes no number. Outside the context nothing is queued and the backward is unchanged.
 
 Delivery: ``torch.autograd.backward`` from the weight's autograd edge (the node's input edge, not the saved tensor,
 so saved-tensor hooks and activation recompute do not matter): a leaf accumulates into .grad (its hooks run then),
@@ -24,10 +23,9 @@ a non-leaf weight (a cast, an FSDP view) passes the gradient on to its leaf. Eac
 in turn, in backward order, so at most one is held beyond the .grad it lands in. Until then each queued gradient
 keeps its operands alive (the output gradient and the saved input, e.g. FC2's dy [M, H] and a [M, I]).
 
-Only a backward that accumulates into .grad (``.backward()``, ``torch.autograd.backward``) defers. Where the engine
-says that the current backward will not use a weight's gradient (``backward(inputs=...)`` without that weight,
-``torch.autograd.grad`` through a non-leaf weight it does not ask for), the GEMM is skipped, inside the context or
-not. Under ``torch.autograd.grad`` a leaf weight's gradient is computed at once, never queued: the engine does not
+Only a backward that accumulates into .grad (``.backward()``, ``torch.autograd.backward``) defers. Inside the context,
+where the engine says that the current backward will not use a weight's gradient (``backward(inputs=...)`` without
+that weight, ``torch.autograd.grad`` through a non-leaf weight it does not ask for), the GEMM is skipped. Under ``torch.autograd.grad`` a leaf weight's gradient is computed at once, never queued: the engine does not
 tell a node whether that call wants it (torch's stage_backward_input and PipelineStage's metadata inference run such
 calls). Not supported: ``torch.autograd.grad`` asking for the leaf behind a non-leaf weight (a cast parameter)
 inside the context: that gradient would be queued instead of returned.
@@ -101,11 +99,11 @@ def defer_weight_grads(pending: PendingWeightGrads | None = None):
 
 
 def weight_grad(ctx, index: int, compute: Callable[[], torch.Tensor]) -> torch.Tensor | None:
-    """For a custom autograd node's backward (``ctx``): the gradient of its weight, ``compute()``, now; None without
-    computing it when the engine says this backward does not want it; or, inside
-    ``defer_weight_grads`` and outside compilation, None now and ``compute`` queued. ``index``: the weight's position
+    """For a custom autograd node's backward (``ctx``): the gradient of its weight, ``compute()``, now; or, inside
+    ``defer_weight_grads`` and outside compilation, None now and ``compute`` queued (None without computing it where
+    the engine says that this backward does not use it). ``index``: the weight's position
     among the tensor arguments of the node's apply (its autograd input edge)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _active is None:
         return compute()
     node, input_nr = ctx.next_functions[index]
     try:
@@ -114,8 +112,6 @@ def weight_grad(ctx, index: int, compute: Callable[[], torch.Tensor]) -> torch.T
     except RuntimeError:
         # a leaf's accumulator while torch.autograd.grad runs (the engine refuses to say): its gradient, if asked for,
         # is returned to that call, so it is computed now
-        return compute()
-    if _active is None:
         return compute()
     _active.add(GradientEdge(node, input_nr), compute)
     return None
