@@ -23,19 +23,18 @@ from moetrain.ops import moe_fused
 def capture_fc1_dgrad(s):
     """(dh, w1, offs) as our layer's FC1 data gradient receives them."""
     seen = {}
-    original = moe_fused.grouped_gemm_op
+    original = moe_fused.gemm_dgrad  # FC1's and FC2's data gradients; FC1's (2I columns in dh) runs last
 
-    def spy(op, backend, a, b, offs, w_shape):
-        if op == "dgrad":
-            seen["operands"] = (a.detach().clone(), b.detach(), offs.clone())
-        return original(op, backend, a, b, offs, w_shape)
+    def spy(dy, w, offs, backend):
+        seen["operands"] = (dy.detach().clone(), w.detach(), offs.clone())
+        return original(dy, w, offs, backend)
 
-    moe_fused.grouped_gemm_op = spy
+    moe_fused.gemm_dgrad = spy
     try:
         args = bench.layer_inputs(s, "balanced", torch.Generator(device="cuda").manual_seed(0))
         bench._fwd_bwd(bench.ours("auto"), args)
     finally:
-        moe_fused.grouped_gemm_op = original
+        moe_fused.gemm_dgrad = original
     return seen["operands"]
 
 

@@ -22,6 +22,7 @@ import torch
 
 from moetrain.ops import moe_rows
 from moetrain.ops.moe import _SortWithWeights, _live_weight, sort_rows
+from moetrain.ops.moe_rows import combine_kernel, token_rows_kernel
 
 
 @dataclass
@@ -39,13 +40,13 @@ class _GatherTokenRows(torch.autograd.Function):
     def forward(ctx, x, inverse, topk):
         ctx.save_for_backward(inverse)
         ctx.topk = topk
-        return moe_rows.row_kernels().token_rows(x, inverse)
+        return token_rows_kernel(x, inverse, inverse.shape[0])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, drows):
         (inverse,) = ctx.saved_tensors
-        return moe_rows.row_kernels().combine(drows.contiguous(), inverse, None, ctx.topk), None, None
+        return combine_kernel(drows.contiguous(), inverse, None, ctx.topk), None, None
 
 
 def permute_tokens(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, num_experts: int,

@@ -10,13 +10,19 @@ Shapes and dtypes:
 Backends:
     "loop"  : a per-group Python loop of plain matmuls. Obviously correct; reads offs on the host
               (a device sync), so it is the reference, not the production path.
-    "torch" : torch._grouped_mm (sync-free, CUDA). Its CPU backward mishandles empty groups in
-              torch 2.13, so "auto" only picks it on CUDA.
+    "torch" : torch._grouped_mm for each of forward, dgrad and wgrad (sync-free; CUDA, or CPU in fp32
+              with 16-byte aligned rows: torch 2.13's CPU _grouped_mm takes no fp64). Called by our
+              autograd node, not through torch's autograd of _grouped_mm (whose CPU backward mishandles
+              empty groups in torch 2.13, and whose weight gradient comes transposed).
     "triton": our persistent Triton kernels (moetrain.kernels.grouped_gemm: forward, dgrad, wgrad),
               sync-free. Needs the triton package and a CUDA device, or TRITON_INTERPRET=1 (set
               before triton is imported) to run them on CPU tensors in Triton's interpreter.
     "auto"  : on CUDA, torch or triton for each of forward, dgrad and wgrad separately, per
               shape, from measurements cached on disk (moetrain.ops.autoselect); "loop" elsewhere.
+
+Every backend but "loop" runs its GEMMs through custom ops (moetrain.ops.custom_ops), so torch.compile
+traces it whole (fullgraph), and may defer the weight gradient (moetrain.ops.deferred). "loop" is plain
+PyTorch with PyTorch's autograd; under torch.compile its host read of offs is a graph break.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import torch
 from moetrain.errors import UserError
 from moetrain.kernels.torch_grouped_mm import torch_grouped_mm  # plain torch, no triton
 from moetrain.ops import autoselect
+from moetrain.ops.custom_ops import kernel_op
+from moetrain.ops.deferred import weight_grad
 
 BACKENDS = ("auto", "torch", "triton", "loop")
 # The MoE config says "reference" for the loop backend.
@@ -59,17 +67,16 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
     if _ALIASES.get(backend, backend) == "auto" and autoselect.measures(x.device):
         return _PerOpGroupedGemm.apply(x, w, offs, "auto")
     which = resolve_backend(backend, x.device)
-    if which == "torch":
-        return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs.to(torch.int32))
-    if which == "triton":
-        return _PerOpGroupedGemm.apply(x, w, offs, "triton")
-    return grouped_gemm_loop(x, w, offs)
+    if which == "loop":
+        return grouped_gemm_loop(x, w, offs)
+    return _PerOpGroupedGemm.apply(x, w, offs, which)
 
 
-# ---- backend="auto": each of the three GEMMs picks its own backend --------------------------
+# ---- each of the three GEMMs on its own backend ---------------------------------------------
 # The forward, the data gradient and the weight gradient have different shapes and different
 # winners (on the H200 at Qwen3 shapes: torch for the FC1 forward, Triton for the other five),
-# so each op is measured and cached on its own (autoselect kinds grouped_gemm_fwd/_dgrad/_wgrad).
+# so with backend "auto" each op is measured and cached on its own (autoselect kinds
+# grouped_gemm_fwd/_dgrad/_wgrad).
 #   fwd   y  [M, N] = x_g  @ w[g]^T      (a = x,  b = w)
 #   dgrad dx [M, K] = dy_g @ w[g]        (a = dy, b = w)
 #   wgrad dw [G,N,K] = dy_g^T @ x_g      (a = dy, b = x)
@@ -79,7 +86,8 @@ def _run_op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch
     if backend == "torch":
         return torch_grouped_mm(op, a, b, offs)
     if backend == "triton":
-        from moetrain.kernels import grouped_gemm as kernels  # imports triton: only when chosen
+        # imports triton: only when chosen
+        from moetrain.kernels import grouped_gemm as kernels
 
         return getattr(kernels, f"grouped_gemm_{op}")(a, b, offs)
     # "loop": autoselect's answer when no candidate ran
@@ -115,47 +123,53 @@ def _auto_op(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_sh
 
 def grouped_gemm_op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_shape) -> torch.Tensor:
     """One of the three GEMMs (op: fwd, dgrad, wgrad; see above) on ``backend``: triton, torch, loop, or
-    auto (this op's measured winner at this layer shape, w_shape = [G, N, K])."""
+    auto (this op's measured winner at this layer shape, w_shape = [G, N, K]). The eager body of the three
+    custom ops below."""
     return _auto_op(op, a, b, offs, w_shape) if backend == "auto" else _run_op(op, backend, a, b, offs)
+
+
+# The three GEMMs as custom ops (moetrain.ops.custom_ops): offs [G] int32; backend as grouped_gemm_op's.
+@kernel_op("grouped_gemm_fwd", fake=lambda x, w, offs, backend: x.new_empty(x.shape[0], w.shape[1]))
+def gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: str) -> torch.Tensor:
+    """y [M, N] = x_g @ w[g]^T: x [M, K], w [G, N, K] -> x's dtype."""
+    return grouped_gemm_op("fwd", backend, x, w, offs, w.shape)
+
+
+@kernel_op("grouped_gemm_dgrad", fake=lambda dy, w, offs, backend: dy.new_empty(dy.shape[0], w.shape[2]))
+def gemm_dgrad(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: str) -> torch.Tensor:
+    """dx [M, K] = dy_g @ w[g]: dy [M, N], w [G, N, K] -> dy's dtype."""
+    return grouped_gemm_op("dgrad", backend, dy, w, offs, w.shape)
+
+
+@kernel_op("grouped_gemm_wgrad",
+           fake=lambda dy, x, offs, backend: dy.new_empty(offs.shape[0], dy.shape[1], x.shape[1]))
+def gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, backend: str) -> torch.Tensor:
+    """dw [G, N, K] = dy_g^T @ x_g: dy [M, N], x [M, K], G = offs' length -> dy's dtype."""
+    return grouped_gemm_op("wgrad", backend, dy, x, offs, (offs.shape[0], dy.shape[1], x.shape[1]))
 
 
 class _PerOpGroupedGemm(torch.autograd.Function):
     """y = x_g @ w_g^T where forward, dgrad (dy_g @ w_g) and wgrad (dy_g^T @ x_g) each run ``backend``:
-    "triton" (our kernels), or "auto" (each op its own measured winner). Nothing reads offs on the host."""
+    "triton" (our kernels), "torch" (torch._grouped_mm) or "auto" (each op its own measured winner). Nothing
+    reads offs on the host. The weight gradient may be deferred (moetrain.ops.deferred)."""
 
     @staticmethod
     def forward(ctx, x, w, offs, backend):
         offs = offs.to(torch.int32)
         ctx.save_for_backward(x, w, offs)
         ctx.backend = backend
-        return grouped_gemm_op("fwd", backend, x, w, offs, w.shape)
+        return gemm_fwd(x, w, offs, backend)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, w, offs = ctx.saved_tensors
-        dy = dy.to(x.dtype)
-        dx = grouped_gemm_op("dgrad", ctx.backend, dy, w, offs, w.shape) if ctx.needs_input_grad[0] else None
-        dw = grouped_gemm_op("wgrad", ctx.backend, dy, x, offs, w.shape) if ctx.needs_input_grad[1] else None
+        dy, backend = dy.to(x.dtype).contiguous(), ctx.backend
+        dx = gemm_dgrad(dy, w, offs, backend) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = weight_grad(ctx, 1, lambda: gemm_wgrad(dy, x, offs, backend))
         return dx, dw, None, None
-
-
-def eager_under_compile(fn):
-    """``fn`` behind torch.compiler.disable: inside a torch.compile'd caller it runs eagerly after a graph
-    break (our Triton paths do run-time autotuning and timing that must not be traced). The wrapper is
-    made on the first call: torch.compiler.disable imports dynamo (and triton), the ops import neither.
-    Outside compilation ``fn`` is called directly: the disable wrapper's own frame handling costs host time on
-    every call of an eager layer."""
-    disabled = None
-
-    def call(*args):
-        nonlocal disabled
-        if not torch.compiler.is_compiling():
-            return fn(*args)
-        if disabled is None:
-            disabled = torch.compiler.disable(fn)
-        return disabled(*args)
-    return call
 
 
 def require_triton(device: torch.device) -> None:

@@ -20,6 +20,10 @@ Backends:
 
 Sync-free: token counts and offsets stay on the device; no host reads depend on routing
 (the "loop" grouped GEMM backend is the exception: it is the reference).
+
+torch.compile: every backend but "loop" traces whole (fullgraph): the kernels are custom ops with fake
+implementations (moetrain.ops.custom_ops), their run-time choices made inside them, and the torch
+backend's row ops plain PyTorch. "loop" reads the group offsets on the host: a graph break.
 """
 
 from __future__ import annotations
@@ -27,9 +31,15 @@ from __future__ import annotations
 import torch
 
 from moetrain.ops import autoselect, moe_rows
-from moetrain.ops.grouped_gemm import _ALIASES, eager_under_compile, grouped_gemm, resolve_backend
-from moetrain.ops.moe_rows import CLAMPED_ALPHA, CLAMPED_LIMIT, inverse_permutation  # noqa: F401 (public)
-from moetrain.ops.moe_rows import swiglu_torch
+from moetrain.ops.custom_ops import kernel_op
+from moetrain.ops.grouped_gemm import _ALIASES, grouped_gemm, resolve_backend
+from moetrain.ops.moe_fused import fc1_gathered, fc1_swiglu, fc2_combine
+from moetrain.ops.moe_rows import (  # noqa: F401 (CLAMPED_ALPHA, CLAMPED_LIMIT: public here too)
+    CLAMPED_ALPHA,
+    CLAMPED_LIMIT,
+    inverse_permutation,
+    swiglu_torch,
+)
 
 # Activation dtypes for which backend "auto" takes the fused path on CUDA (see the module docstring).
 AUTO_FUSED_DTYPES = (torch.bfloat16, torch.float16)
@@ -125,12 +135,6 @@ def moe_experts(
     """
     _check_operands(x, topk_idx, topk_weight, w1, w2, b1, b2)
     gemm = expert_gemm_backend(backend, x)
-    fused = gemm in ("triton", "auto")
-    if fused and torch.compiler.is_compiling():
-        # Inside a torch.compile'd layer the fused path runs eagerly behind a graph break: our kernels
-        # gain nothing from tracing, and its run-time choices (autotuning, auto's timing) must not be
-        # traced. The rest of the layer stays compiled.
-        return _eager_fused(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
     return _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation, gemm)
 
 
@@ -159,7 +163,7 @@ def _check_operands(x, topk_idx, topk_weight, w1, w2, b1, b2) -> None:
     H = x.shape[1]
     if w1.dim() != 3 or w1.shape[2] != H or w1.shape[1] % 2:
         raise ValueError(f"moe_experts: w1 {tuple(w1.shape)} must be [E, 2I, H] with H = {H} (x's columns)")
-    E, I = w1.shape[0], w1.shape[1] // 2  # noqa: E741 - the legend's name
+    E, I = w1.shape[0], w1.shape[1] // 2  # (I: the legend's name)
     if tuple(w2.shape) != (E, H, I):
         raise ValueError(f"moe_experts: w2 {tuple(w2.shape)} must be [E, H, I] = {(E, H, I)} to match w1 "
                          f"{tuple(w1.shape)} and x {tuple(x.shape)}")
@@ -181,17 +185,13 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
         # weights in row order itself (probs [M] fp32).
         offs, row_map, inverse, token_of_row, probs = _SortWithWeights.apply(topk_weight, topk_idx, E)
     elif fused:  # one Triton sort with the inverse and each row's token (the PyTorch ops were ~20 launches)
-        from moetrain.kernels import sort_rows as sorting
-
-        offs, row_map, inverse, token_of_row = sorting.sort_rows(topk_idx, E)
+        offs, row_map, inverse, token_of_row = sort_rows_kernel(topk_idx, None, E)
     else:
         offs, row_map = sort_rows(topk_idx, E)
         inverse = inverse_permutation(row_map)
     if b1 is not None or b2 is not None:
         expert_of_row = _expert_of_row(topk_idx, row_map, E)
     if fused and b2 is None:
-        from moetrain.ops.moe_fused import fc1_gathered, fc1_swiglu, fc2_combine
-
         if b1 is None:
             a = fc1_swiglu(x, w1, offs, token_of_row, inverse, K, probs, activation, gemm)
         else:  # FC1's bias is added to h between FC1 and SwiGLU
@@ -199,8 +199,6 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
             a = moe_rows.swiglu(h, activation, rows, probs=probs)
         return fc2_combine(a, w2, offs, inverse, K, gemm)
     if fused:
-        from moetrain.ops.moe_fused import fc1_gathered
-
         h = fc1_gathered(x, w1, offs, token_of_row, inverse, K, gemm)
     else:
         h = grouped_gemm(moe_rows.expand_rows(x, row_map, inverse, K), w1, offs, gemm)
@@ -216,7 +214,31 @@ def _moe_experts(x, topk_idx, topk_weight, w1, w2, b1, b2, activation: str, gemm
     return moe_rows.combine(y, inverse, weight, K, rows)
 
 
-_eager_fused = eager_under_compile(_moe_experts)
+def _sort_rows_fake(topk_idx, weights, num_experts):
+    M = topk_idx.numel()
+    out = [topk_idx.new_empty(num_experts, dtype=torch.int32), topk_idx.new_empty(M), topk_idx.new_empty(M),
+           topk_idx.new_empty(M, dtype=torch.int32)]
+    return out if weights is None else out + [topk_idx.new_empty(M, dtype=torch.float32)]
+
+
+@kernel_op("sort_rows", fake=_sort_rows_fake)
+def sort_rows_kernel(topk_idx: torch.Tensor, weights: torch.Tensor | None, num_experts: int) -> list[torch.Tensor]:
+    """The fused path's row sort (kernels/sort_rows.py) as a custom op: [offs [E] int32, row_map [M] int64,
+    inverse [M] int64, token_of_row [M] int32] of topk_idx [T, K] int64, and probs [M] fp32 after them when the
+    routing weights [T, K] are given."""
+    from moetrain.kernels import sort_rows as sorting
+
+    return list(sorting.sort_rows(topk_idx, num_experts, weights=weights))
+
+
+@kernel_op("routing_weight_grad", fake=lambda dprobs, inverse, topk_idx, dtype: dprobs.new_empty(topk_idx.shape,
+                                                                                                 dtype=dtype))
+def routing_weight_grad_kernel(dprobs: torch.Tensor, inverse: torch.Tensor, topk_idx: torch.Tensor,
+                               dtype: torch.dtype) -> torch.Tensor:
+    """dweights [T, K] in ``dtype`` from dprobs [M] fp32: the backward of sort_rows' probs (kernels/sort_rows.py)."""
+    from moetrain.kernels import sort_rows as sorting
+
+    return sorting.routing_weight_grad(dprobs, inverse, topk_idx, dtype)
 
 
 class _SortWithWeights(torch.autograd.Function):
@@ -226,9 +248,7 @@ class _SortWithWeights(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, topk_weight, topk_idx, num_experts):
-        from moetrain.kernels import sort_rows as sorting
-
-        offs, row_map, inverse, token_of_row, probs = sorting.sort_rows(topk_idx, num_experts, weights=topk_weight)
+        offs, row_map, inverse, token_of_row, probs = sort_rows_kernel(topk_idx, topk_weight, num_experts)
         ctx.save_for_backward(inverse, topk_idx)
         ctx.weight_dtype = topk_weight.dtype
         ctx.mark_non_differentiable(offs, row_map, inverse, token_of_row)
@@ -241,10 +261,8 @@ class _SortWithWeights(torch.autograd.Function):
     def backward(ctx, _offs, _row_map, _inverse, _token_of_row, dprobs):
         if dprobs is None or not ctx.needs_input_grad[0]:
             return None, None, None
-        from moetrain.kernels import sort_rows as sorting
-
         inverse, topk_idx = ctx.saved_tensors
-        return sorting.routing_weight_grad(dprobs.float(), inverse, topk_idx, ctx.weight_dtype), None, None
+        return routing_weight_grad_kernel(dprobs.float(), inverse, topk_idx, ctx.weight_dtype), None, None
 
 
 def _live_weight(topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:

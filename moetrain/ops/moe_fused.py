@@ -33,6 +33,11 @@ backward gathers dout to rows, then FC2's data and weight gradients). One node i
 costs the H200's host ~25 us in the forward and ~50 in the backward (host_breakdown.py), and an eager
 layer at a small micro-batch is host-bound. The node boundaries that stay (the sort, FC1, SwiGLU, this) are where
 the backward frees memory: a node's saved tensors live until its backward returns (h after SwiGLU's, not FC1's).
+
+torch.compile: FC1's forward, its weight gradient and FC1 + SwiGLU are custom ops (``fc1_fwd``, ``fc1_wgrad``,
+``fc1_swiglu``: moetrain.ops.custom_ops) that make their variant choices inside, when they run; the GEMMs and row
+kernels around them are custom ops too, so a compiled layer traces the whole fused path. The weight gradients of
+FC1 and FC2 may be deferred (moetrain.ops.deferred).
 """
 
 from __future__ import annotations
@@ -40,14 +45,18 @@ from __future__ import annotations
 import torch
 
 from moetrain.ops import autoselect, moe_rows
-from moetrain.ops.grouped_gemm import grouped_gemm_op
+from moetrain.ops.custom_ops import kernel_op
+from moetrain.ops.deferred import weight_grad
+from moetrain.ops.grouped_gemm import gemm_dgrad, gemm_fwd, gemm_wgrad, grouped_gemm_op
+from moetrain.ops.moe_rows import combine_kernel, token_rows_kernel
 
 
 def _fc1_forward(variant: str, gemm: str, x, w1, offs, token_of_row, inverse):
     """h = x[token_of_row] @ w1_g^T: "gather" reads x through the index in our kernel; "copy" writes
     x_perm token by token (moe_rows.token_rows) and runs the forward GEMM on ``gemm``; x_perm is freed on return."""
     if variant == "gather":
-        from moetrain.kernels import grouped_gemm as kernels  # imports triton: only on this path
+        # imports triton: only on this path
+        from moetrain.kernels import grouped_gemm as kernels
 
         return kernels.grouped_gemm_fwd(x, w1, offs, gather_rows=token_of_row)
     return grouped_gemm_op("fwd", gemm, moe_rows.row_kernels().token_rows(x, inverse), w1, offs, w1.shape)
@@ -77,6 +86,75 @@ def _on_both_token_orders(token_of_row, inverse, topk: int, run_one):
     return autoselect.on_both(run_one, (token_of_row, inverse), relabeled)
 
 
+# ---- FC1's kernels as custom ops (moetrain.ops.custom_ops); each picks its variant inside, at run time ----------
+
+def _fc1_fwd_fake(x, w1, offs, token_of_row, inverse, topk, gemm):
+    return x.new_empty(token_of_row.shape[0], w1.shape[1])
+
+
+@kernel_op("fc1_fwd", fake=_fc1_fwd_fake)
+def fc1_fwd(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_row: torch.Tensor,
+            inverse: torch.Tensor, topk: int, gemm: str) -> torch.Tensor:
+    """h [M, 2I] = x[token_of_row] @ w1_g^T: "gather", or with gemm "auto" the measured winner of gather and copy."""
+    variant = "gather"
+    if gemm == "auto":
+        G, N, K = w1.shape
+        variant = autoselect.choose("moe_fc1_fwd", x, N, K, token_of_row.shape[0], G, _on_both_token_orders(
+            token_of_row, inverse, topk,
+            lambda name, rows, inv: _fc1_forward(name, "auto", x, w1, offs, rows, inv)))
+    return _fc1_forward(variant, gemm, x, w1, offs, token_of_row, inverse)
+
+
+def _fc1_wgrad_fake(dh, x, offs, token_of_row, inverse, topk, gemm):
+    return dh.new_empty(offs.shape[0], dh.shape[1], x.shape[1])
+
+
+@kernel_op("fc1_wgrad", fake=_fc1_wgrad_fake)
+def fc1_wgrad(dh: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, token_of_row: torch.Tensor,
+              inverse: torch.Tensor, topk: int, gemm: str) -> torch.Tensor:
+    """dw1 [E, 2I, H] = dh_g^T @ x[token_of_row]_g: "copy", or with gemm "auto" the measured winner of copy and
+    gather."""
+    w_shape = (offs.shape[0], dh.shape[1], x.shape[1])
+    variant = "copy"
+    if gemm == "auto":
+        G, N, K = w_shape
+        variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G, _on_both_token_orders(
+            token_of_row, inverse, topk,
+            lambda name, rows, inv: _fc1_wgrad(name, "auto", dh, x, offs, rows, inv, w_shape)))
+    return _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, inverse, w_shape)
+
+
+def _fc1_swiglu_fake(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation):
+    M, two_i = token_of_row.shape[0], w1.shape[1]
+    return x.new_empty(M, two_i), x.new_empty(M, two_i // 2)
+
+
+@kernel_op("fc1_swiglu", fake=_fc1_swiglu_fake)
+def fc1_swiglu_fwd(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_row: torch.Tensor,
+                   inverse: torch.Tensor, probs: torch.Tensor | None, topk: int, gemm: str,
+                   activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h [M, 2I], a [M, I] = act(h) * probs[:, None]): where the fused kernel applies and gemm is "auto", the
+    measured winner of "separate" (``fc1_fwd``, then the SwiGLU kernel) and "fused" (one ping-pong kernel); else
+    separate."""
+    variant = "separate"
+    if gemm == "auto" and fused_fc1_swiglu_applies(x, w1):
+        G, N, K = w1.shape
+
+        def run(name, rows, inv):
+            if name == "fused":
+                return _fused_forward(x, w1, offs, inv, probs, activation)
+            return moe_rows.swiglu_fwd_kernel(fc1_fwd(x, w1, offs, rows, inv, topk, gemm), probs, activation)
+
+        variant = autoselect.choose("moe_fc1_swiglu", x, N, K, token_of_row.shape[0], G,
+                                    _on_both_token_orders(token_of_row, inverse, topk, run))
+    if variant == "fused":
+        return _fused_forward(x, w1, offs, inverse, probs, activation)
+    h = fc1_fwd(x, w1, offs, token_of_row, inverse, topk, gemm)
+    return h, moe_rows.swiglu_fwd_kernel(h, probs, activation)
+
+
+# ---- autograd ---------------------------------------------------------------------------------------------------
+
 class GatherFC1(torch.autograd.Function):
     """h = grouped_gemm(x[token_of_row], w1, offs) without materializing x[token_of_row]."""
 
@@ -84,13 +162,7 @@ class GatherFC1(torch.autograd.Function):
     def forward(ctx, x, w1, offs, token_of_row, inverse, topk, gemm):
         offs = offs.to(torch.int32)
         _keep_for_fc1_backward(ctx, x, w1, offs, inverse, token_of_row, topk, gemm)
-        variant = "gather"
-        if gemm == "auto":
-            G, N, K = w1.shape
-            variant = autoselect.choose("moe_fc1_fwd", x, N, K, token_of_row.shape[0], G, _on_both_token_orders(
-                token_of_row, inverse, topk,
-                lambda name, rows, inv: _fc1_forward(name, "auto", x, w1, offs, rows, inv)))
-        return _fc1_forward(variant, gemm, x, w1, offs, token_of_row, inverse)
+        return fc1_fwd(x, w1, offs, token_of_row, inverse, topk, gemm)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -105,7 +177,8 @@ def _keep_for_fc1_backward(ctx, x, w1, offs, inverse, token_of_row, topk: int, g
 
 
 def _fc1_backward(ctx, dh) -> tuple:
-    """(dx [T, H] or None, dw1 [E, 2I, H] or None) of an FC1 node from dh [M, 2I] (FC1's output gradient)."""
+    """(dx [T, H] or None, dw1 [E, 2I, H] or None) of an FC1 node from dh [M, 2I] (FC1's output gradient); dw1 may
+    be deferred (moetrain.ops.deferred: w1 is the node's second tensor argument)."""
     x, w1, offs, inverse, token_of_row = ctx.saved_tensors
     dh = dh.to(x.dtype).contiguous()
     topk, gemm = ctx.topk, ctx.gemm
@@ -113,15 +186,9 @@ def _fc1_backward(ctx, dh) -> tuple:
     if ctx.needs_input_grad[0]:
         # dx_perm [M, H] is freed before the weight gradient runs (its "copy" variant gathers another
         # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md)
-        dx = moe_rows.row_kernels().combine(grouped_gemm_op("dgrad", gemm, dh, w1, offs, w1.shape), inverse, None, topk)
+        dx = combine_kernel(gemm_dgrad(dh, w1, offs, gemm), inverse, None, topk)
     if ctx.needs_input_grad[1]:
-        variant = "copy"
-        if gemm == "auto":
-            G, N, K = w1.shape
-            variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G, _on_both_token_orders(
-                token_of_row, inverse, topk,
-                lambda name, rows, inv: _fc1_wgrad(name, "auto", dh, x, offs, rows, inv, w1.shape)))
-        dw1 = _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, inverse, w1.shape)
+        dw1 = weight_grad(ctx, 1, lambda: fc1_wgrad(dh, x, offs, token_of_row, inverse, topk, gemm))
     return dx, dw1
 
 
@@ -152,15 +219,15 @@ def _fused_forward(x, w1, offs, inverse, probs, activation: str):
 
 
 class FusedFC1(torch.autograd.Function):
-    """(h, a) = FC1 of the token rows and a = act(h) * probs[:, None], by one kernel (SwiGLU in FC1's epilogue, over a
-    transient x_perm). Differentiable in h only, with GatherFC1's backward: a's gradient reaches h through
+    """(h, a) = FC1 of the token rows and a = act(h) * probs[:, None] (``fc1_swiglu_fwd``: one kernel, or FC1 and the
+    SwiGLU kernel, as measured). Differentiable in h only, with GatherFC1's backward: a's gradient reaches h through
     ``_SwiGLUOfFusedFC1``, SwiGLU's own node, so that h is freed after SwiGLU's backward as on the separate path
     (held by this node instead, it stayed alive through FC1's backward: +1.9 GB peak at Mixtral)."""
 
     @staticmethod
     def forward(ctx, x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation):
         offs = offs.to(torch.int32)
-        h, a = _fused_forward(x, w1, offs, inverse, probs, activation)
+        h, a = fc1_swiglu_fwd(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation)
         _keep_for_fc1_backward(ctx, x, w1, offs, inverse, token_of_row, topk, gemm)
         ctx.mark_non_differentiable(a)
         # a's gradient is never used: materialized, it was a zero-filled [M, I] per backward (0.06-0.28 ms from
@@ -195,27 +262,15 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_r
                inverse: torch.Tensor, topk: int, probs: torch.Tensor | None, activation: str,
                gemm: str = "triton") -> torch.Tensor:
     """a [M, I] = act(h[:, :I], h[:, I:]) * probs[:, None] with h = FC1 of the token rows (``fc1_gathered``'s
-    operands; probs [M] fp32 or None). With gemm "auto" where the fused kernel applies, "separate" (fc1_gathered,
-    then the SwiGLU kernel) and "fused" (``FusedFC1``) are measured once per shape (autoselect kind
-    "moe_fc1_swiglu", forward only: both backwards run the same kernels); otherwise "separate"."""
-    variant = "separate"
-    if gemm == "auto" and fused_fc1_swiglu_applies(x, w1):
-        G, N, K = w1.shape
-
-        def run(name, rows, inv):
-            with torch.no_grad():
-                if name == "fused":
-                    return _fused_forward(x, w1, offs.to(torch.int32), inv, probs, activation)
-                return moe_rows.swiglu(fc1_gathered(x, w1, offs, rows, inv, topk, gemm), activation, "triton",
-                                       probs=probs)
-
-        variant = autoselect.choose("moe_fc1_swiglu", x, N, K, token_of_row.shape[0], G,
-                                    _on_both_token_orders(token_of_row, inverse, topk, run))
-    if variant == "fused":
-        h, a = FusedFC1.apply(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation)
-        return _SwiGLUOfFusedFC1.apply(h, probs, a, activation)
-    return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation, "triton",
-                           probs=probs)
+    operands; probs [M] fp32 or None). With gemm "auto", FusedFC1 and its SwiGLU node, whose forward is measured once
+    per shape as "separate" (FC1, then the SwiGLU kernel) against "fused" (one kernel) where the fused kernel applies
+    (autoselect kind "moe_fc1_swiglu", forward only: both backwards run the same kernels, and the nodes save the same
+    tensors either way); otherwise fc1_gathered and the SwiGLU kernel's node."""
+    if gemm != "auto":
+        return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation, "triton",
+                               probs=probs)
+    h, a = FusedFC1.apply(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation)
+    return _SwiGLUOfFusedFC1.apply(h, probs, a, activation)
 
 
 class _FC2Combine(torch.autograd.Function):
@@ -223,15 +278,16 @@ class _FC2Combine(torch.autograd.Function):
     def forward(ctx, a, w2, offs, inverse, topk, gemm):
         ctx.save_for_backward(a, w2, offs, inverse)
         ctx.topk, ctx.gemm = topk, gemm
-        return moe_rows.row_kernels().combine(grouped_gemm_op("fwd", gemm, a, w2, offs, w2.shape), inverse, None, topk)
+        return combine_kernel(gemm_fwd(a, w2, offs, gemm), inverse, None, topk)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         a, w2, offs, inverse = ctx.saved_tensors
-        dy = moe_rows.row_kernels().token_rows(dout.to(a.dtype), inverse)  # dout[token] per row
-        da = grouped_gemm_op("dgrad", ctx.gemm, dy, w2, offs, w2.shape) if ctx.needs_input_grad[0] else None
-        dw2 = grouped_gemm_op("wgrad", ctx.gemm, dy, a, offs, w2.shape) if ctx.needs_input_grad[1] else None
+        gemm = ctx.gemm
+        dy = token_rows_kernel(dout.to(a.dtype), inverse, inverse.shape[0])  # dout[token] per row
+        da = gemm_dgrad(dy, w2, offs, gemm) if ctx.needs_input_grad[0] else None
+        dw2 = weight_grad(ctx, 1, lambda: gemm_wgrad(dy, a, offs, gemm)) if ctx.needs_input_grad[1] else None
         return da, dw2, None, None, None, None
 
 
@@ -239,7 +295,8 @@ def fc2_combine(a: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor, inverse: 
                 gemm: str = "triton") -> torch.Tensor:
     """out [T, H] = sum_k y[inverse[t*K + k]] with y = grouped_gemm(a, w2, offs): a [M, I] rows sorted by expert,
     w2 [E, H, I], offs [E] int32, inverse [M] int64, gemm "triton" or "auto" -> [T, H] in a's dtype. The same
-    kernels and numbers as moe_rows.combine(grouped_gemm(a, w2, offs, gemm), inverse, None, topk, "triton")."""
+    kernels and numbers as moe_rows.combine(grouped_gemm(a, w2, offs, gemm), inverse, None, topk, "triton"); w2's
+    gradient may be deferred (moetrain.ops.deferred)."""
     if a.dim() != 2 or w2.dim() != 3 or a.shape[1] != w2.shape[2] or offs.shape != (w2.shape[0],):
         raise ValueError(f"fc2_combine: a {tuple(a.shape)}, w2 {tuple(w2.shape)}, offs {tuple(offs.shape)} must be "
                          "[M, I], [E, H, I], [E]")

@@ -8,13 +8,17 @@ Each op has two implementations, picked by ``impl``:
   "torch"  : plain PyTorch (gathers and reductions; no atomics). The reference, and what the torch
              and loop backends run; needs no triton.
   "triton" : moetrain.kernels.moe_rows, one kernel per op and direction (fp32 accumulation).
-Both keep the reduction over K inside one owner per token: deterministic and sync-free.
+Both keep the reduction over K inside one owner per token: deterministic and sync-free. The Triton kernels are
+custom ops (moetrain.ops.custom_ops: ``combine``, ``combine_bwd``, ``token_rows``, ``swiglu_fwd``, ``swiglu_bwd``),
+the torch implementation plain PyTorch that torch.compile traces and fuses itself.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from moetrain.ops.custom_ops import kernel_op
 
 # GPT-OSS's clamped SwiGLU constants (the Triton kernel spells them as literals).
 CLAMPED_ALPHA = 1.702
@@ -52,11 +56,25 @@ def swiglu_torch(h: torch.Tensor, activation: str = "swiglu") -> torch.Tensor:
 
 
 def swiglu_bwd_torch(h: torch.Tensor, da: torch.Tensor, activation: str) -> torch.Tensor:
-    """dh [M, 2I] from h [M, 2I] and da [M, I] (autograd of ``swiglu_torch``)."""
-    with torch.enable_grad():
-        leaf = h.detach().requires_grad_()
-        (dh,) = torch.autograd.grad(swiglu_torch(leaf, activation), leaf, da)
-    return dh
+    """dh [M, 2I] in h's dtype from h [M, 2I] and da [M, I]: the derivative of ``swiglu_torch`` written out (no
+    nested autograd call, so torch.compile traces it), computed in fp32 at least. The clamps pass the gradient
+    where their input is inside the limits, ends included (as torch.clamp's backward)."""
+    dt = torch.promote_types(h.dtype, torch.float32)
+    gate, up = h.to(dt).chunk(2, dim=-1)
+    da = da.to(dt)
+    if activation == "swiglu":
+        s = torch.sigmoid(gate)
+        dgate = da * up * s * (1 + gate * (1 - s))
+        dup = da * gate * s
+    elif activation == "swiglu_clamped":
+        g = gate.clamp(max=CLAMPED_LIMIT)
+        u = up.clamp(min=-CLAMPED_LIMIT, max=CLAMPED_LIMIT)
+        s = torch.sigmoid(CLAMPED_ALPHA * g)
+        dgate = (da * (u + 1) * s * (1 + CLAMPED_ALPHA * g * (1 - s))).masked_fill(gate > CLAMPED_LIMIT, 0.0)
+        dup = (da * g * s).masked_fill(up.abs() > CLAMPED_LIMIT, 0.0)
+    else:
+        raise ValueError(f"unknown expert activation {activation!r}; valid: swiglu, swiglu_clamped")
+    return torch.cat([dgate, dup], dim=-1).to(h.dtype)
 
 
 def combine_torch(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None, topk: int) -> torch.Tensor:
@@ -89,10 +107,55 @@ def combine_bwd_torch(dout: torch.Tensor, y: torch.Tensor | None, inverse: torch
 
 def row_kernels():
     """moetrain.kernels.moe_rows, imported on first use: it imports triton, needed only by the triton implementation
-    (here and on the fused path, ops/moe_fused.py)."""
+    (the custom ops below)."""
     from moetrain.kernels import moe_rows
 
     return moe_rows
+
+
+# ---- the Triton row kernels as custom ops (kernels/moe_rows.py documents each) ---------------------------------
+
+@kernel_op("combine", fake=lambda y, inverse, weight, topk: y.new_empty(inverse.shape[0] // topk, y.shape[1]))
+def combine_kernel(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None, topk: int) -> torch.Tensor:
+    """out [T, H] = sum_k weight[t, k] * y[inverse[t*K + k]]: y [M', H], inverse [M] int64, weight [T, K] fp32 or
+    None (a plain sum) -> y's dtype."""
+    return row_kernels().combine(y, inverse, weight, topk)
+
+
+def _combine_bwd_fake(dout, y, inverse, weight, rows):
+    return dout.new_empty(rows, dout.shape[1]), weight.new_empty(weight.shape, dtype=torch.float32)
+
+
+@kernel_op("combine_bwd", fake=_combine_bwd_fake)
+def combine_bwd_kernel(dout: torch.Tensor, y: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor,
+                       rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dy [rows, H] in dout's dtype, dweight [T, K] fp32) of the weighted combine from dout [T, H]."""
+    return row_kernels().combine_bwd(dout, y, inverse, weight, rows)
+
+
+@kernel_op("token_rows", fake=lambda x, inverse, rows: x.new_empty(rows, x.shape[1]))
+def token_rows_kernel(x: torch.Tensor, inverse: torch.Tensor, rows: int) -> torch.Tensor:
+    """x_perm [rows, H]: x_perm[inverse[t*K + k]] = x[t] for x [T, H], inverse [M] int64; rows >= M (rows no
+    assignment reads are zero). The plain combine's backward, and the permuted copy of the token rows."""
+    return row_kernels().combine_bwd(x, None, inverse, None, rows)[0]
+
+
+@kernel_op("swiglu_fwd", fake=lambda h, probs, activation: h.new_empty(h.shape[0], h.shape[1] // 2))
+def swiglu_fwd_kernel(h: torch.Tensor, probs: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """a [M, I] = act(h) (* probs[:, None]) for h [M, 2I], probs [M] fp32 or None -> h's dtype."""
+    return row_kernels().swiglu_fwd(h, activation, probs)
+
+
+def _swiglu_bwd_fake(h, da, probs, activation):
+    return [h.new_empty(h.shape)] + ([] if probs is None else [probs.new_empty(h.shape[0])])
+
+
+@kernel_op("swiglu_bwd", fake=_swiglu_bwd_fake)
+def swiglu_bwd_kernel(h: torch.Tensor, da: torch.Tensor, probs: torch.Tensor | None,
+                      activation: str) -> list[torch.Tensor]:
+    """[dh [M, 2I] in h's dtype] from da [M, I], and dprobs [M] fp32 after it when probs is given."""
+    dh, dprobs = row_kernels().swiglu_bwd(h, da, activation, probs)
+    return [dh] if dprobs is None else [dh, dprobs]
 
 
 class _Combine(torch.autograd.Function):
@@ -101,15 +164,17 @@ class _Combine(torch.autograd.Function):
         ctx.save_for_backward(y if weight is not None else None, inverse, weight)
         ctx.impl, ctx.rows = impl, y.shape[0]
         if impl == "triton":
-            return row_kernels().combine(y, inverse, weight, topk)
+            return combine_kernel(y, inverse, weight, topk)
         return combine_torch(y, inverse, weight, topk)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         y, inverse, weight = ctx.saved_tensors  # y is None without a weight: the gradient is a gather
-        if ctx.impl == "triton":
-            dy, dweight = row_kernels().combine_bwd(dout, y, inverse, weight, ctx.rows)
+        if ctx.impl == "triton" and weight is None:
+            dy, dweight = token_rows_kernel(dout, inverse, ctx.rows), None
+        elif ctx.impl == "triton":
+            dy, dweight = combine_bwd_kernel(dout, y, inverse, weight, ctx.rows)
         else:
             dy, dweight = combine_bwd_torch(dout, y, inverse, weight, ctx.rows)
         return dy, None, dweight if ctx.needs_input_grad[2] else None, None, None
@@ -151,7 +216,7 @@ class _SwiGLU(torch.autograd.Function):
         ctx.save_for_backward(h, probs)
         ctx.activation, ctx.impl = activation, impl
         if impl == "triton":
-            return row_kernels().swiglu_fwd(h, activation, probs)
+            return swiglu_fwd_kernel(h, probs, activation)
         a = swiglu_torch(h, activation)
         return a if probs is None else (a * probs.unsqueeze(1)).to(a.dtype)
 
@@ -167,7 +232,8 @@ def swiglu_backward(ctx, da):
     h, probs = ctx.saved_tensors
     da = da.to(h.dtype)
     if ctx.impl == "triton":
-        dh, dprobs = row_kernels().swiglu_bwd(h, da, ctx.activation, probs)
+        dh, *dprobs = swiglu_bwd_kernel(h, da, probs, ctx.activation)
+        dprobs = dprobs[0] if dprobs else None
     else:
         dprobs = None if probs is None else (da * swiglu_torch(h, ctx.activation)).sum(dim=1, dtype=probs.dtype)
         dh = swiglu_bwd_torch(h, da if probs is None else (da * probs.unsqueeze(1)).to(h.dtype), ctx.activation)

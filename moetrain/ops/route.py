@@ -19,7 +19,8 @@ Legend: T tokens, E experts, K top-k, G expert groups.
 impl "torch": plain PyTorch ops (the reference). impl "triton": one kernel for steps 1-4 (one
 program per block of tokens; the counts by integer-valued fp32 atomics, exact below 2^24), and one
 kernel for its backward (moetrain.kernels.route.route_backward: the weights' chain rule, whose PyTorch
-form topk_weights_backward is its reference). Both are sync-free. Ties in the selection go to
+form topk_weights_backward is its reference). Both are sync-free, and both kernels are custom ops
+(moetrain.ops.custom_ops), so a torch.compile'd layer traces the Triton routing too. Ties in the selection go to
 the lower expert id in the kernel; torch.topk does not specify, so tests use distinct scores.
 """
 
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from moetrain.ops import autoselect
-from moetrain.ops.grouped_gemm import eager_under_compile, require_triton
+from moetrain.ops.custom_ops import kernel_op
+from moetrain.ops.grouped_gemm import require_triton
 
 SCORES = ("softmax", "sigmoid")
 GROUP_SCORES = ("max", "top2_sum")
@@ -124,14 +126,14 @@ def route(logits: torch.Tensor, topk: int, *, score: str = "softmax", num_groups
     (the Triton kernel on CUDA for fp32/bf16/fp16 logits when triton is installed, else PyTorch).
     prob_sums: also Routing.prob_sums, what the batch aux loss needs besides the counts (the kernel's
     column sums: no [T, E] scores to keep or recompute)."""
-    T, E = logits.shape
+    E = logits.shape[1]
     _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl)
     if impl == "auto":
         impl = "triton" if _triton_routes(logits) else "torch"
     if impl == "triton":
         require_triton(logits.device)  # a one-line UserError without CUDA (or the interpreter) or triton
-        idx, weight, counts, psum = _route_triton(logits, topk, score, num_groups, topk_groups, group_score,
-                                                  expert_bias, scaling_factor, normalize, prob_sums)
+        idx, weight, counts, psum = _TritonRoute.apply(logits, topk, score, num_groups, topk_groups, group_score,
+                                                       expert_bias, scaling_factor, normalize, prob_sums)
         return Routing(idx, weight, counts, None, psum)
     scores = scores_of(logits, score)
     sel = scores if expert_bias is None else scores + expert_bias
@@ -148,42 +150,70 @@ def aux_probs(scores: torch.Tensor, score: str) -> torch.Tensor:
     return scores if score == "softmax" else scores / scores.sum(-1, keepdim=True)
 
 
+def _route_fake(logits, expert_bias, topk, score, num_groups, topk_groups, group_score, scaling_factor, normalize,
+                prob_sums):
+    T, E = logits.shape
+    out = [logits.new_empty(T, topk, dtype=torch.int64), logits.new_empty(T, topk, dtype=torch.float32),
+           logits.new_empty(E, dtype=torch.float32)]
+    return out + [logits.new_empty(E, dtype=torch.float32)] if prob_sums else out
+
+
+@kernel_op("route", fake=_route_fake)
+def route_kernel(logits: torch.Tensor, expert_bias: torch.Tensor | None, topk: int, score: str,
+                 num_groups: int | None, topk_groups: int | None, group_score: str, scaling_factor: float,
+                 normalize: bool, prob_sums: bool) -> list[torch.Tensor]:
+    """The routing kernel (kernels/route.py) as a custom op: [topk_idx [T, K] int64, topk_weight [T, K] fp32,
+    counts [E] fp32], and prob_sums [E] fp32 after them when asked for."""
+    # imports triton: only on this implementation
+    from moetrain.kernels import route as kernels
+
+    idx, weight, counts, psum = kernels.route(logits, topk, score, num_groups, topk_groups, group_score,
+                                              expert_bias, scaling_factor, normalize, prob_sums)
+    return [idx, weight, counts] + ([psum] if prob_sums else [])
+
+
+def _route_backward_fake(logits, topk_idx, dweight, dpsum, score, normalize, scaling_factor):
+    return logits.new_empty(logits.shape)
+
+
+@kernel_op("route_backward", fake=_route_backward_fake)
+def route_backward_kernel(logits: torch.Tensor, topk_idx: torch.Tensor, dweight: torch.Tensor | None,
+                          dpsum: torch.Tensor | None, score: str, normalize: bool,
+                          scaling_factor: float) -> torch.Tensor:
+    """dlogits [T, E] in logits' dtype from dweight [T, K] and / or dpsum [E] (kernels/route.py's route_backward)."""
+    from moetrain.kernels import route as kernels
+
+    return kernels.route_backward(logits, topk_idx, dweight, score, normalize, scaling_factor, dpsum=dpsum)
+
+
 class _TritonRoute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, topk, score, num_groups, topk_groups, group_score, expert_bias, scaling_factor,
                 normalize, prob_sums):
-        from moetrain.kernels import route as kernels  # imports triton: only on this implementation
-
-        idx, weight, counts, psum = kernels.route(logits, topk, score, num_groups, topk_groups, group_score,
-                                                  expert_bias, scaling_factor, normalize, prob_sums)
+        idx, weight, counts, *psum = route_kernel(logits, expert_bias, topk, score, num_groups, topk_groups,
+                                                  group_score, scaling_factor, normalize, prob_sums)
         ctx.save_for_backward(logits, idx)
         ctx.args = (score, normalize, scaling_factor)
         ctx.mark_non_differentiable(idx, counts)
         ctx.set_materialize_grads(False)  # no zero-filled gradients for idx and counts (a kernel each)
-        return idx, weight, counts, psum
+        return idx, weight, counts, psum[0] if psum else None
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, _didx, dweight, _dcounts, dpsum):
         if dweight is None and dpsum is None:
             return (None,) * 10
-        from moetrain.kernels import route as kernels
-
         logits, idx = ctx.saved_tensors
-        dlogits = kernels.route_backward(logits, idx, dweight, *ctx.args, dpsum=dpsum)
+        dlogits = route_backward_kernel(logits, idx, dweight, dpsum, *ctx.args)
         return dlogits, None, None, None, None, None, None, None, None, None
 
 
 def _triton_routes(logits: torch.Tensor) -> bool:
     """auto's choice: the kernel (GPU-tested on an H200) wherever it runs natively; fp64 stays on PyTorch,
-    and so does a layer under torch.compile (which fuses the PyTorch routing itself; a compiled layer
-    with the kernel inside hung on the H200)."""
+    and so does a layer under torch.compile, which fuses the PyTorch routing itself (the planner assumes so:
+    plan/activations.triton_routing). impl="triton" runs the kernel compiled too, as a custom op."""
     return (logits.is_cuda and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and not torch.compiler.is_compiling() and autoselect.triton_available())
-
-
-# impl="triton" asked for explicitly inside a compiled layer: a graph break, the kernel runs eagerly
-_route_triton = eager_under_compile(_TritonRoute.apply)
 
 
 def _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl) -> None:

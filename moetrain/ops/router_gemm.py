@@ -13,7 +13,9 @@ mantissa bits, far more than the bf16 gradients it produces) and runs bf16 GEMMs
 accumulation: dx = [g_hi g_lo] @ [w; w] (one GEMM, bf16 out), dw = g_hi^T x + g_lo^T x (one GEMM of
 [g_hi g_lo]^T x, its two halves added in fp32). g_hi and g_lo are written side by side into one
 [T, 2E] buffer: the backward is 6 kernels (it was 12, at 50-80 us of host time each on the H200 host).
-It saves x and w themselves (the MoE input is kept by the expert path anyway), no fp32 copies.
+It saves x and w themselves (the MoE input is kept by the expert path anyway), no fp32 copies. Its two fp32-out
+GEMMs are a custom op (``mm_fp32``: moetrain.ops.custom_ops), so impl "tensor_core" compiles too; its weight
+gradient may be deferred (moetrain.ops.deferred).
 
 impl "auto": tensor_core where it applies (CUDA, bf16 x and weight, outside torch.compile, which
 compiles the reference itself), else fp32; should the tensor-core call fail (a torch without
@@ -28,6 +30,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from moetrain.ops.custom_ops import kernel_op
+from moetrain.ops.deferred import weight_grad
+
 IMPLS = ("auto", "fp32", "tensor_core")
 
 
@@ -35,6 +40,13 @@ def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a [m, k] @ b [k, n] of bf16 operands, accumulated and returned in fp32 (CUDA). Tests replace it
     with the exact-product CPU equivalent."""
     return torch.mm(a, b, out_dtype=torch.float32)
+
+
+@kernel_op("router_mm_fp32", fake=lambda a, b: a.new_empty(a.shape[0], b.shape[1], dtype=torch.float32))
+def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``_mm_fp32_out`` as a custom op (a [m, k] @ b [k, n], bf16 -> fp32 [m, n]): the tensor-core path's forward
+    and weight-gradient GEMMs, the same call compiled and eager."""
+    return _mm_fp32_out(a, b)
 
 
 _unsupported: str | None = None  # why the tensor-core GEMM failed in this process (auto then uses fp32)
@@ -83,7 +95,12 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def split_bf16_cat(g: torch.Tensor) -> torch.Tensor:
     """fp32 g [..., E] -> [..., 2E] bf16 holding hi | lo, with hi + lo = g to about 2^-16 relative
     (hi = bf16(g), lo = bf16(g - hi)). The halves are written into one buffer, two ops and no cat, since
-    every op costs 50-80 us of host time on the H200 host and the concatenation is the dx GEMM's operand."""
+    every op costs 50-80 us of host time on the H200 host and the concatenation is the dx GEMM's operand.
+    Under torch.compile (which refuses an out= into a strided view, and fuses the ops itself) the same values
+    from the definition's casts and a cat."""
+    if torch.compiler.is_compiling():
+        hi = g.to(torch.bfloat16)
+        return torch.cat([hi, (g - hi.float()).to(torch.bfloat16)], dim=-1)
     E = g.shape[-1]
     hilo = torch.empty(*g.shape[:-1], 2 * E, dtype=torch.bfloat16, device=g.device)
     hi, lo = hilo.split(E, dim=-1)
@@ -99,10 +116,13 @@ def split_bf16(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _TensorCoreRouterGemm(torch.autograd.Function):
+    """logits = x @ weight^T in fp32 from bf16 operands (module docstring); the weight's gradient may be deferred
+    (moetrain.ops.deferred)."""
+
     @staticmethod
     def forward(ctx, x, weight):
         ctx.save_for_backward(x, weight)
-        return _mm_fp32_out(x, weight.t())
+        return mm_fp32(x, weight.t())
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -115,8 +135,13 @@ class _TensorCoreRouterGemm(torch.autograd.Function):
             # read back and cast (0.05 ms and 128 MiB at Qwen3's T = 16384, H = 2048)
             dx = torch.mm(hilo, torch.cat([weight, weight], dim=0))
         if ctx.needs_input_grad[1]:
-            # One GEMM for hi^T x and lo^T x ([2E, H] fp32), whose halves are added in fp32 and rounded
-            # once on the store: the numerics of two GEMMs, an add and a cast, in two kernels instead of four
-            halves = _mm_fp32_out(hilo.t(), x).split(weight.shape[0])
-            dw = torch.add(*halves, out=torch.empty_like(weight))
+            dw = weight_grad(ctx, 1, lambda: _weight_grad(hilo, x, weight))
         return dx, dw
+
+
+def _weight_grad(hilo: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """dw [E, H] in weight's dtype from hilo [T, 2E] (the split logit gradient) and x [T, H]: one GEMM for hi^T x and
+    lo^T x ([2E, H] fp32), whose halves are added in fp32 and rounded once on the store (the numerics of two GEMMs,
+    an add and a cast, in two kernels instead of four)."""
+    halves = mm_fp32(hilo.t(), x).split(weight.shape[0])
+    return torch.add(*halves, out=torch.empty_like(weight))

@@ -9,22 +9,26 @@ Legend: T tokens, H hidden, I expert intermediate, E experts, K top-k, M = T*K r
 """
 
 import json
+import os
+import sys
 import weakref
 
 import pytest
 import torch
-
-from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
+from triton_env import use_gpu_or_interpreter
 
 if use_gpu_or_interpreter():
     # fp32 checks of the Triton kernels in the interpreter; a GPU runs the bf16 ones (test_moe_fused_gpu.py). On a GPU
-    # these small fp32 shapes made our grouped GEMMs autotune bf16's candidates (past 2 minutes for the first test,
-    # session 17); pinned to one config, the file still ran past its 150 s limit (session 18, not looked into)
+    # these small fp32 shapes made our grouped GEMMs autotune bf16's candidates (past 2 minutes for the first test);
+    # pinned to one config, the file still ran past its 150 s limit
     pytest.skip("fp32 interpreter checks: the GPU's are test_moe_fused_gpu.py", allow_module_level=True)
 
-from moetrain import ops  # noqa: E402
-from moetrain.kernels import grouped_gemm as gg  # noqa: E402
-from moetrain.ops import autoselect, moe, moe_fused  # noqa: E402
+from moetrain import ops
+from moetrain.kernels import grouped_gemm as gg
+from moetrain.ops import autoselect, moe, moe_fused
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
+from test_compile import graph_recorder, moetrain_ops_in
 
 BOUND = 2e-5  # fp32 (IEEE dots) against fp64, a few GEMMs deep
 
@@ -82,12 +86,12 @@ def auto_matches_reference(inputs, probe_seed: int) -> None:
 
 CASES = {
     # name: (T, H, I, E, K, extra)
-    "uneven_dropped": (13, 24, 10, 6, 2, dict(dropped=[(0, 1), (5, 0), (12, 1)])),
-    "skewed_empty_groups": (17, 24, 10, 8, 2, dict(skew=True)),
+    "uneven_dropped": (13, 24, 10, 6, 2, {"dropped": [(0, 1), (5, 0), (12, 1)]}),
+    "skewed_empty_groups": (17, 24, 10, 8, 2, {"skew": True}),
     "k1": (11, 16, 12, 4, 1, {}),
-    "k8": (9, 16, 6, 10, 8, dict(dropped=[(3, 7)])),
+    "k8": (9, 16, 6, 10, 8, {"dropped": [(3, 7)]}),
     "e1": (7, 16, 8, 1, 1, {}),
-    "t_odd_bias": (37, 20, 9, 5, 3, dict(bias=True, dropped=[(1, 2)])),
+    "t_odd_bias": (37, 20, 9, 5, 3, {"bias": True, "dropped": [(1, 2)]}),
 }
 
 
@@ -177,8 +181,8 @@ def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path)
 
     monkeypatch.setattr(autoselect, "time_backend", fake_timer)
     used = []
-    real = moe_fused.GatherFC1.apply
-    monkeypatch.setattr(moe_fused.GatherFC1, "apply", lambda *a: used.append(a[-1]) or real(*a))
+    real = moe_fused.FusedFC1.apply  # auto's FC1 node (its op measures separate vs fused where the fused one applies)
+    monkeypatch.setattr(moe_fused.FusedFC1, "apply", lambda *a: used.append(a[-2]) or real(*a))
     auto_matches_reference(make(9, 16, 8, 4, 2, seed=11), probe_seed=5)
     assert used == ["auto"]
     entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
@@ -245,12 +249,12 @@ def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch
     # ran (whose "copy" variant gathers another [M, H]) was the layer's memory peak at DeepSeek-V3
     import weakref
 
-    real_op, real_wgrad = moe_fused.grouped_gemm_op, moe_fused._fc1_wgrad
+    real_dgrad, real_wgrad = moe_fused.gemm_dgrad, moe_fused._fc1_wgrad
     dgrad_rows, alive_at_wgrad = [], []
 
-    def op(name, *args, **kwargs):
-        out = real_op(name, *args, **kwargs)
-        if name == "dgrad" and out.shape[1] == H:  # FC1's (FC2's data gradient has I columns)
+    def dgrad(*args):
+        out = real_dgrad(*args)
+        if out.shape[1] == H:  # FC1's (FC2's data gradient has I columns)
             dgrad_rows.append(weakref.ref(out))
         return out
 
@@ -258,7 +262,7 @@ def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch
         alive_at_wgrad.extend(ref() is not None for ref in dgrad_rows)
         return real_wgrad(*args, **kwargs)
 
-    monkeypatch.setattr(moe_fused, "grouped_gemm_op", op)
+    monkeypatch.setattr(moe_fused, "gemm_dgrad", dgrad)
     monkeypatch.setattr(moe_fused, "_fc1_wgrad", wgrad)
     T, H, I, E, K = 12, 24, 8, 4, 2
     inputs = make(T, H, I, E, K, seed=5)
@@ -329,4 +333,96 @@ def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, acti
         monkeypatch.setitem(autoselect.GPU_VALIDATED, "moe_fc1_swiglu", (variant,))
         shapes[variant] = sorted(tuple(t.shape) for t in _saved("auto", x, idx, weight, w1, w2))
     assert shapes["fused"] == shapes["separate"]
+    autoselect.reset()
+
+
+def _counting_kernels(monkeypatch) -> dict:
+    """Calls of our grouped GEMM kernels (forward, dgrad, wgrad) by name: every fused-path GEMM reaches one of them."""
+    calls = {"fwd": 0, "dgrad": 0, "wgrad": 0}
+    for op in calls:
+        real = getattr(gg, f"grouped_gemm_{op}")
+
+        def counted(*args, op=op, real=real, **kwargs):
+            calls[op] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(gg, f"grouped_gemm_{op}", counted)
+    return calls
+
+
+def _fused_grads(backend, inputs, probe, defer: bool, calls: dict):
+    """(out, every gradient, kernel calls in the backward before any deferred gradient ran, queued count)."""
+    x, idx, weight, w1, w2, b1, b2 = inputs
+    leaves = [t.detach().float().requires_grad_() if t is not None else None for t in (x, weight, w1, w2, b1, b2)]
+    y = ops.moe_experts(leaves[0], idx, leaves[1], leaves[2], leaves[3], b1=leaves[4], b2=leaves[5], backend=backend)
+    if defer:
+        with ops.defer_weight_grads() as pending:
+            (y * probe.float()).sum().backward()
+        in_backward, queued = dict(calls), len(pending)
+        pending.run()
+    else:
+        (y * probe.float()).sum().backward()
+        in_backward, queued = dict(calls), 0
+    return [y.detach()] + [t.grad for t in leaves if t is not None], in_backward, queued
+
+
+@pytest.mark.parametrize("backend, bias", [("triton", False), ("triton", True), ("auto", False)])
+def test_fused_path_deferred_weight_grads_match_and_add_no_gemm(monkeypatch, tmp_path, backend, bias):
+    # GatherFC1 and FC2 + combine (triton), FC1 and FC2 as grouped GEMM nodes (with biases), FusedFC1 (auto)
+    if backend == "auto":
+        fake_gpu_auto(monkeypatch, tmp_path, {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
+                                              "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("gather",),
+                                              "moe_fc1_wgrad": ("copy",)})
+    calls = _counting_kernels(monkeypatch)
+    inputs = make(13, 24, 10, 6, 2, seed=21, bias=bias, dropped=[(0, 1), (5, 0)])
+    probe = torch.randn(13, 24, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    want, _, _ = _fused_grads(backend, inputs, probe, False, calls)
+    want_calls = dict(calls)
+    calls.update(fwd=0, dgrad=0, wgrad=0)
+    got, in_backward, queued = _fused_grads(backend, inputs, probe, True, calls)
+    assert queued == 2 and in_backward["wgrad"] == 0  # w1's and w2's gradients waited for run()
+    assert calls == want_calls == {"fwd": 2, "dgrad": 2, "wgrad": 2}
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same kernels on the same operands
+    autoselect.reset()
+
+
+def _compiled_expert_step(backend, inputs, probe, graphs):
+    """run() of a fullgraph-compiled moe_experts ("aot_eager" via graph_recorder: the tracing, no code generation)."""
+    compiled = torch.compile(ops.moe_experts, fullgraph=True, backend=graph_recorder(graphs))
+    real = ops.moe_experts
+    try:
+        ops.moe_experts = compiled  # (run() calls ops.moe_experts)
+        return run(backend, torch.float32, *inputs, probe)
+    finally:
+        ops.moe_experts = real
+
+
+@pytest.mark.parametrize("backend, bias", [("triton", False), ("triton", True), ("auto", False)])
+def test_fullgraph_compiled_fused_path_matches_eager_and_chooses_at_run_time(monkeypatch, tmp_path, backend, bias):
+    chosen = []
+    if backend == "auto":  # a fake GPU: every variant kind measured, here inside the compiled graph's ops
+        fake_gpu_auto(monkeypatch, tmp_path, {"grouped_gemm_fwd": ("triton", "loop"), "grouped_gemm_dgrad": ("triton",),
+                                              "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("gather", "copy"),
+                                              "moe_fc1_wgrad": ("copy", "gather")})
+        monkeypatch.setattr(autoselect, "ROUNDS", 1)
+        monkeypatch.setattr(autoselect, "time_backend", lambda name, run_once: (run_once(), 1.0)[1])
+        real_choose = autoselect.choose
+        monkeypatch.setattr(autoselect, "choose", lambda kind, *a: chosen.append(
+            (kind, torch.compiler.is_compiling())) or real_choose(kind, *a))
+    torch._dynamo.reset()
+    inputs = make(13, 24, 10, 6, 2, seed=17, bias=bias, dropped=[(0, 1), (5, 0)])
+    probe = torch.randn(13, 24, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    graphs = []
+    try:
+        got = _compiled_expert_step(backend, inputs, probe, graphs)  # first: auto measures inside the graph's ops
+        want = run(backend, torch.float32, *inputs, probe)  # eager, with auto's recorded choices
+    finally:
+        torch._dynamo.reset()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert len(graphs) == 1 and "moetrain.sort_rows.default" in moetrain_ops_in(graphs)
+    if backend == "auto":  # every choice made while the graph ran, none while dynamo traced
+        kinds = {kind for kind, _ in chosen}
+        assert {"moe_fc1_fwd", "moe_fc1_wgrad", "grouped_gemm_fwd"} <= kinds and not any(c for _, c in chosen)
+        assert "moetrain.fc1_swiglu.default" in moetrain_ops_in(graphs)
     autoselect.reset()

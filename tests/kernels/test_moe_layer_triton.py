@@ -86,10 +86,10 @@ def test_unfused_dispatch_matches_the_fused_path(variant):
         torch.testing.assert_close(got[3][name], want[3][name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_compiled_layer_runs_the_fused_path_eagerly_and_matches():
-    """Inside torch.compile the fused expert path and the routing kernel stay out of the trace (a graph
-    break; auto routes in PyTorch there); the compiled layer still matches the eager one (dynamo only:
-    backend "eager", no inductor code generation)."""
+def test_compiled_layer_runs_the_fused_path_and_matches():
+    """Inside torch.compile the fused expert path and the routing kernel are custom ops in the trace (auto
+    routes in PyTorch there); the compiled layer matches the eager one (dynamo only: backend "eager", no
+    inductor code generation)."""
     torch._dynamo.reset()
     cfg, state, x, probe = case("deepseek")
     want = run(cfg, state, torch.float32, x, probe, "triton")
