@@ -1,10 +1,9 @@
 """The row kernels' program shapes (kernels/moe_rows.py, route.py, sort_rows.py), swept at the benchmark shapes
 against the rule in use and the PyTorch op doing the same job (the peer), in turns, in one process.
 
-    python scripts/row_kernel_sweep.py [--shapes qwen3-30b-a3b,gpt-oss-20b,mixtral-8x7b,deepseek-v3]
-                                       [--kernels token_rows,combine,swiglu_bwd,swiglu_fwd,route,route_grouped,
-                                                  route_bwd,sort]
-                                       [--rounds 5] [--json PATH]
+    moetrain bench rows [--shapes qwen3-30b-a3b,gpt-oss-20b,mixtral-8x7b,deepseek-v3]
+                        [--kernels token_rows,combine,swiglu_bwd,swiglu_fwd,route,route_grouped,route_bwd,sort]
+                        [--rounds 5] [--json PATH]
 
 Each kernel runs on the inputs the fused layer gives it on bench moe's balanced routing (bf16 rows, the routing
 weights as SwiGLU's probs). Every candidate's outputs are first checked against the rule's (bit for bit; sums over
@@ -13,7 +12,7 @@ the rule, the peer and a device copy of the same bytes (the HBM ceiling; memory-
 turns, each as a CUDA graph of several calls replayed (GPU time only: the launches' host time is not what this
 sweeps). Prints per kernel the rule, the peer, the ceiling and the fastest candidates: ms per call, GB/s of the
 bytes the kernel must move, and speedup over the rule. A candidate whose outputs differ from the rule's is named and
-left out of the timing, and the sweep exits with status 1 at the end.
+left out of the timing, and the sweep exits with status 1 at the end. bench/row_kernels.md has the latest results.
 
 route_grouped is DeepSeek-V3's own routing (sigmoid scores with a bias, 8 groups ranked by their two best experts, 4
 kept) on the shape's random logits without the benchmark's forcing; the benchmarks' layers route with a plain
@@ -28,9 +27,13 @@ import json
 
 import torch
 
+from moetrain.bench.common import SHAPES, at_least, parse_shapes, require_gpu
+from moetrain.errors import UserError
+
 KERNELS = ("token_rows", "combine", "swiglu_bwd", "swiglu_fwd", "route", "route_grouped", "route_bwd", "sort")
-# route_grouped's arguments after (logits, K): DeepSeek-V3's (configs/presets/deepseek-v3.yaml), the bias added below
-GROUPED_ROUTING = dict(score="sigmoid", num_groups=8, topk_groups=4, group_score="top2_sum", scaling_factor=2.5)
+# route_grouped's arguments after (logits, K): DeepSeek-V3's (moetrain/config/presets/deepseek-v3.yaml), the bias added below
+GROUPED_ROUTING = {"score": "sigmoid", "num_groups": 8, "topk_groups": 4, "group_score": "top2_sum",
+                   "scaling_factor": 2.5}
 SHOWN = 6  # fastest candidates printed per kernel
 DEVICE = "cuda"
 
@@ -108,10 +111,9 @@ def kernel_cases(kernel: str, inp: Inputs):
                 moe_rows.combine_tile(s.H), lambda: (row_ops.combine_torch(inp.y, inp.inverse, None, s.K),), nbytes,
                 4, (0,))
     if kernel in ("swiglu_bwd", "swiglu_fwd"):
-        all_steps = lambda cols: cdiv(s.I, cols)  # noqa: E731
         cands = [Tile(rows, cols, w, steps)
                  for cols in pow2_upto(256, min(1024, next_pow2(s.I))) for elems in (2048, 4096)
-                 for w in (4, 8) for steps in sorted({1, all_steps(cols)})
+                 for w in (4, 8) for steps in sorted({1, cdiv(s.I, cols)})
                  if (rows := elems // cols) >= 1]
         rule = moe_rows.swiglu_tile(s.I)
         if kernel == "swiglu_bwd":
@@ -149,7 +151,7 @@ def kernel_cases(kernel: str, inp: Inputs):
         rule = (sorting.chunk_size(M), sorting.SUB, sorting.PLACE_WARPS)
         return (lambda c: sorting.sort_rows(inp.idx, s.E, weights=inp.weight, chunk=c[0], sub=c[1], warps=c[2]),
                 cands, rule, lambda: moe_ops.sort_rows(inp.idx, s.E), None, 20, (0, 1, 2, 3, 4))
-    raise SystemExit(f"--kernels: unknown {kernel}; known: {', '.join(KERNELS)}")
+    raise ValueError(f"unknown row kernel {kernel!r}; known: {', '.join(KERNELS)}")
 
 
 def _torch_route(logits: torch.Tensor, topk: int, **kw) -> tuple:
@@ -195,7 +197,7 @@ def sweep_one(kernel: str, inp: Inputs, rounds: int) -> dict:
         cands.append(rule)
     want = run(rule)
     if peer is not None and not peer_agrees(kernel, [t for t in want], list(peer())):
-        raise SystemExit(f"{inp.s.name} {kernel}: the rule's outputs disagree with the PyTorch peer's")
+        raise RuntimeError(f"{inp.s.name} {kernel}: the rule's outputs disagree with the PyTorch peer's")
     bad = [c for c in cands if not agree(run(c), want, exact)]
     if bad:
         print(f"  {inp.s.name} {kernel}: DISAGREE with the rule {label(rule)}, left out: "
@@ -242,24 +244,21 @@ def report(name: str, kernel: str, result: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    from moetrain.bench.moe_layer import SHAPES
-    from moetrain.kernels import sweep_grouped_gemm as sweep
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-20b,mixtral-8x7b,deepseek-v3")
-    ap.add_argument("--kernels", default=",".join(KERNELS))
+    ap = argparse.ArgumentParser(prog="moetrain bench rows", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-20b,mixtral-8x7b,deepseek-v3",
+                    help="comma-separated: " + ", ".join(SHAPES))
+    ap.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated: " + ", ".join(KERNELS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None, help="write every candidate's time here")
     args = ap.parse_args(argv)
-    names = args.shapes.split(",")
-    unknown = [n for n in names if n not in SHAPES]
-    kernels = args.kernels.split(",")
-    unknown += [k for k in kernels if k not in KERNELS]
-    if unknown:
-        raise SystemExit(f"unknown {', '.join(unknown)}; shapes: {', '.join(SHAPES)}; kernels: {', '.join(KERNELS)}")
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds {args.rounds} must be >= 1")
-    sweep.require_cuda("scripts/row_kernel_sweep.py")
+    names = parse_shapes(args.shapes)
+    kernels = [k for k in args.kernels.split(",") if k]
+    unknown = [k for k in kernels if k not in KERNELS]
+    if unknown or not kernels:
+        raise UserError(f"--kernels: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(KERNELS)}")
+    at_least("--rounds", args.rounds, 1, "round")
+    require_gpu("rows")
     print(f"  {'shape':14s} {'kernel':10s} {'program':34s} {'ms':>8s} {'GB/s':>7s} {'x rule':>7s}")
     rows = []
     for name in names:
