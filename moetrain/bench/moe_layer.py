@@ -1,7 +1,6 @@
 """MoE layer forward + backward, route to combine: moetrain's ops against the peers.
 
-    python -m moetrain.bench.moe_layer [--shapes deepseek-v3,qwen3-30b-a3b] [--backends torch,triton,auto]
-                                       [--json FILE]
+    moetrain bench moe [--shapes deepseek-v3,qwen3-30b-a3b] [--backends torch,triton,auto] [--json FILE]
 
 Every contender runs in this process on the same inputs, weights and routing, with
 repetitions interleaved (contender A, B, C, A, B, C, ...), timed with CUDA events; medians, and "+-%"
