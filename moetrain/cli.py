@@ -62,10 +62,15 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = {
+BENCHMARKS = {  # name: (module with main(argv), what it measures); bench/README.md says which page reports each
     "moe": ("moetrain.bench.moe_layer", "MoE layer forward+backward against torchtitan-style references"),
     "train": ("moetrain.bench.train_step", "training step against Hugging Face transformers"),
     "gemm": ("moetrain.kernels.sweep_grouped_gemm", "grouped GEMM kernels against torch._grouped_mm"),
+    "rows": ("moetrain.bench.row_kernels", "the row kernels' programs swept against the PyTorch ops and a copy"),
+    "host": ("moetrain.bench.host_breakdown", "host time of each piece of an eager MoE layer call"),
+    "gaps": ("moetrain.bench.eager_gaps", "where an eager MoE layer call's GPU waits on the host"),
+    "kernels": ("moetrain.bench.kernel_table", "the MoE layer's kernels eager against replayed from a CUDA graph"),
+    "roofline": ("moetrain.bench.roofline", "skewed routing's cost of the six expert GEMMs by roofline (CPU)"),
 }
 
 
@@ -73,8 +78,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     module = importlib.import_module(BENCHMARKS[args.which][0])
-    module.main(args.bench_args)
-    return 0
+    return module.main(args.bench_args) or 0  # a benchmark may exit 1 (the row sweep when a candidate disagrees)
 
 
 # ---- parser -------------------------------------------------------------------------------
@@ -130,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_plan(commands, _add_config_source)
     register_convert(commands, _add_config_source)
 
-    p = commands.add_parser("bench", help="side-by-side GPU benchmarks against peers (one process)")
+    p = commands.add_parser("bench", help="side-by-side benchmarks against peers (one process, GPU but roofline)")
     p.add_argument("which", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()))
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="passed to the benchmark (see its --help)")
     p.set_defaults(func=cmd_bench)

@@ -1,7 +1,6 @@
 """MoE layer forward + backward, route to combine: moetrain's ops against the peers.
 
-    python -m moetrain.bench.moe_layer [--shapes deepseek-v3,qwen3-30b-a3b] [--backends torch,triton,auto]
-                                       [--json FILE]
+    moetrain bench moe [--shapes deepseek-v3,qwen3-30b-a3b] [--backends torch,triton,auto] [--json FILE]
 
 Every contender runs in this process on the same inputs, weights and routing, with
 repetitions interleaved (contender A, B, C, A, B, C, ...), timed with CUDA events; medians, and "+-%"
@@ -56,57 +55,17 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from moetrain import ops
+from moetrain.bench.common import (ROUTINGS, SHAPES, Shape, at_least, parse_routings, parse_shapes, require_gpu,
+                                   shape_at, skew_alpha)
 from moetrain.bench.moe_report import (TABLE_HEADER, paired_range, paired_ratio, print_auto_choices, skew_summary,
                                        table_line)
 from moetrain.errors import UserError
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    T: int
-    H: int
-    I: int  # noqa: E741 - the legend's name for the expert intermediate size
-    E: int
-    K: int
-
-
-SHAPES = {
-    "deepseek-v3": Shape("deepseek-v3", 8192, 7168, 2048, 256, 8),
-    "deepseek-v3-ep8": Shape("deepseek-v3-ep8", 8192, 7168, 2048, 32, 8),  # 65536 rows over 32 local experts
-    "qwen3-30b-a3b": Shape("qwen3-30b-a3b", 16384, 2048, 768, 128, 8),
-    "mixtral-8x7b": Shape("mixtral-8x7b", 16384, 4096, 14336, 8, 2),
-    "gpt-oss-20b": Shape("gpt-oss-20b", 16384, 2880, 2880, 32, 4),
-}
-
-
-SKEW_ALPHA = 0.3  # "skewed": the Dirichlet concentration that #6's skew criterion is measured on
-ROUTINGS = ("balanced (round-robin), skewed (per-expert shares drawn from Dirichlet(0.3)), skewed:A (from "
-            "Dirichlet(A), A > 0: smaller is more uneven)")
-
-
-def skew_alpha(routing: str) -> float | None:
-    """None for balanced routing, else the Dirichlet concentration of a skewed one ("skewed": SKEW_ALPHA,
-    "skewed:A": A); any other name is a UserError (it used to route as skewed without a word)."""
-    if routing == "balanced":
-        return None
-    if routing == "skewed":
-        return SKEW_ALPHA
-    name, _, value = routing.partition(":")
-    try:
-        alpha = float(value) if name == "skewed" else float("nan")
-    except ValueError:
-        alpha = float("nan")
-    if not 0 < alpha < float("inf"):
-        raise UserError(f"unknown routing {routing!r}; valid: {ROUTINGS}")
-    return alpha
 
 
 def forcing_logits(s: Shape, routing: str, device, seed: int = 0) -> torch.Tensor:
@@ -185,11 +144,6 @@ def reference_layer(x, router_w, forcing, w1, w2, K, per_expert_loop: bool = Fal
     return out.index_add_(0, token_of_row, ys)
 
 
-def shape_at(name: str, tokens: int | None = None) -> Shape:
-    """SHAPES[name], at ``tokens`` tokens per layer call instead of its own T when given (--tokens)."""
-    return SHAPES[name] if tokens is None else replace(SHAPES[name], T=tokens)
-
-
 def layer_inputs(s: Shape, routing: str, gen: torch.Generator) -> tuple:
     """One contender call's inputs on gen's device: (x [T, H] bf16 with grad, router_w [E, H] bf16, forcing [T, E]
     fp32, w1 [E, 2I, H], w2 [E, H, I] bf16 with grad, K, grad_out [T, H] bf16); each call draws new values."""
@@ -264,7 +218,7 @@ def _allocator_events() -> int:
     return stats.get("num_device_alloc", 0) + stats.get("num_alloc_retries", 0)
 
 
-def _floor(fn) -> "GemmFloor | None":
+def _floor(fn) -> GemmFloor | None:
     """The six-GEMM floor a contender runs (itself, or behind queued work), else None: not a layer."""
     inner = fn.fn if isinstance(fn, HostAhead) else fn
     return inner if isinstance(inner, GemmFloor) else None
@@ -285,7 +239,7 @@ class GemmFloor:
     """The six grouped GEMMs alone (``six_gemms``) on this shape's routing, with the contenders' own
     expert weights: timed in turn with the contenders (the same GPU state), not after them."""
 
-    def __init__(self, s: "Shape", routing: str):
+    def __init__(self, s: Shape, routing: str):
         self.s, self.routing, self.run, self.args = s, routing, None, None
 
     def replay(self, args) -> None:
@@ -597,17 +551,11 @@ def main(argv=None) -> None:
                         help="tokens per layer call for every shape instead of its own T (e.g. your micro-batch's "
                              "tokens per GPU: with fewer, the GPU's time shrinks and the host's does not)")
     args = parser.parse_args(argv)
-    for name in args.shapes.split(","):  # the arguments first: a typo is reported on a machine without a GPU too
-        if name not in SHAPES:
-            raise UserError(f"unknown shape {name!r}; valid: {', '.join(SHAPES)}")
-    routings = args.routing.split(",")
-    for routing in routings:
-        skew_alpha(routing)
-    if args.tokens is not None and args.tokens < 1:
-        raise UserError(f"--tokens {args.tokens}: at least 1 token per layer call")
-    shapes = [shape_at(n, args.tokens) for n in args.shapes.split(",")]
-    if not torch.cuda.is_available():
-        raise UserError("moetrain bench moe needs a CUDA GPU (none is visible)")
+    names = parse_shapes(args.shapes)  # the arguments first: a typo is reported on a machine without a GPU too
+    routings = parse_routings(args.routing)
+    at_least("--tokens", args.tokens, 1, "token per layer call")
+    shapes = [shape_at(n, args.tokens) for n in names]
+    require_gpu("moe")
     backends = parse_backends(args.backends, torch.device("cuda"))
     tokens = "" if args.tokens is None else f"; {args.tokens} tokens per call at every shape"
     print(f"MoE layer fwd+bwd, bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}; "

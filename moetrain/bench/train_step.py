@@ -3,7 +3,7 @@
 Runs in one process on one GPU, same model shape, same synthetic batches, same FLOP count
 (moetrain's accounting of the config, i.e. 6 x active matmul params + causal attention):
 
-    python -m moetrain.bench.train_step --preset qwen3-30b-a3b --layers 4 --seq 4096 --mbs 2
+    moetrain bench train --preset qwen3-30b-a3b --layers 4 --seq 4096 --mbs 2
 
 Contenders:
   moetrain (fp32 master)   bf16 params, fp32 master weights, fp32 main grads and Adam moments

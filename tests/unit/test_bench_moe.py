@@ -98,39 +98,6 @@ def test_skew_summary_compares_each_contender_across_routings():
                                   "a: skewed:2 over balanced: ours +5.0%"]
 
 
-def test_layer_ab_times_each_forced_layer_eager_and_host_ahead_against_the_peers(monkeypatch, capsys):
-    # The A/B scripts' shared part (moetrain.bench.layer_ab) with the GPU pieces replaced: which contenders run, in
-    # which order, each once before timing, and the printed ratios.
-    from moetrain.bench import layer_ab
-    from moetrain.bench import moe_layer as ml
-
-    warmed, timed_names = [], []
-    monkeypatch.setattr(ml, "HostAhead", lambda fn: ("host ahead", fn))
-    monkeypatch.setattr(ml, "GemmFloor", lambda s, routing: ("floor", s.name, routing))
-    monkeypatch.setattr(ml, "_fwd_bwd", lambda fn, args: warmed.append(fn))
-    ms = {"reference eager": 20.0, "ours, a": 10.0, "ours, b": 8.0, "ours, a, host ahead": 9.0,
-          "ours, b, host ahead": 7.5, ml.FLOOR: 5.0}
-
-    def time_contenders(contenders, make_args, warmup, reps):
-        timed_names.extend(contenders)
-        return {name: (ms[name], 1.0, 2.0, 0) for name in contenders}
-
-    monkeypatch.setattr(ml, "time_contenders", time_contenders)
-    ours = {"ours, a": "layer a", "ours, b": "layer b"}
-    s = Shape("t", T=4, H=8, I=4, E=2, K=1)
-    timed = layer_ab.time_forced(s, "skewed", ours, lambda: None, warmup=1, reps=3)
-    assert timed_names == ["reference eager", "ours, a", "ours, b", "ours, a, host ahead", "ours, b, host ahead",
-                           ml.FLOOR]
-    assert warmed == [reference_layer, "layer a", "layer b", ("host ahead", "layer a"), ("host ahead", "layer b"),
-                      ("floor", "t", "skewed")]
-    layer_ab.print_forced(timed, "t skewed", 3, 20)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "t skewed (ms, median of 3; x eager; / six torch GEMMs)"
-    assert lines[3].split() == ["ours,", "b", "8.00", "±", "2.0%", "2.50x", "1.60"]
-    with pytest.raises(SystemExit, match="unknown"):
-        layer_ab.gpu_shapes("qwen3-30b-a3b,nope", "s.py")
-
-
 def test_host_ahead_rows_are_divided_by_the_host_ahead_floor_and_reference():
     # a GPU that idled before a call runs it at higher clocks: each row is compared with the peers timed the same way
     from moetrain.bench import moe_layer as ml
@@ -200,20 +167,6 @@ def test_main_prints_and_saves_the_rows_table_rows_makes(monkeypatch, capsys, tm
     saved = json.loads((tmp_path / "rows.json").read_text())
     assert [r["paired_range"] for r in saved if r["contender"] == "ours (triton)"] == [[1.25, 1.25]]
     assert {(r["rows_max_over_mean"], r["rows_cv"], r["empty_experts"]) for r in saved} == {(1.0, 0.0, 0)}
-
-
-def test_layer_ab_scripts_share_their_options_with_their_own_defaults():
-    import argparse
-
-    from moetrain.bench import layer_ab
-
-    ap = argparse.ArgumentParser()
-    layer_ab.add_layer_args(ap, shapes="deepseek-v3", reps=9)
-    args = ap.parse_args([])
-    assert (args.shapes, args.routing, args.reps, args.warmup) == ("deepseek-v3", "balanced", 9, 2)
-    assert ap.parse_args(["--routing", "skewed", "--reps", "3"]).reps == 3
-    with pytest.raises(SystemExit):
-        ap.parse_args(["--routing", "odd"])
 
 
 def test_the_paired_ratio_takes_each_round_against_the_same_rounds_floor():
