@@ -102,10 +102,13 @@ def test_family_forward_backward(name):
 
 def test_parameter_names_follow_contract():
     names = dict((n, tuple(p.shape)) for n, p in build("deepseek").named_parameters())
-    assert names["layers.0.mlp.w1"] == (128, 32)  # first_k_dense layer: dense swiglu [2F, H]
+    # first_k_dense layer: dense swiglu, gate/up [F, H], down [H, F]
+    assert names["layers.0.mlp.gate_proj.weight"] == names["layers.0.mlp.up_proj.weight"] == (64, 32)
+    assert names["layers.0.mlp.down_proj.weight"] == (32, 64)
     assert names["layers.1.mlp.router.weight"] == (8, 32)
     assert names["layers.1.mlp.experts.w1"] == (8, 32, 32) and names["layers.1.mlp.experts.w2"] == (8, 32, 16)
-    assert names["layers.1.mlp.shared.w1"] == (32, 32)
+    assert names["layers.1.mlp.shared.gate_proj.weight"] == names["layers.1.mlp.shared.up_proj.weight"] == (16, 32)
+    assert names["layers.1.mlp.shared.down_proj.weight"] == (32, 16)
     assert names["layers.1.attn.q_a_proj.weight"] == (16, 32)
     assert names["layers.1.attn.q_b_proj.weight"] == (4 * 12, 16)
     assert names["layers.1.attn.kv_a_proj.weight"] == (16 + 4, 32)
