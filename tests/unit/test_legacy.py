@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_models import batch, build, family, randomize
 
 from moetrain.models.hf import export_hf, load_hf_weights, save_moetrain_dir
 from moetrain.models.legacy import legacy_mlp_plan, upgrade_state_dict
@@ -16,8 +17,6 @@ from moetrain.models.transformer import MoETransformer
 from moetrain.train import checkpoint as ckpt
 from moetrain.train.optim import PrecisionAwareAdamW
 from moetrain.train.resume import RunStart, load_into
-
-from test_models import batch, build, family, randomize
 
 _SPLIT = re.compile(r"^(.*?)(gate|up|down)_proj\.weight$")
 
@@ -42,8 +41,8 @@ def to_legacy(state: dict) -> dict:
 
 def assert_same_state(got: dict, want: dict) -> None:
     assert got.keys() == want.keys()
-    for key in want:
-        assert torch.equal(got[key], want[key]), key
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "gelu"])
