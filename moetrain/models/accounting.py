@@ -11,7 +11,7 @@ Components of the breakdown, by parameter-name prefix of the model:
 
     embedding       embed.*
     attention       layers.{i}.attn.*   (projections, their biases, q/k/kv-latent norms, sinks)
-    dense_mlp       layers.{i}.mlp.w1/w2 of dense layers
+    dense_mlp       layers.{i}.mlp.{gate,up,down}_proj of dense layers (no gate_proj for gelu)
     routed_experts  layers.{i}.mlp.experts.*
     shared_experts  layers.{i}.mlp.shared.*
     router          layers.{i}.mlp.router.*

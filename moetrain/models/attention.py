@@ -13,6 +13,13 @@ A window W lets query i see keys j with i - W < j <= i (W keys, itself included;
 
 With selective recompute the core is checkpointed: from q, k, v (after RoPE) to the per-head
 output before o_proj; projections, norms and RoPE keep their activations.
+
+Tensor parallelism: forward reads the head counts off the projections' outputs (never ``self.nh``),
+so after ``ColwiseParallel`` on the q/k/v projections (GQA; q_proj or q_b_proj and kv_b_proj for
+MLA) with local outputs and ``RowwiseParallel`` on o_proj, each rank computes its nh/tp query heads
+(and nkv/tp kv heads) and o_proj sums the ranks' parts. A rank's query heads then use its own kv
+heads, as the global GQA grouping does, when tp divides nkv. The sinks [nh] must be sharded on dim
+0 the same way; q/k norms ([hd], per head dim) stay replicated.
 """
 
 from __future__ import annotations
@@ -100,14 +107,14 @@ class GQAAttention(_CoreMixin, nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, self.nh, self.hd)
-        k = self.k_proj(x).view(B, S, self.nkv, self.hd)
-        v = self.v_proj(x).view(B, S, self.nkv, self.hd)
+        q = self.q_proj(x).view(B, S, -1, self.hd)  # heads from the shapes: a TP rank holds nh/tp of them
+        k = self.k_proj(x).view(B, S, -1, self.hd)
+        v = self.v_proj(x).view(B, S, -1, self.hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.sinks)
-        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.hd))
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, -1))
 
 
 class MLAttention(_CoreMixin, nn.Module):
@@ -147,17 +154,17 @@ class MLAttention(_CoreMixin, nn.Module):
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
-        q = q.view(B, S, self.nh, self.nope + self.rope_dim)
+        q = q.view(B, S, -1, self.nope + self.rope_dim)  # heads from the shapes (nh/tp on a TP rank)
         q_nope, q_rope = q.split([self.nope, self.rope_dim], dim=-1)
         c, k_rope = self.kv_a_proj(x).split([self.kvl, self.rope_dim], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_norm(c)).view(B, S, self.nh, self.nope + self.dv)
+        kv = self.kv_b_proj(self.kv_a_norm(c)).view(B, S, -1, self.nope + self.dv)
         k_nope, v = kv.split([self.nope, self.dv], dim=-1)
         q_rope = apply_rope(q_rope, cos, sin)
-        k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin).expand(B, S, self.nh, self.rope_dim)
+        k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin).expand(B, S, q_rope.shape[2], self.rope_dim)
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope], dim=-1)
         o = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.dv))
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, -1))
 
 
 def build_attention(cfg, window: int | None = None) -> nn.Module:

@@ -9,7 +9,8 @@ Public API (all CPU-friendly; torch is imported by this module, not by ``moetrai
   block-scaled FP8 weights with ``*_scale_inv`` siblings (the released DeepSeek-V3).
 * ``load_hf_weights(model, path)``: fill an existing model (any device/dtype) in place.
 * ``export_hf(model_or_state_dict, cfg, out_dir)``: config.json + safetensors in the family's
-  HF naming (sharded with an index when larger than ``max_shard_size``).
+  HF naming (sharded with an index when larger than ``max_shard_size``). A state dict may use the
+  names of earlier moetrain versions (legacy.py), as may a moetrain model directory being loaded.
 * ``save_moetrain_dir`` / moetrain model directories: ``config.yaml`` (the full resolved config)
   + ``model.safetensors`` (moetrain names; sharded + index when large) + ``hf_config.json`` and
   ``hf_files/`` (the original config and tokenizer files, used again on export).
@@ -37,7 +38,8 @@ from moetrain.models.hf_config import (
 from moetrain.models.hf_files import CheckpointFiles, mtp_layers_present
 from moetrain.models.hf_families import ignorable, layout
 from moetrain.models.hf_io import (
-    DEFAULT_SHARD_SIZE, check_coverage, identity_pieces, load_pieces, state_targets, write_pieces)
+    DEFAULT_SHARD_SIZE, check_coverage, identity_pieces, load_pieces, moetrain_dir_pieces, state_targets, write_pieces)
+from moetrain.models.legacy import upgrade_state_dict
 
 HF_CONFIG_COPY = "hf_config.json"
 HF_FILES_DIR = "hf_files"
@@ -112,13 +114,13 @@ def load_hf_weights(model, path: str | Path, *, progress: bool = False) -> None:
     targets = state_targets(model)
     if is_moetrain_dir(p):
         _check_arch(cfg, cfg_arch(_moetrain_cfg(p)), str(p / MOETRAIN_CONFIG))
-        pieces = identity_pieces(targets)
+        files = CheckpointFiles(p)
         keep = cfg.model.mtp_num_layers
 
         def skip(name: str) -> bool:
             return name.startswith("mtp.") and int(name.split(".")[1]) >= keep
 
-        load_pieces(targets, pieces, CheckpointFiles(p), skip=skip, progress=progress)
+        load_pieces(targets, moetrain_dir_pieces(targets, files), files, skip=skip, progress=progress)
         return
     hf = read_hf_config(p)
     label = str(p / "config.json")
@@ -178,7 +180,7 @@ def export_hf(model, cfg: Config, out_dir: str | Path, *, model_type: Optional[s
     or its state dict). ``model_type``: the family (default: base_config's, else inferred from
     cfg); ``base_config``: the original config.json whose extra keys are kept; ``dtype``: output
     dtype of the floating tensors (default: as stored; DeepSeek's expert bias stays fp32)."""
-    tensors = model if isinstance(model, dict) else state_targets(model)
+    tensors = upgrade_state_dict(model) if isinstance(model, dict) else state_targets(model)
     if model_type is None:
         model_type = model_type_of(base_config, "base config") if base_config else infer_model_type(cfg)
     if dtype is None:
@@ -209,7 +211,7 @@ def save_moetrain_dir(model, cfg: Config, out_dir: str | Path, *, hf_config: Opt
     original HF config.json as hf_config.json and its tokenizer files under hf_files/]."""
     from moetrain.config.load import dump_config
 
-    tensors = model if isinstance(model, dict) else state_targets(model)
+    tensors = upgrade_state_dict(model) if isinstance(model, dict) else state_targets(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 

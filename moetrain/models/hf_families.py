@@ -142,11 +142,10 @@ class _Builder:
         self.add(f"{o}.attn.o_proj.weight", f"{p}.self_attn.o_proj.weight")
 
     # -- feed-forward --
-    def swiglu_mlp(self, ours: str, p: str, size: int):
-        """A dense SwiGLU MLP: ours.w1 [2F, H] = [gate_proj; up_proj], ours.w2 [H, F] = down_proj."""
-        self.add(f"{ours}.w1", f"{p}.gate_proj.weight", index=(slice(0, size),))
-        self.add(f"{ours}.w1", f"{p}.up_proj.weight", index=(slice(size, 2 * size),))
-        self.add(f"{ours}.w2", f"{p}.down_proj.weight")
+    def swiglu_mlp(self, ours: str, p: str):
+        """A dense SwiGLU MLP: our gate_proj/up_proj/down_proj are HF's, one to one."""
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            self.add(f"{ours}.{proj}.weight", f"{p}.{proj}.weight")
 
     def moe(self, p: str, o: str):
         e = self.cfg.moe
@@ -177,7 +176,7 @@ class _Builder:
                 self.add(f"{ex}.w1", f"{q}.{u}.weight", index=(k, slice(I, 2 * I)))
                 self.add(f"{ex}.w2", f"{q}.{d}.weight", index=(k,))
         if self.cfg.shared_ffn_size > 0:
-            self.swiglu_mlp(f"{o}.mlp.shared", f"{block}.shared_experts", self.cfg.shared_ffn_size)
+            self.swiglu_mlp(f"{o}.mlp.shared", f"{block}.shared_experts")
 
     def gpt_oss_experts(self, block: str, ex: str):
         e = self.cfg.moe
@@ -212,7 +211,7 @@ class _Builder:
         if moe:
             self.moe(p, o)
         else:
-            self.swiglu_mlp(f"{o}.mlp", f"{p}.mlp", self.cfg.model.ffn_hidden_size)
+            self.swiglu_mlp(f"{o}.mlp", f"{p}.mlp")
 
     def build(self) -> list[Piece]:
         cfg = self.cfg

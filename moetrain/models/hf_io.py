@@ -27,6 +27,7 @@ import torch
 from moetrain.errors import UserError
 from moetrain.models.hf_files import INDEX, SINGLE, CheckpointFiles
 from moetrain.models.hf_families import Piece, load_piece, save_piece
+from moetrain.models.legacy import legacy_mlp_plan
 
 SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                       "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -292,6 +293,27 @@ def _save_file(data: dict[str, torch.Tensor], path: Path) -> None:
 def identity_pieces(names: Iterable[str]) -> list[Piece]:
     """moetrain's own format: every tensor under its own name."""
     return [Piece(n, (n,)) for n in names]
+
+
+def moetrain_dir_pieces(targets: dict[str, torch.Tensor], files: CheckpointFiles) -> list[Piece]:
+    """The pieces of a moetrain model directory: every tensor under its own name, except where the
+    directory predates the gate/up/down split (legacy.py): then rows of its ``...mlp.w1``/``w2`` fill
+    today's gate_proj/up_proj/down_proj."""
+    plan = legacy_mlp_plan({n: files.shape(n) for n in files.names()})
+    source = {new: (old, rows) for old, parts in plan.items() for new, rows in parts}
+    pieces = []
+    for name in targets:
+        if name not in source:
+            pieces.append(Piece(name, (name,)))
+            continue
+        old, rows = source[name]
+        parts = [new for new, _ in plan[old]]
+        # The legacy shape this model implies, so that a mismatch is reported by name like any other.
+        shape = files.shape(old)
+        if all(n in targets for n in parts):
+            shape = (sum(targets[n].shape[0] for n in parts), *targets[name].shape[1:])
+        pieces.append(Piece(name, (old,), load=lambda ts, rows=rows: ts[0][rows], shapes=(shape,)))
+    return pieces
 
 
 def state_targets(model) -> dict[str, torch.Tensor]:

@@ -1,42 +1,38 @@
-"""Linear and Embedding modules whose constructors allocate but never initialise.
+"""Linear and Embedding: torch's own modules, minus the random initialisation in the constructor.
 
-torch.nn.Linear/Embedding draw random numbers in their constructors, which would make the
-values depend on whether the model was built on a real device or on meta. Here every
-parameter starts uninitialised (``torch.empty``) and ``MoETransformer.init_weights`` fills all
+They subclass ``nn.Linear`` / ``nn.Embedding`` so that torch's tooling recognises them (DTensor's
+``ColwiseParallel`` / ``RowwiseParallel`` refuse other module types; float8 conversion swaps
+``nn.Linear`` only). torch's constructors call ``reset_parameters``, which draws random numbers:
+the values would then depend on whether the model was built on a real device or on meta, and
+the global RNG would advance at construction. Here ``reset_parameters`` does nothing, every
+parameter starts uninitialised (``torch.empty``), and ``MoETransformer.init_weights`` fills all
 of them in one deterministic pass, so "build on meta, to_empty, init_weights" and "build on
 the device" give identical weights for the same seed.
 
-Shapes: Linear weight [out, in], bias [out]; Embedding weight [V, H].
+Shapes: Linear weight [out, in], bias [out] (no bias by default, unlike nn.Linear);
+Embedding weight [V, H].
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 
-class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+class Linear(nn.Linear):
+    """y [..., out] = x [..., in] @ weight.T (+ bias). Parameters uninitialised until init_weights."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
 
-    def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
+    def reset_parameters(self) -> None:
+        """No-op: the model's ``init_weights`` sets every parameter (see the module docstring)."""
 
 
-class Embedding(nn.Module):
-    def __init__(self, num_embeddings: int, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_embeddings, dim))
+class Embedding(nn.Embedding):
+    """out [..., H] = weight[ids [...]]. Weight uninitialised until init_weights."""
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+    def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
+        super().__init__(num_embeddings, embedding_dim, device=device, dtype=dtype)
 
-    def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+    def reset_parameters(self) -> None:
+        """No-op: the model's ``init_weights`` sets every parameter (see the module docstring)."""

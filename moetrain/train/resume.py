@@ -17,6 +17,7 @@ import yaml
 
 from moetrain.config.schema import Config
 from moetrain.errors import UserError
+from moetrain.models.legacy import apply_plan, legacy_mlp_plan
 from moetrain.train import checkpoint as ckpt
 from moetrain.train import run_dir
 
@@ -114,6 +115,19 @@ def check_shapes(model: torch.nn.Module, saved: dict, ckpt_dir: Path, cfg: Confi
                     "checkpoint's model.* and moe.* settings, or start a new run in another train.out_dir")
 
 
+def upgrade_legacy_names(state: dict) -> None:
+    """A checkpoint saved before the dense MLPs were split into gate/up/down (models/legacy.py): the
+    same renames for the weights and for their optimizer moments (and master copies), in place."""
+    plan = legacy_mlp_plan({k: tuple(v.shape) for k, v in state["model"].items()})
+    if not plan:
+        return
+    state["model"] = apply_plan(state["model"], plan)
+    moments = (state.get("optimizer") or {}).get("params")
+    if moments is not None:
+        state["optimizer"]["params"] = apply_plan(
+            moments, plan, take=lambda entry, rows: {k: t[rows] for k, t in entry.items()})
+
+
 def load_into(start: RunStart, cfg: Config, model, optimizer, data, explicit: bool,
               log: Callable[[str], None]) -> tuple[Path, dict]:
     """Restore the newest usable candidate into model, optimizer and data; returns (its path, trainer state)."""
@@ -126,6 +140,7 @@ def load_into(start: RunStart, cfg: Config, model, optimizer, data, explicit: bo
             log(f"skipping damaged checkpoint {path}: {err.reason}")
             start.skipped.append(path)
             continue
+        upgrade_legacy_names(state)
         check_shapes(model, state["model"], path, cfg)
         model.load_state_dict(state["model"])
         try:

@@ -68,8 +68,10 @@ def _layer_inventory(cfg: Config, p: str, moe: bool) -> dict[str, tuple]:
     inv.update(_attn_inventory(cfg, p + "attn."))
     if not moe:
         F = m.ffn_hidden_size
-        inv[p + "mlp.w1"] = ((2 * F if m.activation == "swiglu" else F), H)
-        inv[p + "mlp.w2"] = (H, F)
+        if m.activation == "swiglu":
+            inv[p + "mlp.gate_proj.weight"] = (F, H)
+        inv[p + "mlp.up_proj.weight"] = (F, H)
+        inv[p + "mlp.down_proj.weight"] = (H, F)
         return inv
     E, I = e.num_experts, e.moe_ffn_hidden_size
     inv[p + "mlp.router.weight"] = (E, H)
@@ -82,8 +84,9 @@ def _layer_inventory(cfg: Config, p: str, moe: bool) -> dict[str, tuple]:
         inv[p + "mlp.experts.b2"] = (E, H)
     S = cfg.shared_ffn_size
     if S:
-        inv[p + "mlp.shared.w1"] = (2 * S, H)
-        inv[p + "mlp.shared.w2"] = (H, S)
+        inv[p + "mlp.shared.gate_proj.weight"] = (S, H)
+        inv[p + "mlp.shared.up_proj.weight"] = (S, H)
+        inv[p + "mlp.shared.down_proj.weight"] = (H, S)
     return inv
 
 
@@ -110,7 +113,7 @@ _LAYER_PART = {
     "input_norm": "norms", "post_attn_norm": "norms", "attn": "attention",
 }
 _MLP_PART = {"router": "router", "experts": "routed_experts", "shared": "shared_experts",
-             "w1": "dense_mlp", "w2": "dense_mlp"}
+             "gate_proj": "dense_mlp", "up_proj": "dense_mlp", "down_proj": "dense_mlp"}
 
 
 def component_of(name: str) -> str:

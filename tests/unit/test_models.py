@@ -7,9 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from moetrain import ops
 from moetrain.config.schema import Config
 from moetrain.models import build_model
 from moetrain.models.attention import GQAAttention, MLAttention
+from moetrain.models.linear import Embedding, Linear
+from moetrain.models.mlp import MLP
 from moetrain.models.rope import RopeParams, yarn_get_mscale, yarn_ramp_range
 from moetrain.models.transformer import MoETransformer, mtp_tokens_and_targets
 
@@ -101,11 +104,14 @@ def test_family_forward_backward(name):
 
 
 def test_parameter_names_follow_contract():
-    names = dict((n, tuple(p.shape)) for n, p in build("deepseek").named_parameters())
-    assert names["layers.0.mlp.w1"] == (128, 32)  # first_k_dense layer: dense swiglu [2F, H]
+    names = {n: tuple(p.shape) for n, p in build("deepseek").named_parameters()}
+    # first_k_dense layer: dense swiglu, gate/up [F, H], down [H, F]
+    assert names["layers.0.mlp.gate_proj.weight"] == names["layers.0.mlp.up_proj.weight"] == (64, 32)
+    assert names["layers.0.mlp.down_proj.weight"] == (32, 64)
     assert names["layers.1.mlp.router.weight"] == (8, 32)
     assert names["layers.1.mlp.experts.w1"] == (8, 32, 32) and names["layers.1.mlp.experts.w2"] == (8, 32, 16)
-    assert names["layers.1.mlp.shared.w1"] == (32, 32)
+    assert names["layers.1.mlp.shared.gate_proj.weight"] == names["layers.1.mlp.shared.up_proj.weight"] == (16, 32)
+    assert names["layers.1.mlp.shared.down_proj.weight"] == (32, 16)
     assert names["layers.1.attn.q_a_proj.weight"] == (16, 32)
     assert names["layers.1.attn.q_b_proj.weight"] == (4 * 12, 16)
     assert names["layers.1.attn.kv_a_proj.weight"] == (16 + 4, 32)
@@ -115,11 +121,31 @@ def test_parameter_names_follow_contract():
     assert "mtp.0.block.mlp.experts.w1" in names and "head.weight" in names
     buffers = dict(build("deepseek").named_buffers())
     assert buffers["layers.1.mlp.router.expert_bias"].dtype == torch.float32
-    g = dict((n, tuple(p.shape)) for n, p in build("gptoss").named_parameters())
+    g = {n: tuple(p.shape) for n, p in build("gptoss").named_parameters()}
     assert g["layers.0.attn.sinks"] == (4,) and g["layers.0.attn.o_proj.bias"] == (32,)
     assert g["layers.0.attn.k_proj.bias"] == (16,) and g["layers.0.mlp.experts.b1"] == (4, 32)
     assert g["layers.0.mlp.router.bias"] == (4,)
     assert "head.weight" not in dict(build("llama").named_parameters())
+
+
+def test_linear_and_embedding_are_torch_modules_without_rng_in_constructors():
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    lin, emb = Linear(8, 4, bias=True), Embedding(10, 8)
+    assert torch.equal(torch.get_rng_state(), before)  # torch's own reset_parameters would have drawn
+    assert isinstance(lin, torch.nn.Linear) and isinstance(emb, torch.nn.Embedding)
+    assert lin.weight.shape == (4, 8) and lin.bias.shape == (4,) and Linear(8, 4).bias is None
+    assert emb.weight.shape == (10, 8)
+    modules = dict(build("deepseek").named_modules())
+    assert isinstance(modules["embed"], torch.nn.Embedding) and isinstance(modules["head"], torch.nn.Linear)
+    for name in ("layers.0.mlp.gate_proj", "layers.0.mlp.up_proj", "layers.0.mlp.down_proj",
+                 "layers.1.mlp.shared.gate_proj", "layers.1.attn.q_b_proj", "layers.1.attn.o_proj", "mtp.0.eh_proj"):
+        assert isinstance(modules[name], torch.nn.Linear), name
+    x = torch.randn(3, 8)
+    randomize(lin, 0)
+    randomize(emb, 1)
+    torch.testing.assert_close(lin(x), x @ lin.weight.T + lin.bias, rtol=1e-6, atol=1e-6)
+    assert torch.equal(emb(torch.tensor([3, 0, 9])), emb.weight[[3, 0, 9]])
 
 
 def test_init_values_and_meta_build():
@@ -130,16 +156,23 @@ def test_init_values_and_meta_build():
     assert torch.equal(sd["layers.0.mlp.experts.b2"], torch.zeros(4, 32))
     assert sd["embed.weight"].std().item() == pytest.approx(0.02, rel=0.05)
     assert sd["layers.0.mlp.experts.w1"].mean().abs().item() < 1e-3
-    cfg = family("gptoss")
+    assert next(build_model(family("gptoss"), device="meta").parameters()).is_meta
+
+
+@pytest.mark.parametrize("name", ["gptoss", "deepseek", "dense_gelu"])
+def test_meta_build_then_init_equals_cpu_build(name):
+    """Same seed, same weights: construction draws nothing, init_weights draws everything."""
+    sd = build(name, seed=7).state_dict()
     with torch.device("meta"):
-        meta = MoETransformer(cfg)
+        meta = MoETransformer(family(name))
     assert all(p.is_meta for p in meta.parameters())
     meta.to_empty(device="cpu")
     torch.manual_seed(7)
     meta.init_weights()
-    for key, value in meta.state_dict().items():
+    got = meta.state_dict()
+    assert got.keys() == sd.keys()
+    for key, value in got.items():
         assert torch.equal(value, sd[key]), key
-    assert next(build_model(cfg, device="meta").parameters()).is_meta
 
 
 # ---- causality --------------------------------------------------------------------------------
@@ -247,6 +280,43 @@ def test_mtp_loss_matches_manual():
         target = torch.cat([labels[:, 1:], torch.full((2, 1), -100)], 1)
         ref = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=-100)
     assert out.mtp_loss.item() == pytest.approx(ref.item(), rel=1e-6)
+
+
+# ---- dense MLP --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamped"])
+def test_mlp_equals_one_concatenated_gate_up_weight(activation):
+    """Separate gate/up weights compute what one [2F, H] weight [gate; up] did (forward and all
+    gradients, fp32): down(ops.swiglu(F.linear(x, cat[gate, up])))."""
+    H, F_ = 24, 20
+    mlp = MLP(H, F_, activation)
+    randomize(mlp, 5)
+    x = (3 * torch.randn(2, 7, H, generator=torch.Generator().manual_seed(6))).requires_grad_()
+    y = mlp(x)
+    w1 = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().requires_grad_()
+    w2 = mlp.down_proj.weight.detach().requires_grad_()
+    x_ref = x.detach().requires_grad_()
+    h = F.linear(x_ref, w1)
+    if activation == "swiglu_clamped":  # both clamps active somewhere
+        assert (h[..., :F_] > 7).any() and (h[..., F_:].abs() > 7).any()
+    ref = F.linear(ops.swiglu(h, activation), w2)
+    torch.testing.assert_close(y, ref)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7))
+    y.backward(dy)
+    ref.backward(dy)
+    torch.testing.assert_close(torch.cat([mlp.gate_proj.weight.grad, mlp.up_proj.weight.grad]), w1.grad)
+    torch.testing.assert_close(mlp.down_proj.weight.grad, w2.grad)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+def test_gelu_mlp_has_no_gate():
+    mlp = MLP(12, 10, "gelu").double()
+    randomize(mlp, 8)
+    assert mlp.gate_proj is None and [n for n, _ in mlp.named_parameters()] == ["up_proj.weight", "down_proj.weight"]
+    x = torch.randn(3, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    h = x @ mlp.up_proj.weight.T
+    ref = (0.5 * h * (1 + torch.erf(h / math.sqrt(2)))) @ mlp.down_proj.weight.T
+    torch.testing.assert_close(mlp(x), ref, rtol=1e-12, atol=1e-12)
 
 
 # ---- attention vs naive softmax ----------------------------------------------------------------

@@ -49,7 +49,9 @@ def naive_layer(layer, x, activation):
             y = ex.w2[e] @ act(h, activation) + (ex.b2[e] if ex.b2 is not None else 0)
             out[t] += r.topk_weight[t, k] * y
         if layer.shared is not None:
-            out[t] += layer.shared.w2 @ act(layer.shared.w1 @ x[t], activation)
+            sh = layer.shared
+            gate_up = torch.cat([sh.gate_proj.weight, sh.up_proj.weight]) @ x[t]
+            out[t] += sh.down_proj.weight @ act(gate_up, activation)
     return out
 
 
