@@ -52,9 +52,18 @@ def wrap_functions(wrap, specs=WRAPPED) -> list[str]:
             continue
         wrapped = wrap(attr, orig)
         for module in list(sys.modules.values()):
-            if module is not None and getattr(module, attr, None) is orig:
+            if module is not None and _attribute(module, attr) is orig:
                 setattr(module, attr, wrapped)
     return missing
+
+
+def _attribute(module, attr: str):
+    """module.attr, or None where it is missing or its lookup fails (lazy modules, e.g. transformers', import on
+    attribute access and may miss optional dependencies)."""
+    try:
+        return getattr(module, attr, None)
+    except Exception:
+        return None
 
 
 def wrap_launches(wrap) -> None:

@@ -199,7 +199,7 @@ def test_bf16_load_and_dtype(saved):
     hf_model, path = saved["mixtral"]
     model = from_hf(path, dtype=torch.bfloat16)
     assert model.embed.weight.dtype == torch.bfloat16
-    assert torch.equal(model.layers["1"].mlp.experts.w2[3], hf_model.model.layers["1"].mlp.experts.down_proj[3].bfloat16())
+    assert torch.equal(model.layers["1"].mlp.experts.w2[3], hf_model.model.layers[1].mlp.experts.down_proj[3].bfloat16())
 
 
 # ---- DeepSeek-V3 MTP ----------------------------------------------------------------------------
