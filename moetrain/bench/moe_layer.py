@@ -266,7 +266,7 @@ class HostAhead:
     def __init__(self, fn):
         self.fn = fn
         if HostAhead._lead is None:  # made before any baseline is taken: in no contender's peak or timed reps
-            from moetrain.kernels.timing import median_ms
+            from moetrain.runtime.timing import median_ms
 
             a, b, out = (torch.randn(LEAD_GEMM, LEAD_GEMM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             gemm_ms = median_ms(lambda: torch.mm(a, b, out=out), warmup=1, reps=4)

@@ -41,7 +41,7 @@ DEVICE = "cuda"
 def graph_ms(run, calls: int, reps: int = 5) -> float:
     """Median GPU milliseconds per call of ``run()``, from a CUDA graph of ``calls`` calls replayed ``reps`` times
     after one untimed replay (captured after one eager call, which compiles)."""
-    from moetrain.kernels.timing import median_ms
+    from moetrain.runtime.timing import median_ms
 
     run()
     torch.cuda.synchronize()
@@ -190,7 +190,7 @@ def peer_agrees(kernel: str, got, want) -> bool:
 
 
 def sweep_one(kernel: str, inp: Inputs, rounds: int) -> dict:
-    from moetrain.kernels.timing import in_turns
+    from moetrain.runtime.timing import in_turns
 
     run, cands, rule, peer, nbytes, calls, exact = kernel_cases(kernel, inp)
     if rule not in cands:

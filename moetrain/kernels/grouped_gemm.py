@@ -57,7 +57,7 @@ import functools
 
 import torch
 
-from moetrain.kernels import cuda_device
+from moetrain.runtime import cuda_device
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS, _rowgroup_kernel, _wgrad_kernel, ragged_geometry
 from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
 from moetrain.kernels.launch import launch
@@ -292,13 +292,13 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
 
 
 def _on_skewed_routing(run, m: int, g: int, device: torch.device):
-    """``run(cfg, offs)`` on a skewed routing of the same m rows over g groups (kernels.timing.skewed_offs, made on
+    """``run(cfg, offs)`` on a skewed routing of the same m rows over g groups (runtime.timing.skewed_offs, made on
     the first call: only when the autotuner times candidates), for pick_config's run_skewed."""
     made = []
 
     def run_skewed(cfg: GemmConfig):
         if not made:
-            from moetrain.kernels.timing import skewed_offs
+            from moetrain.runtime.timing import skewed_offs
 
             made.append(skewed_offs(m, g, 0, device))
         run(cfg, made[0])

@@ -1,10 +1,10 @@
 """Tile configurations and autotuning of the grouped GEMM kernels (grouped_gemm.py).
 
 The first call per (op, dtype, N, K, M/G bucket) times every candidate config with
-queued_ms (calls back to back between two CUDA events, as a layer's kernels run: moetrain.kernels.timing) and keeps
+queued_ms (calls back to back between two CUDA events, as a layer's kernels run: moetrain.runtime.timing) and keeps
 the fastest; the CPU interpreter always uses one small config. Winners are kept on disk too
 ($MOETRAIN_CACHE_DIR/grouped_gemm_configs.json, keyed with the GPU's name and the triton version;
-moetrain.kernels.disk_cache), so that a later process (a restart, the next run) skips the timing; a cached config that
+moetrain.runtime.disk_cache), so that a later process (a restart, the next run) skips the timing; a cached config that
 is no longer a candidate is timed again.
 """
 
@@ -16,8 +16,8 @@ import functools
 import torch
 import triton
 
-from moetrain.kernels import cuda_device, disk_cache
-from moetrain.kernels.timing import in_turns, queued_ms
+from moetrain.runtime import cuda_device, disk_cache
+from moetrain.runtime.timing import in_turns, queued_ms
 
 
 @dataclasses.dataclass(frozen=True)

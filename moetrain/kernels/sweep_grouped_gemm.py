@@ -38,7 +38,7 @@ import time
 import torch
 
 from moetrain.errors import UserError
-from moetrain.kernels.timing import in_turns, skewed_offs
+from moetrain.runtime.timing import in_turns, skewed_offs
 from moetrain.kernels.torch_grouped_mm import torch_grouped_mm as torch_op  # the peer (scripts call it by this name)
 
 # name: (routed rows M, experts G, hidden H, expert intermediate I)
@@ -117,7 +117,7 @@ def script_times(runs: dict, rounds: int, queued: bool) -> dict:
     """The kernel scripts' timing: name -> median ms of ``runs[name]()`` over ``rounds`` rounds in turns, each round
     10 calls queued back to back (``queued``: timing.queued_ms, as a layer runs them) or timed each from an idle GPU
     (timing.median_ms); the first failure is raised."""
-    from moetrain.kernels.timing import median_ms, queued_ms
+    from moetrain.runtime.timing import median_ms, queued_ms
 
     def time_one(name):
         if queued:

@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from moetrain.kernels import cuda_device
+from moetrain.runtime import cuda_device
 from moetrain.kernels.gluon_descs import aot_type, descriptor, ragged_desc
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS
 from moetrain.kernels.host import cdiv

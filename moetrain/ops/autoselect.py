@@ -4,11 +4,11 @@ The first time a (op kind, dtype, N, K, M/G bucket, device name) is seen on CUDA
 backend runs the op on the caller's own tensors and is timed with CUDA events, the candidates in
 turns over ROUNDS rounds (median); the fastest is recorded in a JSON file and reused by later
 calls and later processes. Elsewhere auto is the "loop" reference. The grouped GEMM kinds time each
-candidate on the caller's routing and on a skewed one of the same rows (kernels.timing.skewed_offs) together: the
+candidate on the caller's routing and on a skewed one of the same rows (runtime.timing.skewed_offs) together: the
 key cannot see skew (reading the counts would sync), routing at the first call is near-uniform and
 skews later in training, and torch's GEMMs lose more to skew than ours (bench moe, DeepSeek-V3:
 the choice made on uniform routing ran 11% slower than triton on skewed). The fused path's kinds time each
-candidate on the caller's rows and on the same routing with its tokens relabeled (kernels.timing.relabeled_tokens):
+candidate on the caller's rows and on the same routing with its tokens relabeled (runtime.timing.relabeled_tokens):
 a gather through the token index is fast where a token's K rows are read close together (the benchmarks'
 round-robin balanced routing) and slower on a trained router's.
 
@@ -19,7 +19,7 @@ round-robin balanced routing) and slower on a trained router's.
     N, K      the layer's forward output and reduction sizes, w [G, N, K]
     bucket    next power of two of M / G (rows per group); M = routed rows
 Cache file: $MOETRAIN_CACHE_DIR/grouped_gemm_backends.json (default ~/.cache/moetrain/), see
-moetrain.kernels.disk_cache (atomic writes; a file that does not parse is ignored with one warning and
+moetrain.runtime.disk_cache (atomic writes; a file that does not parse is ignored with one warning and
 rewritten on the next measurement; one of another version is measured again quietly).
 
 Nothing is timed inside CUDA graph capture (a cached winner is used, else torch): warm up
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from moetrain.kernels import cuda_device, disk_cache  # plain Python / torch, no triton
+from moetrain.runtime import cuda_device, disk_cache  # plain Python / torch, no triton
 from moetrain.kernels.host import rows_bucket  # plain Python, no triton
 
 # The backends "auto" may choose, per op kind: only those whose GPU tests have passed on real
@@ -92,7 +92,7 @@ def triton_available() -> bool:
     return "triton" in sys.modules or importlib.util.find_spec("triton") is not None
 
 
-# Candidates are timed in turns over ROUNDS rounds and compared by their median (kernels.timing.in_turns).
+# Candidates are timed in turns over ROUNDS rounds and compared by their median (runtime.timing.in_turns).
 ROUNDS = 5  # with 3, auto timed our Qwen3 dgrad 5-9% apart in two runs (bench/NOTES.md)
 
 
@@ -100,7 +100,7 @@ def time_backend(backend: str, run) -> float:
     """Milliseconds per call of ``run()`` (a callable that runs the op once with ``backend``), one round: 5 calls
     queued back to back, as a layer runs them (timed each from an idle GPU, a call also counts its host-side launch
     work, which a layer's queued kernels hide: kernels.grouped_gemm_tuning.pick_config)."""
-    from moetrain.kernels.timing import queued_ms
+    from moetrain.runtime.timing import queued_ms
 
     return queued_ms(run, reps=5, warmup=2)
 
@@ -150,7 +150,7 @@ def pick(key: str, run_backend, *, capturing: bool = False) -> str:
         return cached
     if capturing:
         return candidates[0]
-    from moetrain.kernels.timing import in_turns
+    from moetrain.runtime.timing import in_turns
 
     finite, failed = in_turns(candidates, lambda name: time_backend(name, lambda: run_backend(name)), ROUNDS)
     for name, err in failed.items():  # e.g. torch._grouped_mm on a GPU or dtype it does not support

@@ -112,7 +112,7 @@ def _auto_op(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_sh
     groups, n, k = w_shape
 
     def skewed():  # see autoselect: the caller's routing and a skewed one of the same rows
-        from moetrain.kernels.timing import skewed_offs
+        from moetrain.runtime.timing import skewed_offs
 
         return (skewed_offs(a.shape[0], groups, 0, a.device),)
 

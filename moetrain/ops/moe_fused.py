@@ -73,13 +73,13 @@ def _fc1_wgrad(variant: str, gemm: str, dh, x, offs, token_of_row, inverse, w_sh
 
 def _on_both_token_orders(token_of_row, inverse, topk: int, run_one):
     """autoselect's measurement closure for the fused path's variants: run_one(name, token_of_row, inverse) on the
-    caller's rows and again on the same routing with its tokens relabeled (kernels.timing.relabeled_tokens, made on the
+    caller's rows and again on the same routing with its tokens relabeled (runtime.timing.relabeled_tokens, made on the
     first timed call only). A gather through token_of_row is fast where a token's K rows are read close together in
     time (L2 hits), as on the benchmarks' round-robin balanced routing, and slower on a trained router's; timed on
     the caller's first routing alone, auto picked the gathers for that reason (Qwen3, bench/NOTES.md)."""
 
     def relabeled():
-        from moetrain.kernels.timing import relabeled_tokens
+        from moetrain.runtime.timing import relabeled_tokens
 
         return relabeled_tokens(token_of_row, inverse, topk)
 

@@ -413,7 +413,7 @@ def test_autotuner_ignores_a_peer_that_cannot_run(monkeypatch):
 
 
 def test_kernels_time_their_candidates_on_a_skewed_routing_of_the_same_rows(monkeypatch):
-    # the launchers hand pick_config a run_skewed over kernels.timing.skewed_offs (same rows and groups), made only
+    # the launchers hand pick_config a run_skewed over runtime.timing.skewed_offs (same rows and groups), made only
     # when it is called; the result is then computed on the caller's routing
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
@@ -426,7 +426,7 @@ def test_kernels_time_their_candidates_on_a_skewed_routing_of_the_same_rows(monk
         seen.append((key[0], peer))
         return tuning.INTERPRETER_CONFIG
 
-    from moetrain.kernels import timing
+    from moetrain.runtime import timing
 
     made, real = [], timing.skewed_offs
     monkeypatch.setattr(timing, "skewed_offs",
@@ -468,7 +468,7 @@ def test_autotuner_times_its_finalists_again_and_takes_the_second_verdict(monkey
 
 
 def test_tuned_configs_persist_on_disk_for_the_next_process(monkeypatch):
-    from moetrain.kernels import disk_cache
+    from moetrain.runtime import disk_cache
     from moetrain.kernels import grouped_gemm_tuning as tuning
 
     monkeypatch.setattr(tuning, "interpreting", lambda: False)
@@ -506,7 +506,7 @@ def test_host_integer_helpers_match_triton():
 
 
 def test_in_turns_alternates_candidates_and_drops_failures():
-    from moetrain.kernels.timing import in_turns
+    from moetrain.runtime.timing import in_turns
 
     calls, samples = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0])}
 
@@ -523,7 +523,7 @@ def test_in_turns_alternates_candidates_and_drops_failures():
 
 def test_in_turns_gives_every_candidate_each_place_in_a_round():
     # a GPU that heats up inside a round times its later places slower: equal candidates must come out equal
-    from moetrain.kernels.timing import in_turns
+    from moetrain.runtime.timing import in_turns
 
     order = []
 

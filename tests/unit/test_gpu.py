@@ -209,7 +209,7 @@ def test_bench_moe_rows_on_a_small_shape():
 
 
 def test_cuda_device_properties_match_torch():
-    from moetrain.kernels import cuda_device
+    from moetrain.runtime import cuda_device
 
     dev = torch.device("cuda", torch.cuda.current_device())
     assert cuda_device.device_name(dev) == torch.cuda.get_device_name(dev)
@@ -219,9 +219,9 @@ def test_cuda_device_properties_match_torch():
 
 
 def test_queued_ms_times_a_known_kernel_like_median_ms():
-    # kernels.timing.queued_ms (one event pair around back-to-back calls) against median_ms (one per call) on a
+    # runtime.timing.queued_ms (one event pair around back-to-back calls) against median_ms (one per call) on a
     # sleep kernel of fixed length: the same per-call time within a third, and 4x the sleep about 4x the time
-    from moetrain.kernels.timing import median_ms, queued_ms
+    from moetrain.runtime.timing import median_ms, queued_ms
 
     cycles = 2_000_000  # ~1 ms at the H200's clock
 

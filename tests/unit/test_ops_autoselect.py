@@ -258,7 +258,7 @@ def test_a_candidate_failing_in_a_later_round_is_dropped(monkeypatch, cache_dir)
 
 def test_relabeled_tokens_keep_the_routing_and_move_its_tokens():
     # the fused path's gathers are also timed with the tokens relabeled: every row still reads the token that owns it
-    from moetrain.kernels.timing import relabeled_tokens
+    from moetrain.runtime.timing import relabeled_tokens
 
     T, K = 64, 4
     row_map = torch.randperm(T * K, generator=torch.Generator().manual_seed(3))
@@ -288,7 +288,7 @@ def test_on_both_times_the_callers_input_then_the_other_made_once():
 
 def test_skewed_offs_cover_every_row_unevenly():
     # the skewed routing auto times the grouped GEMMs on besides the caller's
-    from moetrain.kernels.timing import skewed_offs
+    from moetrain.runtime.timing import skewed_offs
 
     offs = skewed_offs(4096, 32, 0, torch.device("cpu"))
     counts = torch.diff(offs, prepend=offs.new_zeros(1))

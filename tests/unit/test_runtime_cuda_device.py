@@ -1,10 +1,10 @@
-"""kernels.cuda_device.on_device: the context our Triton launchers enter (no GPU needed)."""
+"""runtime.cuda_device.on_device: the context our Triton launchers enter (no GPU needed)."""
 
 import contextlib
 
 import torch
 
-from moetrain.kernels import cuda_device
+from moetrain.runtime import cuda_device
 
 
 def test_on_device_switches_only_to_another_gpu(monkeypatch):
