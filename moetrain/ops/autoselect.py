@@ -29,9 +29,7 @@ inject a fake timer.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 import warnings
 from pathlib import Path
 
@@ -39,6 +37,7 @@ import torch
 
 from moetrain.runtime import cuda_device, disk_cache  # plain Python / torch, no triton
 from moetrain.kernels.host import rows_bucket  # plain Python, no triton
+from moetrain.runtime.packages import triton_available  # noqa: F401 (asked by ops as autoselect.triton_available)
 
 # The backends "auto" may choose, per op kind: only those whose GPU tests have passed on real
 # hardware. The Triton grouped GEMM (forward, dgrad, wgrad) passed on an H200 (bf16 at DeepSeek-V3
@@ -85,11 +84,6 @@ def reset() -> None:
 
 def cache_key(kind: str, dtype: torch.dtype, n: int, k: int, rows: int, groups: int, device_name: str) -> str:
     return f"{kind}|{str(dtype).removeprefix('torch.')}|N{n}|K{k}|b{rows_bucket(rows, groups)}|{device_name}"
-
-
-def triton_available() -> bool:
-    # Asked on every layer call: an imported triton answers without find_spec's search of sys.path
-    return "triton" in sys.modules or importlib.util.find_spec("triton") is not None
 
 
 # Candidates are timed in turns over ROUNDS rounds and compared by their median (runtime.timing.in_turns).
