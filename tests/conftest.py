@@ -1,5 +1,5 @@
 """Shared pytest setup: GPU tests skip cleanly on machines without (enough) CUDA devices; every test gets
-its own moetrain cache directory (auto's choices, tuned kernel configs), never the user's."""
+its own moetrain cache directory (the tuner's decisions) and a fresh tuner, never the user's."""
 
 import sys
 
@@ -9,9 +9,9 @@ import pytest
 @pytest.fixture(autouse=True)
 def _private_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path / "moetrain-cache"))
-    tuning = sys.modules.get("moetrain.kernels.grouped_gemm_tuning")
-    if tuning is not None:  # its copy of the file, read once per process
-        monkeypatch.setattr(tuning, "_DISK", None)
+    tuning = sys.modules.get("moetrain.tuning")
+    if tuning is not None:  # a fresh process tuner: no memo, the new directory's cache file
+        tuning.reset()
 
 
 def _cuda_device_count() -> int:

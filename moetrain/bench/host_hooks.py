@@ -32,8 +32,8 @@ WRAPPED = (
     "moetrain.ops.moe_rows:swiglu_backward",
     "moetrain.kernels.route:route_backward",
     "moetrain.ops.moe_fused:_fc1_backward",
-    "moetrain.ops.autoselect:choose",
-    "moetrain.kernels.grouped_gemm_tuning:pick_config",
+    "moetrain.tuning.tuner:choose",
+    "moetrain.kernels.grouped_gemm:_tuned",
     "moetrain.kernels.gluon_descs:descriptor",
 )
 

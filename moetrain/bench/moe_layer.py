@@ -13,7 +13,7 @@ Contenders:
                          moetrain.ops.moe_experts with that backend:
                          torch (torch._grouped_mm), triton (the fused path: FC1 gathers token rows,
                          our Triton grouped GEMMs), auto (per-shape choice measured on first use
-                         and cached on disk, see moetrain.ops.autoselect), reference (loop)
+                         and cached on disk, see moetrain.tuning), reference (loop)
   reference eager        torchtitan-style: fp32 router + top-k, argsort permutation,
                          torch._grouped_mm FC1/FC2, SwiGLU, index_add_ combine
   reference compiled     the same function under torch.compile

@@ -55,14 +55,17 @@ def skew_summary(rows: list[dict]) -> list[str]:
 
 
 def print_auto_choices() -> None:
-    """What backend="auto" chose for each GEMM it measured (the on-disk cache), with its timings."""
-    from moetrain.ops import autoselect
+    """What the tuner decided in this process (moetrain.tuning): each measured question's pick, rule and times, how
+    many questions its cache answered, and whether any question was measured more than once."""
+    from collections import Counter
 
-    print(f"\nauto's choices ({autoselect.cache_path()}):", flush=True)
-    for key, entry in sorted(autoselect.entries().items()):
-        print(f"  {key:60s} -> {entry['backend']:7s} ({autoselect.describe_times(entry['ms'])} ms)", flush=True)
-    if autoselect.triton_available():  # the tile config each of our kernels ran with (what "triton" above means)
-        from moetrain.kernels.grouped_gemm_tuning import tuned_configs
+    from moetrain import tuning
 
-        for key, cfg in sorted(tuned_configs().items(), key=str):
-            print(f"  tuned {'|'.join(str(k) for k in key[:1] + key[3:6]):40s} {cfg}", flush=True)
+    tuner = tuning.active()
+    print(f"\ntuner ({tuner.cache.path}): {len(tuner.decisions)} questions measured, "
+          f"{len(tuner.from_cache)} answered by the cache", flush=True)
+    for d in tuner.decisions:
+        print(f"  {d.key}\n    -> {d.choice} ({d.rule}; {d.summary()})", flush=True)
+    repeated = sorted(key for key, n in Counter(d.key for d in tuner.decisions).items() if n > 1)
+    print("  each question's candidates were timed once" if not repeated else
+          f"  TIMED MORE THAN ONCE: {', '.join(repeated)}", flush=True)

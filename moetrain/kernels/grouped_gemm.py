@@ -45,10 +45,10 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
   halves, full tiles keep their efficiency, and balanced routing pays one launch with no work.
 - USE_TMA=False: masked pointer loads and stores everywhere. Both paths run under
   TRITON_INTERPRET=1 (fp32 only: the 3.6 interpreter computes bf16 dots wrongly).
-- Autotuning (`grouped_gemm_tuning.pick_config`): the first call per (op, dtype, N, K, M/G bucket) times every
-  candidate config on the caller's and a skewed routing, in turns over a few rounds (median of CUDA-event timings),
-  with torch._grouped_mm's form of the op timed beside them, and keeps the fastest on the sum among the configs at
-  least as fast as torch on both routings (the fastest on the sum when none is).
+- Tuning (moetrain.tuning): with no explicit config, the first call per (op, dtype, N, K, M/G bucket) times every
+  candidate config of grouped_gemm_configs on the caller's and a skewed routing and keeps the fastest on the sum;
+  with ``with_torch`` (the "auto" backend), torch._grouped_mm's form of the op is a candidate too, and a config must
+  be at least as fast as torch on both routings to be preferred over one that is faster on the sum only.
 """
 
 from __future__ import annotations
@@ -59,14 +59,15 @@ import torch
 
 from moetrain.runtime import cuda_device
 from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS, _rowgroup_kernel, _wgrad_kernel, ragged_geometry
-from moetrain.kernels.host import cdiv, next_pow2, rows_bucket
+from moetrain.kernels.host import cdiv, next_pow2
 from moetrain.kernels.launch import launch
 from moetrain.kernels.schedule import skew_schedule
 from moetrain.kernels.torch_grouped_mm import torch_grouped_mm
 
-from moetrain.kernels.grouped_gemm_tuning import (  # noqa: F401  (GemmConfig, configs_for: public API)
-    INTERPRETER_PROGRAMS, PEER, PINGPONG_ROWGROUP_CONFIGS, PINGPONG_WGRAD_CONFIGS, ROWGROUP_CONFIGS, WGRAD_CONFIGS,
-    GemmConfig, configs_for, interpreter_numpy_shim, interpreting, pick_config, tail_config)
+from moetrain.kernels.grouped_gemm_configs import (  # noqa: F401  (GemmConfig, configs_for: public API)
+    INTERPRETER_CONFIG, INTERPRETER_PROGRAMS, PINGPONG_ROWGROUP_CONFIGS, PINGPONG_WGRAD_CONFIGS, ROWGROUP_CONFIGS,
+    TORCH, WGRAD_CONFIGS, GemmConfig, configs_for, interpreter_numpy_shim, interpreting, tail_config)
+from moetrain import tuning
 
 # ----------------------------------------------------------------------------------------------
 # References (obviously correct; they read offs on the host).
@@ -194,38 +195,40 @@ def _output(out, shape, like: torch.Tensor) -> torch.Tensor:
 
 def grouped_gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, gather_rows: torch.Tensor | None = None,
                      config: GemmConfig | None = None, out: torch.Tensor | None = None,
-                     num_programs: int | None = None) -> torch.Tensor:
+                     num_programs: int | None = None, with_torch: bool = False) -> torch.Tensor:
     """Forward: y [M, N] = x_g @ w[g]^T per group; rows past offs[-1] are 0.
 
     x [M, K], w [G, N, K] (same dtype: bf16/fp16/fp32), offs [G] int32 cumulative row ends on
     x's device. Returns y [M, N] in x's dtype (fp32 accumulation).
     gather_rows [M] int32/int64 (optional): row r of the grouped operand is x[gather_rows[r]],
     with x [T, K] the unpermuted token rows (the permuted copy is never materialized).
-    ``config`` bypasses the autotuner; ``out`` (contiguous [M, N]) receives the result;
-    ``num_programs`` overrides the persistent grid size (default: programs_per_sm per SM).
+    ``config`` bypasses the tuner; ``out`` (contiguous [M, N]) receives the result;
+    ``num_programs`` overrides the persistent grid size (default: programs_per_sm per SM);
+    ``with_torch``: torch._grouped_mm is a candidate of the tuner too (backend "auto"; not with gather_rows).
     """
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2] or offs.shape != (w.shape[0],):
         raise ValueError(f"grouped_gemm_fwd: x {tuple(x.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} "
                          "must be [M,K], [G,N,K], [G]")
     if gather_rows is not None and gather_rows.dim() != 1:
         raise ValueError(f"grouped_gemm_fwd: gather_rows {tuple(gather_rows.shape)} must be [M]")
-    return _rowgroup(x, w, offs, False, config, out, num_programs, gather_rows)
+    return _rowgroup(x, w, offs, False, config, out, num_programs, gather_rows, with_torch)
 
 
 def grouped_gemm_dgrad(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, config: GemmConfig | None = None,
-                       out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, num_programs: int | None = None,
+                       with_torch: bool = False) -> torch.Tensor:
     """Data gradient: dx [M, K] = dy_g @ w[g] per group; rows past offs[-1] are 0.
 
     dy [M, N], w [G, N, K] (same dtype), offs [G] int32. Returns dx [M, K] in dy's dtype.
-    Same kernel as the forward, with w read as [N, K] (no transposed copy of w).
+    Same kernel as the forward, with w read as [N, K] (no transposed copy of w). Keywords as the forward's.
     """
     if dy.dim() != 2 or w.dim() != 3 or dy.shape[1] != w.shape[1] or offs.shape != (w.shape[0],):
         raise ValueError(f"grouped_gemm_dgrad: dy {tuple(dy.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} "
                          "must be [M,N], [G,N,K], [G]")
-    return _rowgroup(dy, w, offs, True, config, out, num_programs)
+    return _rowgroup(dy, w, offs, True, config, out, num_programs, None, with_torch)
 
 
-def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
+def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None, with_torch=False):
     _check_device(a, w, offs)
     if a.dtype != w.dtype:
         raise ValueError(f"grouped GEMM: dtypes differ ({a.dtype}, {w.dtype})")
@@ -238,14 +241,30 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         M = gather.shape[0]
     G, D1, D2 = w.shape
     OUT = D2 if dgrad else D1
-    out = _output(out, (M, OUT), a)
     if M == 0 or OUT == 0:
-        return out
+        return _output(out, (M, OUT), a)
     if G == 0 or RED == 0:
-        return out.zero_()
-    tma_ok = _tma_ok(a, w, out) and M < RAGGED_ROWS
+        return _output(out, (M, OUT), a).zero_()
+    # out is checked before it exists: torch.empty's allocations are aligned, its rows OUT elements long
+    out_ok = _tma_ok(out) if out is not None else (OUT * a.element_size()) % 16 == 0
+    tma_ok = _tma_ok(a, w) and out_ok and M < RAGGED_ROWS
     pingpong_ok = tma_ok and gather is None and pingpong_applies(a)
-    if config is not None and config.kernel == "pingpong" and not pingpong_ok:
+    op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
+    if config is None and interpreting():
+        config = INTERPRETER_CONFIG
+    if config is None:
+        candidates = ((TORCH,) if with_torch and gather is None else ()) + ROWGROUP_CONFIGS + (
+            PINGPONG_ROWGROUP_CONFIGS if pingpong_ok else ())
+
+        def run_with(cand, routing):
+            _rowgroup(a, w, routing, dgrad, cand, None, num_programs, gather)
+        with _on_device(a.device):
+            config = _tuned(op, a, M, G, OUT, RED, (tma_ok, pingpong_ok), candidates, run_with, offs)
+    if config == TORCH:
+        y = torch_grouped_mm(op, a, w, offs)
+        return y if out is None else out.copy_(y)
+    out = _output(out, (M, OUT), a)
+    if config.kernel == "pingpong" and not pingpong_ok:
         raise ValueError(f"grouped GEMM: config {config} needs a Hopper GPU, bf16, TMA-aligned tensors and rows not "
                          "gathered")
 
@@ -269,10 +288,7 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
             PART=part, BIG_M=big_m, MIX=cfg.mix, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
-    def run(cfg: GemmConfig, offs: torch.Tensor = offs):
-        if cfg is PEER:
-            torch_grouped_mm("dgrad" if dgrad else "fwd", a, w, offs)
-            return
+    def run(cfg: GemmConfig):
         if cfg.kernel == "pingpong":
             from moetrain.kernels.rowgroup_pingpong import grouped_gemm_rowgroup_pingpong
 
@@ -282,32 +298,36 @@ def _rowgroup(a, w, offs, dgrad, config, out, num_programs, gather=None):
         sched = skew_schedule(offs) if cfg.mix else offs  # (unused without MIX)
         _run_tail_split(cfg, lambda c, part, big_m: launch_part(c, part, big_m, sched, offs))
 
-    op = "dgrad" if dgrad else ("fwd_gather" if gather is not None else "fwd")
-    key = (op, a.dtype, a.device, OUT, RED, rows_bucket(M, G), tma_ok)
     with _on_device(a.device):
-        pingpong = PINGPONG_ROWGROUP_CONFIGS if pingpong_ok else ()
-        run(pick_config(key, ROWGROUP_CONFIGS + pingpong, config, run, _on_skewed_routing(run, M, G, a.device),
-                        peer=gather is None and a.is_cuda))
+        run(config)
     return out
 
 
-def _on_skewed_routing(run, m: int, g: int, device: torch.device):
-    """``run(cfg, offs)`` on a skewed routing of the same m rows over g groups (runtime.timing.skewed_offs, made on
-    the first call: only when the autotuner times candidates), for pick_config's run_skewed."""
+def _tuned(op: str, a: torch.Tensor, m: int, g: int, n: int, k: int, variant: tuple, candidates: tuple, run_with,
+           offs: torch.Tensor):
+    """The tuner's candidate for one grouped GEMM of m rows over g groups (n output, k reduction columns).
+    ``run_with(candidate, offs)`` runs the op; each candidate is timed on the caller's routing
+    and on a skewed one of the same rows (runtime.timing.skewed_offs, made only when the tuner times): the key
+    cannot see skew without a host sync, the first call's routing is near-uniform and training's skews later, and
+    a config can lead on balanced routing yet collapse on skewed (the ping-pong weight gradient)."""
     made = []
 
-    def run_skewed(cfg: GemmConfig):
+    def run_skewed(cand):
         if not made:
             from moetrain.runtime.timing import skewed_offs
 
-            made.append(skewed_offs(m, g, 0, device))
-        run(cfg, made[0])
-    return run_skewed
+            made.append(skewed_offs(m, g, 0, a.device))
+        return run_with(cand, made[0])
+
+    peer = TORCH if candidates[0] == TORCH else None
+    kind = f"gemm_{op}" + ("+torch" if peer else "")
+    return tuning.choose(kind, a, n, k, m, g, candidates, (lambda cand: run_with(cand, offs), run_skewed),
+                         variant=variant, peer=peer)
 
 
 def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *, gather_rows: torch.Tensor | None = None,
                        config: GemmConfig | None = None, out: torch.Tensor | None = None,
-                       num_programs: int | None = None) -> torch.Tensor:
+                       num_programs: int | None = None, with_torch: bool = False) -> torch.Tensor:
     """Weight gradient (variable-K grouped GEMM): dw [G, N, K] = dy_g^T @ x_g per group.
 
     dy [M, N], x [M, K] (same dtype), offs [G] int32. Returns dw [G, N, K] in dy's dtype; groups
@@ -315,6 +335,7 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
     groups that share a row chunk are multiplied by exact zeros, so they must be finite.
     gather_rows [M] int32/int64 (optional): row r of the grouped x operand is x[gather_rows[r]], with
     x [T, K] the unpermuted token rows (the permuted copy is never materialized; x by pointer loads).
+    ``config``, ``out``, ``num_programs``, ``with_torch``: as the forward's.
     """
     rows_x = x.shape[0] if gather_rows is None else gather_rows.shape[0]
     if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != rows_x or offs.dim() != 1:
@@ -331,21 +352,34 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
     M, N = dy.shape
     K = x.shape[1]
     G = offs.shape[0]
-    out = _output(out, (G, N, K), dy)
     if G == 0 or N == 0 or K == 0:
-        return out
+        return _output(out, (G, N, K), dy)
     if M == 0:
-        return out.zero_()
-    tma_ok = _tma_ok(dy, x, out) and M < RAGGED_ROWS
+        return _output(out, (G, N, K), dy).zero_()
+    # a dw made by torch.empty is aligned, and its row stride K is x's (checked)
+    tma_ok = _tma_ok(dy, x) and (out is None or _tma_ok(out)) and M < RAGGED_ROWS
     pingpong_ok = tma_ok and pingpong_applies(dy) and (gather_rows is None or K % 128 == 0)
-    if config is not None and config.kernel == "pingpong" and not pingpong_ok:
+    op = "wgrad" if gather_rows is None else "wgrad_gather"
+    if config is None and interpreting():
+        config = INTERPRETER_CONFIG
+    if config is None:
+        # (the gathered ping-pong configs are on trial: explicit configs only)
+        candidates = ((TORCH,) if with_torch and gather_rows is None else ()) + WGRAD_CONFIGS + (
+            PINGPONG_WGRAD_CONFIGS if pingpong_ok and gather_rows is None else ())
+
+        def run_with(cand, routing):
+            grouped_gemm_wgrad(dy, x, routing, gather_rows=gather_rows, config=cand, num_programs=num_programs)
+        with _on_device(dy.device):
+            config = _tuned(op, dy, M, G, N, K, (tma_ok, pingpong_ok), candidates, run_with, offs)
+    if config == TORCH:
+        dw = torch_grouped_mm(op, dy, x, offs)
+        return dw if out is None else out.copy_(dw)
+    out = _output(out, (G, N, K), dy)
+    if config.kernel == "pingpong" and not pingpong_ok:
         raise ValueError(f"grouped_gemm_wgrad: config {config} needs a Hopper GPU, bf16 and TMA-aligned tensors "
                          "(with gathered rows, K a multiple of 128)")
 
-    def run(cfg: GemmConfig, offs: torch.Tensor = offs):
-        if cfg is PEER:
-            torch_grouped_mm("wgrad", dy, x, offs)
-            return
+    def run(cfg: GemmConfig):
         if cfg.kernel == "pingpong":
             from moetrain.kernels.wgrad_pingpong import grouped_gemm_wgrad_pingpong
 
@@ -373,12 +407,8 @@ def grouped_gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, *,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
-    key = ("wgrad" if gather_rows is None else "wgrad_gather", dy.dtype, dy.device, N, K, rows_bucket(M, G), tma_ok)
     with _on_device(dy.device):
-        # (the gathered ping-pong configs are on trial: explicit configs only)
-        pingpong = PINGPONG_WGRAD_CONFIGS if pingpong_ok and gather_rows is None else ()
-        run(pick_config(key, WGRAD_CONFIGS + pingpong, config, run, _on_skewed_routing(run, M, G, dy.device),
-                        peer=gather_rows is None and dy.is_cuda))
+        run(config)
     return out
 
 

@@ -12,7 +12,7 @@ import triton
 
 from moetrain.kernels.grouped_gemm import _block_g
 from moetrain.kernels.grouped_gemm_kernels import _rowgroup_kernel, _wgrad_kernel
-from moetrain.kernels.grouped_gemm_tuning import GemmConfig
+from moetrain.kernels.grouped_gemm_configs import GemmConfig
 
 
 def aot_compile(op: str, config: GemmConfig, dtype: str = "bf16", capability: int = 90, num_groups: int = 256,

@@ -52,7 +52,7 @@ def _direct_launches() -> bool:
     if _direct is None:
         import triton
 
-        from moetrain.kernels.grouped_gemm_tuning import interpreting
+        from moetrain.kernels.grouped_gemm_configs import interpreting
 
         _runtime_knobs = triton.knobs.runtime
         _direct = not interpreting() and triton.__version__.startswith(SUPPORTED_TRITON)

@@ -26,7 +26,7 @@ RAGGED), which drops rows at or past the group's end in hardware.
 
 Measured on the H200 (bench/NOTES.md): level with torch._grouped_mm on the sums of the forward / data
 gradient GEMMs at Qwen3, GPT-OSS and Mixtral (0.999-1.010x), 0.94x at DeepSeek-V3; up to 1.05x on single ops. The
-autotuner offers it (grouped_gemm_tuning.PINGPONG_ROWGROUP_CONFIGS) and keeps it where it wins.
+autotuner offers it (grouped_gemm_configs.PINGPONG_ROWGROUP_CONFIGS) and keeps it where it wins.
 
 Two fused epilogues (the EPILOGUE constexpr; their code is pingpong_epilogues.py):
 - SWIGLU_FWD, grouped_gemm_fc1_swiglu_pingpong, called by the layer (moe_fused.fc1_swiglu, where auto measures it

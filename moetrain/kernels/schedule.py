@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moetrain.kernels.grouped_gemm_tuning import interpreting
+from moetrain.kernels.grouped_gemm_configs import interpreting
 from moetrain.kernels.host import cdiv, next_pow2
 from moetrain.kernels.launch import launch
 

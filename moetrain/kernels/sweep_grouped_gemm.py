@@ -26,6 +26,8 @@ config; and per shape the six GEMMs of a layer (ms). --json writes every number 
 
 from __future__ import annotations
 
+import dataclasses
+
 import argparse
 import importlib.util
 import json
@@ -198,11 +200,6 @@ def run_ours(gg, op: str, inp, offs, cfg, out):
     return gg.grouped_gemm_wgrad(dy, x, offs, config=cfg, out=out)
 
 
-def _per_routing(ms) -> str:
-    """A tuner verdict's times per routing ("3.018/4.145"), or "-" when not timed."""
-    return "/".join(f"{t:.3f}" for t in ms) if ms else "-"
-
-
 def bench(fn, sets: int) -> float:
     import triton
 
@@ -259,26 +256,18 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
         best = min(good, key=lambda c: c["ms"]) if good else None
         row["best"] = best
         if op in OPS:  # backend="auto": its own measurement picks torch or ours; then timed like the others
-            from moetrain.ops import autoselect
+            from moetrain import tuning
             from moetrain.ops.grouped_gemm import grouped_gemm_op
 
             def auto(i, op=op):
-                return grouped_gemm_op(op, "auto", *op_inputs(op, inputs[i]), offs, (g, n, k))
+                return grouped_gemm_op(op, "auto", *op_inputs(op, inputs[i]), offs)
 
-            from moetrain.kernels.grouped_gemm_tuning import tuned_configs, tuning_verdicts
-
-            tuned_before = tuned_configs()
+            measured_before = len(tuning.active().decisions)
             auto(0)
-            key = autoselect.cache_key(f"grouped_gemm_{op}", a0.dtype, n, k, m, g, autoselect.device_name(a0.device))
-            row["auto_choice"] = autoselect.lookup(key)
-            # what auto compared: its own medians per backend, and the config the autotuner gave its triton run
-            # (when that differs from the sweep's best, auto judged a different kernel than the "ours" column)
-            row["auto_own_ms"] = autoselect.entries().get(key, {}).get("ms")
-            row["auto_triton_config"] = ", ".join(sorted({str(c) for k_, c in tuned_configs().items()
-                                                          if k_ not in tuned_before})) or None
-            # why the tuner picked it: torch's and the pick's own times per routing (caller's, skewed), and the
-            # config that was fastest on the sum when the pick was another one, as fast as torch on each routing
-            row["tuner_verdicts"] = [v for k_, v in tuning_verdicts().items() if k_ not in tuned_before] or None
+            # what auto's tuner compared: torch._grouped_mm and the configs, each timed on the caller's and a skewed
+            # routing (when its pick differs from the sweep's best, it judged on other timings than this sweep's)
+            mine = [d for d in tuning.active().decisions[measured_before:] if d.key.startswith(f"gemm_{op}+torch|")]
+            row["tuner_decision"] = dataclasses.asdict(mine[-1]) if mine else None
         final = {"torch": lambda i: torch_op(op, *op_inputs(op, inputs[i]), offs)}
         if best is not None:
             best_cfg = next(c for c in gg.configs_for(op) if str(c) == best["config"])
@@ -299,14 +288,11 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
         results.append(row)
         ours = f"{best['tflops']:.0f} TF/s ({best['config']})" if best else "no valid config"
         log(f"{label} {op}: torch {row['torch_tflops']:.0f} TF/s, ours {ours}", t0)
-        if row.get("auto_own_ms"):  # set only where auto ran above (autoselect imported there)
-            own = autoselect.describe_times(row["auto_own_ms"])
-            print(f"    auto picked {row['auto_choice']} on its own timing ({own} ms; triton config "
-                  f"{row['auto_triton_config'] or 'tuned earlier'})", flush=True)
-            for v in row.get("tuner_verdicts") or ():
-                print(f"    tuner: {v['rule']}; pick {_per_routing(v['best_ms'])} ms, torch "
-                      f"{_per_routing(v.get('peer_ms'))} ms (caller's / skewed routing); fastest on the sum "
-                      f"{v['sum_winner']}", flush=True)
+        if row.get("tuner_decision"):  # set only where auto measured above (not answered by the cache)
+            from moetrain.tuning import Decision
+
+            d = Decision(**row["tuner_decision"])
+            print(f"    auto picked {d.choice}: {d.rule}; {d.summary()}", flush=True)
         print("    " + ", ".join(f"{c['config']} {c['tflops']:.0f}" for c in good), flush=True)
         want = out = None  # free this op's outputs before the next op allocates its own
 

@@ -26,7 +26,7 @@ one-step tiles are bound by their dw stores (_tile): COHORTS and MIX on trial (b
 
 Measured on the H200 (bench/NOTES.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
 with bands (GROUP_N 8), about level at EP8's long reductions. grouped_gemm_wgrad offers it to the autotuner
-(grouped_gemm_tuning.PINGPONG_WGRAD_CONFIGS) where it applies: Hopper, bf16, TMA-aligned, rows not gathered.
+(grouped_gemm_configs.PINGPONG_WGRAD_CONFIGS) where it applies: Hopper, bf16, TMA-aligned, rows not gathered.
 Its speed depends on what the process ran before: after one launch of any two-programs-per-SM grouped GEMM config
 it ran ~27% slower for a while (not explained), so those configs left the autotuner's candidates.
 """

@@ -4,9 +4,8 @@ Every kernel entry point of the expert and router path (the grouped GEMMs and th
 row sort, SwiGLU, the combines, the token-row copy, the routing kernel and its backward, the router's tensor-core
 GEMM) is registered as ``moetrain::<name>`` with a fake implementation that gives each output's exact shape and
 dtype from the inputs' shapes alone: the MoE path is sync-free, so no output shape depends on the routing. Inside
-torch.compile an op is one opaque node of the graph; the run-time choices made inside it (the kernels' autotuning,
-``autoselect.choose``'s backend and variant picks) run when the compiled graph runs, on real tensors, exactly as in
-eager mode.
+torch.compile an op is one opaque node of the graph; the run-time choices made inside it (moetrain.tuning's picks of
+backends, tile configs and variants) run when the compiled graph runs, on real tensors, exactly as in eager mode.
 
 Autograd stays in our torch.autograd.Function classes, whose forward and backward call these ops (dynamo traces an
 autograd.Function with its backward), rather than moving to ``register_autograd``: the backward has to decide at

@@ -17,8 +17,9 @@ Backends:
     "triton": our persistent Triton kernels (moetrain.kernels.grouped_gemm: forward, dgrad, wgrad),
               sync-free. Needs the triton package and a CUDA device, or TRITON_INTERPRET=1 (set
               before triton is imported) to run them on CPU tensors in Triton's interpreter.
-    "auto"  : on CUDA, torch or triton for each of forward, dgrad and wgrad separately, per
-              shape, from measurements cached on disk (moetrain.ops.autoselect); "loop" elsewhere.
+    "auto"  : on CUDA, for each of forward, dgrad and wgrad separately, per shape, the tuner's pick
+              (moetrain.tuning) among torch._grouped_mm and our kernels' tile configs, measured once and
+              cached on disk; torch where triton is not installed; "loop" off CUDA.
 
 Every backend but "loop" runs its GEMMs through custom ops (moetrain.ops.custom_ops), so torch.compile
 traces it whole (fullgraph), and may defer the weight gradient (moetrain.ops.deferred). "loop" is plain
@@ -33,9 +34,9 @@ import torch
 
 from moetrain.errors import UserError
 from moetrain.kernels.torch_grouped_mm import torch_grouped_mm  # plain torch, no triton
-from moetrain.ops import autoselect
 from moetrain.ops.custom_ops import kernel_op
 from moetrain.ops.deferred import weight_grad
+from moetrain.runtime.packages import triton_available
 
 BACKENDS = ("auto", "torch", "triton", "loop")
 # The MoE config says "reference" for the loop backend.
@@ -46,7 +47,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     """Map a requested backend to the one that runs on ``device``; unknown names are errors.
 
     Without a shape, "auto" means torch on CUDA; ``grouped_gemm`` and ``moe_experts`` resolve
-    "auto" per shape themselves (``autoselect``)."""
+    "auto" per shape themselves (moetrain.tuning)."""
     backend = _ALIASES.get(backend, backend)
     if backend == "auto":
         return "torch" if device.type == "cuda" else "loop"
@@ -64,7 +65,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
         raise ValueError(f"grouped_gemm: x {tuple(x.shape)} and w {tuple(w.shape)} do not match ([M,K], [G,N,K])")
     if offs.shape != (w.shape[0],):
         raise ValueError(f"grouped_gemm: offs {tuple(offs.shape)} must be [G] = [{w.shape[0]}]")
-    if _ALIASES.get(backend, backend) == "auto" and autoselect.measures(x.device):
+    if _ALIASES.get(backend, backend) == "auto" and x.device.type == "cuda":
         return _PerOpGroupedGemm.apply(x, w, offs, "auto")
     which = resolve_backend(backend, x.device)
     if which == "loop":
@@ -75,8 +76,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
 # ---- each of the three GEMMs on its own backend ---------------------------------------------
 # The forward, the data gradient and the weight gradient have different shapes and different
 # winners (on the H200 at Qwen3 shapes: torch for the FC1 forward, Triton for the other five),
-# so with backend "auto" each op is measured and cached on its own (autoselect kinds
-# grouped_gemm_fwd/_dgrad/_wgrad).
+# so with backend "auto" each op is tuned on its own (tuning kinds gemm_fwd+torch, gemm_dgrad+torch,
+# gemm_wgrad+torch).
 #   fwd   y  [M, N] = x_g  @ w[g]^T      (a = x,  b = w)
 #   dgrad dx [M, K] = dy_g @ w[g]        (a = dy, b = w)
 #   wgrad dw [G,N,K] = dy_g^T @ x_g      (a = dy, b = x)
@@ -85,12 +86,11 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: 
 def _run_op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     if backend == "torch":
         return torch_grouped_mm(op, a, b, offs)
-    if backend == "triton":
-        # imports triton: only when chosen
+    if backend in ("triton", "auto"):
+        # imports triton: only when chosen. "auto": the tuner picks among torch and our configs in the kernel's entry
         from moetrain.kernels import grouped_gemm as kernels
 
-        return getattr(kernels, f"grouped_gemm_{op}")(a, b, offs)
-    # "loop": autoselect's answer when no candidate ran
+        return getattr(kernels, f"grouped_gemm_{op}")(a, b, offs, with_torch=backend == "auto")
     if op == "fwd":
         return grouped_gemm_loop(a, b, offs)
     if op == "dgrad":
@@ -107,45 +107,33 @@ def _wgrad_loop(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> torch.
     return dw
 
 
-def _auto_op(op: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_shape) -> torch.Tensor:
-    """Run one GEMM with the backend measured fastest for it at this layer shape (N, K, rows/group)."""
-    groups, n, k = w_shape
-
-    def skewed():  # see autoselect: the caller's routing and a skewed one of the same rows
-        from moetrain.runtime.timing import skewed_offs
-
-        return (skewed_offs(a.shape[0], groups, 0, a.device),)
-
-    both_routings = autoselect.on_both(lambda backend, o: _run_op(op, backend, a, b, o), (offs,), skewed)
-    name = autoselect.choose(f"grouped_gemm_{op}", a, n, k, a.shape[0], groups, both_routings)
-    return _run_op(op, name, a, b, offs)
-
-
-def grouped_gemm_op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, w_shape) -> torch.Tensor:
+def grouped_gemm_op(op: str, backend: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """One of the three GEMMs (op: fwd, dgrad, wgrad; see above) on ``backend``: triton, torch, loop, or
-    auto (this op's measured winner at this layer shape, w_shape = [G, N, K]). The eager body of the three
-    custom ops below."""
-    return _auto_op(op, a, b, offs, w_shape) if backend == "auto" else _run_op(op, backend, a, b, offs)
+    auto (this op's tuned winner at this shape; torch without triton). The eager body of the three custom ops
+    below."""
+    if backend == "auto" and not triton_available():
+        backend = "torch"
+    return _run_op(op, backend, a, b, offs)
 
 
 # The three GEMMs as custom ops (moetrain.ops.custom_ops): offs [G] int32; backend as grouped_gemm_op's.
 @kernel_op("grouped_gemm_fwd", fake=lambda x, w, offs, backend: x.new_empty(x.shape[0], w.shape[1]))
 def gemm_fwd(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: str) -> torch.Tensor:
     """y [M, N] = x_g @ w[g]^T: x [M, K], w [G, N, K] -> x's dtype."""
-    return grouped_gemm_op("fwd", backend, x, w, offs, w.shape)
+    return grouped_gemm_op("fwd", backend, x, w, offs)
 
 
 @kernel_op("grouped_gemm_dgrad", fake=lambda dy, w, offs, backend: dy.new_empty(dy.shape[0], w.shape[2]))
 def gemm_dgrad(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: str) -> torch.Tensor:
     """dx [M, K] = dy_g @ w[g]: dy [M, N], w [G, N, K] -> dy's dtype."""
-    return grouped_gemm_op("dgrad", backend, dy, w, offs, w.shape)
+    return grouped_gemm_op("dgrad", backend, dy, w, offs)
 
 
 @kernel_op("grouped_gemm_wgrad",
            fake=lambda dy, x, offs, backend: dy.new_empty(offs.shape[0], dy.shape[1], x.shape[1]))
 def gemm_wgrad(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, backend: str) -> torch.Tensor:
     """dw [G, N, K] = dy_g^T @ x_g: dy [M, N], x [M, K], G = offs' length -> dy's dtype."""
-    return grouped_gemm_op("wgrad", backend, dy, x, offs, (offs.shape[0], dy.shape[1], x.shape[1]))
+    return grouped_gemm_op("wgrad", backend, dy, x, offs)
 
 
 class _PerOpGroupedGemm(torch.autograd.Function):
@@ -174,7 +162,7 @@ class _PerOpGroupedGemm(torch.autograd.Function):
 
 def require_triton(device: torch.device) -> None:
     """The triton backend needs the package, and a CUDA device or the CPU interpreter."""
-    if not autoselect.triton_available():
+    if not triton_available():
         raise UserError("backend 'triton' (our MoE kernels) needs the triton package (pip install triton); "
                         "use backend auto, torch or reference")
     if device.type == "cuda":

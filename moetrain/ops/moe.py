@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import torch
 
-from moetrain.ops import autoselect, moe_rows
+from moetrain.ops import moe_rows
 from moetrain.ops.custom_ops import kernel_op
 from moetrain.ops.grouped_gemm import _ALIASES, grouped_gemm, resolve_backend
+from moetrain.runtime.packages import triton_available
 from moetrain.ops.moe_fused import fc1_gathered, fc1_swiglu, fc2_combine
 from moetrain.ops.moe_rows import (  # noqa: F401 (CLAMPED_ALPHA, CLAMPED_LIMIT: public here too)
     CLAMPED_ALPHA,
@@ -142,9 +143,9 @@ def expert_gemm_backend(backend: str, x: torch.Tensor) -> str:
     """The GEMM backend the expert path runs for moe.backend ``backend`` and activations x: "triton" or "auto" (the
     fused path's kernels), "torch" or "loop" (see the module docstring)."""
     gemm = _ALIASES.get(backend, backend)
-    if gemm != "auto" or not autoselect.measures(x.device):
+    if gemm != "auto" or x.device.type != "cuda":
         return resolve_backend(gemm, x.device)
-    if x.dtype not in AUTO_FUSED_DTYPES or not autoselect.triton_available():
+    if x.dtype not in AUTO_FUSED_DTYPES or not triton_available():
         return "torch"
     return gemm
 

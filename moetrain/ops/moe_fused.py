@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import torch
 
-from moetrain.ops import autoselect, moe_rows
+from moetrain import tuning
+from moetrain.ops import moe_rows
 from moetrain.ops.custom_ops import kernel_op
 from moetrain.ops.deferred import weight_grad
 from moetrain.ops.grouped_gemm import gemm_dgrad, gemm_fwd, gemm_wgrad, grouped_gemm_op
@@ -59,31 +60,41 @@ def _fc1_forward(variant: str, gemm: str, x, w1, offs, token_of_row, inverse):
         from moetrain.kernels import grouped_gemm as kernels
 
         return kernels.grouped_gemm_fwd(x, w1, offs, gather_rows=token_of_row)
-    return grouped_gemm_op("fwd", gemm, moe_rows.row_kernels().token_rows(x, inverse), w1, offs, w1.shape)
+    return grouped_gemm_op("fwd", gemm, moe_rows.row_kernels().token_rows(x, inverse), w1, offs)
 
 
-def _fc1_wgrad(variant: str, gemm: str, dh, x, offs, token_of_row, inverse, w_shape):
+def _fc1_wgrad(variant: str, gemm: str, dh, x, offs, token_of_row, inverse):
     """dw1 = dh_g^T @ x[token_of_row]_g, the same two variants as ``_fc1_forward``."""
     if variant == "gather":
         from moetrain.kernels import grouped_gemm as kernels
 
         return kernels.grouped_gemm_wgrad(dh, x, offs, gather_rows=token_of_row)
-    return grouped_gemm_op("wgrad", gemm, dh, moe_rows.row_kernels().token_rows(x, inverse), offs, w_shape)
+    return grouped_gemm_op("wgrad", gemm, dh, moe_rows.row_kernels().token_rows(x, inverse), offs)
 
 
-def _on_both_token_orders(token_of_row, inverse, topk: int, run_one):
-    """autoselect's measurement closure for the fused path's variants: run_one(name, token_of_row, inverse) on the
-    caller's rows and again on the same routing with its tokens relabeled (runtime.timing.relabeled_tokens, made on the
-    first timed call only). A gather through token_of_row is fast where a token's K rows are read close together in
-    time (L2 hits), as on the benchmarks' round-robin balanced routing, and slower on a trained router's; timed on
-    the caller's first routing alone, auto picked the gathers for that reason (Qwen3, bench/NOTES.md)."""
+def _on_both_token_orders(token_of_row, inverse, topk: int, run_one) -> tuple:
+    """The tuner's runs for the fused path's variants: run_one(name, token_of_row, inverse) on the caller's rows, and
+    on the same routing with its tokens relabeled (runtime.timing.relabeled_tokens, made on the first timed call
+    only). A gather through token_of_row is fast where a token's K rows are read close together in time (L2 hits),
+    as on the benchmarks' round-robin balanced routing, and slower on a trained router's; timed on the caller's
+    first routing alone, the gathers won for that reason at Qwen3 shapes."""
+    made = []
 
-    def relabeled():
-        from moetrain.runtime.timing import relabeled_tokens
+    def relabeled(name: str):
+        if not made:
+            from moetrain.runtime.timing import relabeled_tokens
 
-        return relabeled_tokens(token_of_row, inverse, topk)
+            made.append(relabeled_tokens(token_of_row, inverse, topk))
+        return run_one(name, *made[0])
 
-    return autoselect.on_both(run_one, (token_of_row, inverse), relabeled)
+    return (lambda name: run_one(name, token_of_row, inverse), relabeled)
+
+
+# The fused path's variants, first the one that runs inside a CUDA graph captured before the tuner measured
+# (kernels "gather"/"copy": see the module docstring; "separate"/"fused": fc1_swiglu).
+FC1_FWD_VARIANTS = ("gather", "copy")
+FC1_WGRAD_VARIANTS = ("copy", "gather")
+FC1_SWIGLU_VARIANTS = ("separate", "fused")
 
 
 # ---- FC1's kernels as custom ops (moetrain.ops.custom_ops); each picks its variant inside, at run time ----------
@@ -99,9 +110,9 @@ def fc1_fwd(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_row:
     variant = "gather"
     if gemm == "auto":
         G, N, K = w1.shape
-        variant = autoselect.choose("moe_fc1_fwd", x, N, K, token_of_row.shape[0], G, _on_both_token_orders(
-            token_of_row, inverse, topk,
-            lambda name, rows, inv: _fc1_forward(name, "auto", x, w1, offs, rows, inv)))
+        variant = tuning.choose("moe_fc1_fwd", x, N, K, token_of_row.shape[0], G, FC1_FWD_VARIANTS,
+                                _on_both_token_orders(token_of_row, inverse, topk, lambda name, rows, inv: _fc1_forward(
+                                    name, "auto", x, w1, offs, rows, inv)), fallback="gather")
     return _fc1_forward(variant, gemm, x, w1, offs, token_of_row, inverse)
 
 
@@ -114,14 +125,13 @@ def fc1_wgrad(dh: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, token_of_ro
               inverse: torch.Tensor, topk: int, gemm: str) -> torch.Tensor:
     """dw1 [E, 2I, H] = dh_g^T @ x[token_of_row]_g: "copy", or with gemm "auto" the measured winner of copy and
     gather."""
-    w_shape = (offs.shape[0], dh.shape[1], x.shape[1])
     variant = "copy"
     if gemm == "auto":
-        G, N, K = w_shape
-        variant = autoselect.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G, _on_both_token_orders(
-            token_of_row, inverse, topk,
-            lambda name, rows, inv: _fc1_wgrad(name, "auto", dh, x, offs, rows, inv, w_shape)))
-    return _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, inverse, w_shape)
+        G, N, K = offs.shape[0], dh.shape[1], x.shape[1]
+        variant = tuning.choose("moe_fc1_wgrad", dh, N, K, dh.shape[0], G, FC1_WGRAD_VARIANTS,
+                                _on_both_token_orders(token_of_row, inverse, topk, lambda name, rows, inv: _fc1_wgrad(
+                                    name, "auto", dh, x, offs, rows, inv)), fallback="copy")
+    return _fc1_wgrad(variant, gemm, dh, x, offs, token_of_row, inverse)
 
 
 def _fc1_swiglu_fake(x, w1, offs, token_of_row, inverse, probs, topk, gemm, activation):
@@ -145,8 +155,8 @@ def fc1_swiglu_fwd(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_
                 return _fused_forward(x, w1, offs, inv, probs, activation)
             return moe_rows.swiglu_fwd_kernel(fc1_fwd(x, w1, offs, rows, inv, topk, gemm), probs, activation)
 
-        variant = autoselect.choose("moe_fc1_swiglu", x, N, K, token_of_row.shape[0], G,
-                                    _on_both_token_orders(token_of_row, inverse, topk, run))
+        variant = tuning.choose("moe_fc1_swiglu", x, N, K, token_of_row.shape[0], G, FC1_SWIGLU_VARIANTS,
+                                _on_both_token_orders(token_of_row, inverse, topk, run), fallback="separate")
     if variant == "fused":
         return _fused_forward(x, w1, offs, inverse, probs, activation)
     h = fc1_fwd(x, w1, offs, token_of_row, inverse, topk, gemm)
@@ -264,7 +274,7 @@ def fc1_swiglu(x: torch.Tensor, w1: torch.Tensor, offs: torch.Tensor, token_of_r
     """a [M, I] = act(h[:, :I], h[:, I:]) * probs[:, None] with h = FC1 of the token rows (``fc1_gathered``'s
     operands; probs [M] fp32 or None). With gemm "auto", FusedFC1 and its SwiGLU node, whose forward is measured once
     per shape as "separate" (FC1, then the SwiGLU kernel) against "fused" (one kernel) where the fused kernel applies
-    (autoselect kind "moe_fc1_swiglu", forward only: both backwards run the same kernels, and the nodes save the same
+    (tuning kind "moe_fc1_swiglu", forward only: both backwards run the same kernels, and the nodes save the same
     tensors either way); otherwise fc1_gathered and the SwiGLU kernel's node."""
     if gemm != "auto":
         return moe_rows.swiglu(fc1_gathered(x, w1, offs, token_of_row, inverse, topk, gemm), activation, "triton",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moetrain.ops import autoselect
+from moetrain.runtime.packages import triton_available
 from moetrain.ops.custom_ops import kernel_op
 from moetrain.ops.grouped_gemm import require_triton
 
@@ -213,7 +213,7 @@ def _triton_routes(logits: torch.Tensor) -> bool:
     and so does a layer under torch.compile, which fuses the PyTorch routing itself (the planner assumes so:
     plan/activations.triton_routing). impl="triton" runs the kernel compiled too, as a custom op."""
     return (logits.is_cuda and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and not torch.compiler.is_compiling() and autoselect.triton_available())
+            and not torch.compiler.is_compiling() and triton_available())
 
 
 def _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl) -> None:

@@ -1,5 +1,5 @@
-"""Small JSON caches of run-time measurements in $MOETRAIN_CACHE_DIR (default ~/.cache/moetrain/): auto's
-backend choices (moetrain.ops.autoselect) and the grouped GEMM's tuned tile configs (grouped_gemm_tuning).
+"""Small JSON caches of run-time measurements in $MOETRAIN_CACHE_DIR (default ~/.cache/moetrain/): the tuner's
+decisions (moetrain.tuning.cache).
 
 File layout: {"version": int, "entries": {key: {...}}}. Written atomically (temp file + rename), so a reader
 sees the old file or the new one. A file of another version is ignored quietly (measured again, then

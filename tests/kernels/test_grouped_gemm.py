@@ -308,9 +308,10 @@ def test_resolve_backend_triton(monkeypatch):
         monkeypatch.delenv("TRITON_INTERPRET")
         with pytest.raises(UserError, match="TRITON_INTERPRET=1"):
             ops.resolve_backend("triton", torch.device("cpu"))
-    from moetrain.ops import autoselect
+    import sys
 
-    monkeypatch.setattr(autoselect, "triton_available", lambda: False)  # as without the package
+    ops_gemm = sys.modules["moetrain.ops.grouped_gemm"]  # (the package's name grouped_gemm is the function)
+    monkeypatch.setattr(ops_gemm, "triton_available", lambda: False)  # as without the package
     with pytest.raises(UserError, match="triton package"):
         ops.resolve_backend("triton", torch.device(DEVICE))
 
@@ -320,178 +321,28 @@ def test_ops_import_does_not_import_triton():
     script_result(code)  # fails the test unless the script exits 0
 
 
-def _timing_by_table(monkeypatch):
-    """pick_config as on a GPU, with queued_ms returning what the timed ``run`` returns (its table's entry)."""
-    from moetrain.kernels import grouped_gemm_tuning as tuning
-
-    monkeypatch.setattr(tuning, "interpreting", lambda: False)
-    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(tuning, "_BEST", {})
-    monkeypatch.setattr(tuning, "_to_disk", lambda *a: None)
-    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())
-    return tuning
-
-
-def test_autotuner_takes_the_fastest_whether_tail_split_or_not(monkeypatch):
-    # No preference for tail-split configs (session 20: a 3% one cost DeepSeek-V3's FC1 forward 1-3%): the skewed
-    # routing in the timed sum measures what the split saves on uneven routing
-    tuning = _timing_by_table(monkeypatch)  # the "run" below returns its time
-    plain, split, other = (gg.GemmConfig(128, 256, 64, 3, 8), gg.GemmConfig(128, 256, 64, 3, 8, tail_split=True),
-                           gg.GemmConfig(128, 128, 64, 4, 4, tail_split=True))
-    for times, want in (({plain: 1.00, split: 1.02, other: 1.5}, plain),
-                        ({plain: 1.02, split: 1.00, other: 1.5}, split)):
-        assert tuning.pick_config(("fwd", str(want)), (plain, split, other), None, lambda cfg: times[cfg]) == want
-
-
-def test_autotuner_judges_candidates_on_both_routings(monkeypatch):
-    # with run_skewed, a candidate's time is its caller-routing time plus its skewed-routing time: the config that
-    # leads on balanced routing but collapses on skewed loses
-    tuning = _timing_by_table(monkeypatch)  # the "run" below returns its time
-    fast, steady = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
-    balanced, skewed = {fast: 7.5, steady: 8.9}, {fast: 10.3, steady: 9.7}
-    assert tuning.pick_config(("wgrad", 1), (fast, steady), None, lambda c: balanced[c]) == fast
-    assert tuning.pick_config(("wgrad", 2), (fast, steady), None, lambda c: balanced[c], lambda c: skewed[c]) == fast
-    skewed[fast] = 12.0  # 19.5 against 18.6
-    assert tuning.pick_config(("wgrad", 3), (fast, steady), None, lambda c: balanced[c], lambda c: skewed[c]) == steady
-
-
-def test_autotuner_prefers_a_config_as_fast_as_torch_on_both_routings(monkeypatch):
-    # "fast" wins the sum but loses to torch._grouped_mm on balanced routing (session 20: DeepSeek-V3's FC2 forward at
-    # 0.99x); "safe" is slower on the sum yet at least torch's speed on both, and wins; the peer itself never does
-    tuning = _timing_by_table(monkeypatch)
-    peer = tuning.PEER
-    fast, safe = gg.GemmConfig(128, 128, 64, 5, 4, kernel="pingpong"), gg.GemmConfig(128, 256, 64, 3, 8)
-    balanced = {fast: 3.52, safe: 3.36, peer: 3.49}
-    skewed = {fast: 4.15, safe: 4.45, peer: 4.70}
-    pick = lambda key, cands: tuning.pick_config(  # noqa: E731
-        key, cands, None, lambda c: balanced[c], lambda c: skewed[c], peer=True)
-    assert pick(("fwd", 1), (fast, safe)) == safe
-    verdict = tuning.tuning_verdicts()[("fwd", 1)]  # what bench gemm prints: the rule, both times, the sum's winner
-    assert verdict == {"rule": "as fast as torch on each routing", "sum_winner": str(fast), "best_ms": (3.36, 4.45),
-                       "peer_ms": (3.49, 4.70)}
-    # without the peer, the sum decides as before
-    assert tuning.pick_config(("fwd", 2), (fast, safe), None, lambda c: balanced[c], lambda c: skewed[c]) == fast
-    # no candidate as fast as torch on both routings: the sum decides
-    balanced[safe] = 3.60
-    assert pick(("fwd", 3), (fast, safe)) == fast
-    assert tuning.tuning_verdicts()[("fwd", 3)]["rule"].startswith("fastest on the sum (none")
-    # the peer fastest on everything: still a candidate is returned (auto's torch-or-triton choice decides next)
-    balanced[peer], skewed[peer] = 1.0, 1.0
-    assert pick(("fwd", 4), (fast, safe)) == fast
-
-
-def test_autotuner_times_the_best_safe_config_again_even_outside_the_finalists(monkeypatch):
-    # the fastest safe candidate of the first pass joins the finalists' longer timing, with the peer
-    tuning = _timing_by_table(monkeypatch)
-    peer = tuning.PEER
-    configs = [gg.GemmConfig(128, 128, 64, s, 4, kernel="pingpong") for s in (3, 4, 5)] + [
-        gg.GemmConfig(128, 256, 64, 3, 8)]
-    balanced = dict(zip(configs, (3.50, 3.51, 3.52, 3.30))) | {peer: 3.40}
-    skewed = dict(zip(configs, (4.00, 4.01, 4.02, 4.60))) | {peer: 4.70}
-    timed = []
-
-    def run(c):
-        timed.append(c)
-        return balanced[c]
-
-    assert tuning.FINALISTS == 3
-    assert tuning.pick_config(("fwd", "safe"), tuple(configs), None, run, lambda c: skewed[c], peer=True) == configs[3]
-    assert timed.count(configs[3]) == tuning.TUNE_ROUNDS + tuning.FINAL_ROUNDS
-    assert timed.count(peer) == tuning.TUNE_ROUNDS + tuning.FINAL_ROUNDS
-
-
-def test_autotuner_ignores_a_peer_that_cannot_run(monkeypatch):
-    tuning = _timing_by_table(monkeypatch)
-    a, b = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
-
-    def run(c):
-        if c is tuning.PEER:
-            raise RuntimeError("torch._grouped_mm: not on this GPU")
-        return {a: 2.0, b: 1.0}[c]
-
-    assert tuning.pick_config(("wgrad", "no peer"), (a, b), None, run, peer=True) == b
-
-
-def test_kernels_time_their_candidates_on_a_skewed_routing_of_the_same_rows(monkeypatch):
-    # the launchers hand pick_config a run_skewed over runtime.timing.skewed_offs (same rows and groups), made only
-    # when it is called; the result is then computed on the caller's routing
-    from moetrain.kernels import grouped_gemm_tuning as tuning
+def test_launchers_tune_on_the_callers_and_a_skewed_routing_of_the_same_rows():
+    # _tuned hands the tuner two runs: the caller's routing and runtime.timing.skewed_offs of the same rows and
+    # groups (made once, only when timed); with torch first among the candidates it is the peer of kind "+torch"
+    from moetrain import tuning
 
     seen = []
+    x, w, dy, offs_t = make([10, 10, 47, 60], 70, 24, 16, seed=4)
 
-    def fake_pick(key, candidates, config, run, run_skewed=None, peer=False):
-        run_skewed(tuning.INTERPRETER_CONFIG)  # what the autotuner would time (it writes the output too)
-        run(tuning.PEER)  # torch._grouped_mm's form of the op runs on the same operands (its result is dropped)
-        run_skewed(tuning.PEER)
-        seen.append((key[0], peer))
-        return tuning.INTERPRETER_CONFIG
+    def run_with(cand, routing):
+        seen.append((cand, routing))
+        return 1.0 if cand == gg.TORCH else 2.0
 
-    from moetrain.runtime import timing
-
-    made, real = [], timing.skewed_offs
-    monkeypatch.setattr(timing, "skewed_offs",
-                        lambda m, g, seed, device: made.append((m, g)) or real(m, g, seed, device))
-    monkeypatch.setattr(gg, "pick_config", fake_pick)
-    offs = [10, 10, 47, 60]
-    x, w, dy, offs_t = make(offs, 70, 24, 16, seed=4)
-    y = gg.grouped_gemm_fwd(x, w, offs_t, out=poisoned(70, 24))
-    assert rel_err(y, gg.grouped_gemm_ref(x.double(), w.double(), offs_t)) < FP32_BOUND
-    dw = gg.grouped_gemm_wgrad(dy, x, offs_t, out=poisoned(4, 24, 16))
-    assert rel_err(dw, gg.grouped_gemm_wgrad_ref(dy.double(), x.double(), offs_t)) < FP32_BOUND
-    # the peer is offered on CUDA tensors only (CPU tensors here: the interpreter's configs are fixed anyway)
-    assert seen == [("fwd", False), ("wgrad", False)] and made == [(70, 4), (70, 4)]
-
-
-def test_autotuner_times_its_finalists_again_and_takes_the_second_verdict(monkeypatch):
-    # One short pass ranks every config; the FINALISTS fastest are timed again, longer, and that decides.
-    from moetrain.kernels import grouped_gemm_tuning as tuning
-
-    monkeypatch.setattr(tuning, "interpreting", lambda: False)
-    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(tuning, "_BEST", {})
-    configs = [gg.GemmConfig(128, 256, 64, 3, 8), gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(64, 128, 64, 4, 4),
-               gg.GemmConfig(128, 128, 64, 4, 8)]
-    first = dict(zip(configs, (1.0, 1.1, 1.2, 3.0)))  # the short pass: configs[0] looks best
-    second = dict(zip(configs, (1.3, 1.05, 1.2, 0.5)))  # the long pass: configs[1] is; configs[3] is no finalist
-    calls = []
-
-    def fake_queued(run, reps, warmup):
-        cfg = run()
-        calls.append((cfg, reps))
-        return (first if reps < tuning.FINAL_REPS else second)[cfg]
-
-    monkeypatch.setattr(tuning, "queued_ms", fake_queued)
-    assert tuning.pick_config(("fwd", "finalists"), tuple(configs), None, lambda cfg: cfg) == configs[1]
-    retimed = {cfg for cfg, reps in calls if reps == tuning.FINAL_REPS}
-    assert retimed == set(configs[:tuning.FINALISTS])
-    assert len(calls) == len(configs) * tuning.TUNE_ROUNDS + tuning.FINALISTS * tuning.FINAL_ROUNDS
-
-
-def test_tuned_configs_persist_on_disk_for_the_next_process(monkeypatch):
-    from moetrain.runtime import disk_cache
-    from moetrain.kernels import grouped_gemm_tuning as tuning
-
-    monkeypatch.setattr(tuning, "interpreting", lambda: False)
-    monkeypatch.setattr(tuning.torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(tuning, "_BEST", {})
-    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())
-    fast, slow = gg.GemmConfig(128, 128, 64, 4, 4), gg.GemmConfig(128, 256, 64, 3, 8)
-    key = ("wgrad", torch.bfloat16, 4096, 7168, 256, True)
-    assert tuning.pick_config(key, (slow, fast), None, {fast: 1.0, slow: 2.0}.get) == fast
-    path = disk_cache.cache_dir() / tuning.CONFIG_CACHE_FILE
-    assert tuning.disk_key(key) in path.read_text() and "bfloat16" in tuning.disk_key(key)
-
-    def no_timing(*a, **kw):
-        raise AssertionError("timed again despite the disk cache")
-
-    monkeypatch.setattr(tuning, "_BEST", {})  # a new process: memory empty, the file read again
-    monkeypatch.setattr(tuning, "_DISK", None)
-    monkeypatch.setattr(tuning, "queued_ms", no_timing)
-    assert tuning.pick_config(key, (slow, fast), None, None) == fast
-    # a cached config that is no longer a candidate is timed again
-    monkeypatch.setattr(tuning, "_BEST", {})
-    monkeypatch.setattr(tuning, "queued_ms", lambda run, **kw: run())
-    assert tuning.pick_config(key, (slow,), None, {slow: 2.0}.get) == slow
+    timer = lambda run, reps: run()  # noqa: E731 (the run returns its fake time)
+    with tuning.use(tuning.Tuner(timer=timer)) as tuner:
+        cands = (gg.TORCH, gg.INTERPRETER_CONFIG)
+        assert gg._tuned("fwd", x, 70, 4, 24, 16, (True, False), cands, run_with, offs_t) == gg.TORCH
+    (decision,) = tuner.decisions
+    assert decision.key.startswith("gemm_fwd+torch|float32|N24|K16|b32|True,False|cpu|")
+    routings = {id(r) for _, r in seen}
+    assert len(routings) == 2  # the caller's offs and one skewed routing, made once
+    skewed = next(r for _, r in seen if r is not offs_t)
+    assert int(skewed[-1]) == 70 and skewed.shape == (4,) and not torch.equal(skewed, offs_t)
 
 
 def test_host_integer_helpers_match_triton():

@@ -180,7 +180,7 @@ def test_cuda_graph_replay_with_new_routing():
 
 
 def _trial_cases():
-    from moetrain.kernels import grouped_gemm_tuning as tuning
+    from moetrain.kernels import grouped_gemm_configs as tuning
 
     rowgroup = tuning.TRIAL_ROWGROUP_CONFIGS + tuning.PINGPONG_ROWGROUP_CONFIGS
     return ([("fwd", c) for c in rowgroup] + [("dgrad", c) for c in rowgroup]
@@ -193,7 +193,7 @@ def _trial_cases():
 def test_pingpong_wgrad_in_a_cuda_graph_with_new_routing(cfg_index):
     # the ping-pong weight gradient reads the routing on the device only: one capture, replayed on new routings
     gg = kernels()
-    from moetrain.kernels import grouped_gemm_tuning as tuning
+    from moetrain.kernels import grouped_gemm_configs as tuning
 
     if not torch.cuda.get_device_capability()[0] == 9:
         pytest.skip("the ping-pong weight gradient is Hopper-only")
@@ -247,16 +247,25 @@ def test_bf16_trial_configs_on_skewed_routing(op, cfg):
 
 
 @pytest.mark.parametrize("op", ["fwd", "dgrad", "wgrad"])
-def test_autotuner_times_torch_beside_its_candidates(op, monkeypatch):
-    # the first call of a shape tunes: torch._grouped_mm is timed in the same turns (kept in the disk entry beside
-    # the candidates' times) and never chosen; the op's result is our kernel's, correct
+def test_auto_asks_one_question_with_torch_beside_the_configs(op):
+    # with_torch (backend "auto"): the first call of a shape asks the tuner once, torch._grouped_mm and every config
+    # its candidates; the result is right whichever won, and the second call asks nothing
     gg = kernels()
-    from moetrain.kernels import grouped_gemm_tuning as tuning
+    from moetrain import tuning
 
-    monkeypatch.setattr(tuning, "_BEST", {})
     m, g, n, k = 8192, 16, 512, 1024
-    got, want, _, _ = run_op(gg, op, m, g, n, k, balanced_offs(m, g), seed=6)
-    assert chunked_rel_err(got, want) < BF16_BOUND
-    (entry,) = tuning._disk_entries().values()
-    assert tuning.PEER in entry["ms"] and entry["ms"][tuning.PEER] > 0
-    assert entry["config"] in [dataclasses.asdict(c) for c in tuning.tuned_configs().values()]
+    torch.manual_seed(6)
+    a = torch.randn(m, n if op != "fwd" else k, device="cuda", dtype=torch.bfloat16)
+    b = (torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 if op != "wgrad"
+         else torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+    offs = balanced_offs(m, g)
+    fn = getattr(gg, f"grouped_gemm_{op}")
+    from moetrain.kernels.torch_grouped_mm import torch_grouped_mm
+
+    with tuning.use(tuning.Tuner()) as tuner:
+        got = fn(a, b, offs, with_torch=True)
+        again = fn(a, b, offs, with_torch=True)
+    assert chunked_rel_err(got, torch_grouped_mm(op, a, b, offs)) < BF16_BOUND and torch.equal(got, again)
+    (decision,) = tuner.decisions
+    assert decision.key.startswith(f"gemm_{op}+torch|bfloat16|")
+    assert decision.ms["torch"] is not None and len(decision.ms) > 5

@@ -22,7 +22,7 @@ def _scaled_add_kernel(x_ptr, y_ptr, out_ptr, n, scale, BLOCK: tl.constexpr):
 def needs_compiled_kernels():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from moetrain.kernels.grouped_gemm_tuning import interpreting
+    from moetrain.kernels.grouped_gemm_configs import interpreting
 
     if interpreting():
         pytest.skip("TRITON_INTERPRET is set in this process")

@@ -1,11 +1,8 @@
-"""Tile configurations and autotuning of the grouped GEMM kernels (grouped_gemm.py).
+"""Tile configurations of the grouped GEMM kernels (grouped_gemm.py): the candidates moetrain.tuning times.
 
-The first call per (op, dtype, N, K, M/G bucket) times every candidate config with
-queued_ms (calls back to back between two CUDA events, as a layer's kernels run: moetrain.runtime.timing) and keeps
-the fastest; the CPU interpreter always uses one small config. Winners are kept on disk too
-($MOETRAIN_CACHE_DIR/grouped_gemm_configs.json, keyed with the GPU's name and the triton version;
-moetrain.runtime.disk_cache), so that a later process (a restart, the next run) skips the timing; a cached config that
-is no longer a candidate is timed again.
+The run-time tuner (moetrain.tuning) picks one per (op, dtype, N, K, M/G bucket) among the lists below, with
+torch._grouped_mm an ordinary candidate beside them when the backend is "auto"; the CPU interpreter always uses
+INTERPRETER_CONFIG. The TRIAL_* lists are offered only to `moetrain bench gemm` and the sm_90a compile tests.
 """
 
 from __future__ import annotations
@@ -13,11 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import torch
 import triton
 
-from moetrain.runtime import cuda_device, disk_cache
-from moetrain.runtime.timing import in_turns, queued_ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +73,7 @@ def tail_config(body: GemmConfig) -> GemmConfig:
                                num_warps=max(4, body.num_warps // 2), programs_per_sm=1, tail_split=False)
 
 
-# H200 candidates (bf16); the tail-split variants: see grouped_gemm.py and pick_config. The fp32 accumulator of a 128x256 tile needs 8 warps to stay in registers.
+# H200 candidates (bf16); the tail-split variants: see grouped_gemm.py. The fp32 accumulator of a 128x256 tile needs 8 warps to stay in registers.
 # Shared memory of a 128x256x64 stage is 48 KiB; with the 64 KiB TMA-store buffer only 3 stages fit
 # in the 227 KiB of an H100/H200 block.
 ROWGROUP_CONFIGS = (
@@ -153,26 +147,7 @@ TRIAL_PINGPONG_GATHER_CONFIGS = (
 # The interpreter runs every program in Python: small tiles keep the CPU tests fast (tail split on, so
 # that every op test also runs the body and tail launches).
 INTERPRETER_CONFIG = GemmConfig(32, 32, 16, 1, 4, use_tma=False, tail_split=True)
-TUNE_ROUNDS = 3
-# The best few of the first pass are timed again, longer: one pass of 4 reps over 13 configs left the
-# layer's kernel 5-9% slower than the sweep's best on some hosts (bench/NOTES.md).
-FINALISTS = 3
-FINAL_ROUNDS = 4
-FINAL_REPS = 10
 INTERPRETER_PROGRAMS = 3
-
-_BEST: dict = {}  # autotune cache: key -> GemmConfig
-_VERDICTS: dict = {}  # key -> why pick_config chose its config (tuning_verdicts)
-CONFIG_CACHE_FILE = "grouped_gemm_configs.json"
-# 2: the 256-row configs joined the candidates; 3: the ping-pong weight gradient; 4: the two-programs-per-SM configs
-# left them; 5: the ping-pong forward / data gradient joined; 6: candidates timed on a skewed routing too (winners
-# tuned otherwise are re-tuned); 7: the sorted ping-pong weight gradient joined (and each timing round starts at
-# another candidate); 8: the sorted schedule made by one launch (its winners were judged with a 0.06-0.1
-# ms schedule per call), and sorted variants of the other ping-pong weight gradient configs joined; 9: candidates timed
-# queued, and no preference for tail-split configs; 10: torch._grouped_mm timed beside them, and a config at least as
-# fast as it on both routings preferred (PEER)
-CONFIG_CACHE_VERSION = 10
-_DISK: dict | None = None  # the file's entries, read once per process
 _SHIM_DONE = False
 
 
@@ -249,141 +224,5 @@ def interpreter_numpy_shim() -> None:
     itp._patch_lang_tensor = patched
 
 
-def _valid_entry(entry: dict) -> bool:
-    fields = {f.name for f in dataclasses.fields(GemmConfig)}
-    return isinstance(entry.get("config"), dict) and set(entry["config"]) <= fields
-
-
-def _disk_entries() -> dict:
-    global _DISK
-    if _DISK is None:
-        _DISK = disk_cache.read_entries(disk_cache.cache_dir() / CONFIG_CACHE_FILE, CONFIG_CACHE_VERSION,
-                                        _valid_entry, "grouped GEMM config cache")
-    return _DISK
-
-
-def disk_key(key: tuple) -> str:
-    """The file's key of an in-memory key: devices by their GPU's name, plus the triton version."""
-    parts = [cuda_device.device_name(k) if isinstance(k, torch.device) else str(k).removeprefix("torch.") for k in key]
-    return "|".join(parts + [f"triton {triton.__version__}"])
-
-
-def _from_disk(key: tuple, candidates: tuple):
-    entry = _disk_entries().get(disk_key(key))
-    if entry is None:
-        return None
-    try:
-        cfg = GemmConfig(**entry["config"])
-    except TypeError:
-        return None
-    return cfg if cfg in candidates else None
-
-
-def _to_disk(key: tuple, best: GemmConfig, times: dict, verdict: dict) -> None:
-    entry = {"config": dataclasses.asdict(best), "ms": {str(c): t for c, t in times.items()}, **verdict}
-    _disk_entries()[disk_key(key)] = entry
-    disk_cache.merge_and_write(disk_cache.cache_dir() / CONFIG_CACHE_FILE, CONFIG_CACHE_VERSION, _disk_entries(),
-                               _valid_entry, "grouped GEMM config cache")
-
-
-def tuned_configs() -> dict:
-    """This process's autotuner choices so far: key -> GemmConfig (a copy; bench gemm reports what auto ran)."""
-    return dict(_BEST)
-
-
-def tuning_verdicts() -> dict:
-    """Why this process's autotuner picked what it did, for the keys it timed: key -> {"rule", "sum_winner",
-    "best_ms", "peer_ms"} (see pick_config; bench gemm prints them)."""
-    return dict(_VERDICTS)
-
-
-# What run(PEER) runs when pick_config is told the op has a peer: torch._grouped_mm on the same operands and routing.
-# Timed in turns with the candidates, never chosen: it decides which candidates are safe (below).
-PEER = "torch._grouped_mm"
-
-
-def pick_config(key: tuple, candidates: tuple, config, run, run_skewed=None, peer: bool = False):
-    """Explicit config, cached winner (this process, then the disk cache), or time the candidates in turns
-    (per round the mean of calls queued back to back, median over the rounds; the FINALISTS fastest again over
-    FINAL_ROUNDS longer rounds) and record
-    the winner in both. ``run_skewed(cfg)``: the same op on a skewed routing of the same rows; each candidate is
-    then judged by the sum of both times, as auto's torch-or-triton choice is (ops/autoselect.py): the key cannot
-    see skew without a host sync, the first call's routing is near-uniform and training's skews later, and a config
-    can lead on balanced routing yet collapse on skewed (the ping-pong weight gradient, bench/NOTES.md).
-    ``peer``: run(PEER) and run_skewed(PEER) run torch._grouped_mm's form of the op. It is timed in the same turns,
-    and a candidate at least as fast as the peer on each routing ("safe") wins over one that is faster on the sum
-    but slower than the peer on one routing: auto (torch or this pick) must not lose to torch on either routing."""
-    if config is not None:
-        return config
-    if interpreting():
-        return INTERPRETER_CONFIG
-    if key in _BEST:
-        return _BEST[key]
-    cached = _from_disk(key, candidates)
-    if cached is not None:
-        _BEST[key] = cached
-        return cached
-    if torch.cuda.is_current_stream_capturing():
-        return candidates[0]  # cannot time inside a graph capture; warm up before capturing
-
-    # Queued, not each call from an idle GPU (median_ms): from idle each call carries its launch (host work, GPU
-    # start-up: 0.03-0.21 ms, differing between candidates), which a layer's queued kernels hide; timed so, the
-    # autotuner's picks ran 1-16% slower in the layer's order than the best candidate (bench/NOTES.md)
-    def timed(cfg, reps: int, parts: dict) -> float:
-        ms = (queued_ms(lambda: run(cfg), reps=reps, warmup=1),)
-        if run_skewed is not None:
-            ms += (queued_ms(lambda: run_skewed(cfg), reps=reps, warmup=1),)
-        parts.setdefault(cfg, []).append(ms)
-        return sum(ms)
-
-    # a config that does not fit (shared memory, registers) is dropped; so is a peer that cannot run here
-    first: dict = {}
-    times, failed = in_turns(candidates + ((PEER,) if peer else ()), lambda cfg: timed(cfg, 4, first), TUNE_ROUNDS)
-    times.pop(PEER, None)
-    failed.pop(PEER, None)
-    if not times:
-        raise RuntimeError(f"grouped GEMM: no config ran for {key}") from next(iter(failed.values()), None)
-    ranked = sorted(times, key=times.get)
-    finalists = ranked[:FINALISTS]
-    safe_first = [c for c in ranked if _as_fast_as_peer(c, first)]
-    if safe_first and safe_first[0] not in finalists:  # the best safe candidate gets its longer timing too
-        finalists.append(safe_first[0])
-    final: dict = {}
-    if len(finalists) > 1:
-        again, _ = in_turns(finalists + ([PEER] if PEER in first else []), lambda cfg: timed(cfg, FINAL_REPS, final),
-                            FINAL_ROUNDS)
-        again.pop(PEER, None)
-        times.update(again)
-        finalists = [c for c in finalists if c in again] or finalists
-    # The fastest on the sum, tail-split or not: the skewed routing in the sum measures what the split saves on
-    # uneven routing (a 3% preference for split configs, from before that, cost DeepSeek-V3's FC1 forward 1-3% on
-    # both routings; bench/NOTES.md). Among the safe ones when there are any: a guard, so that auto does
-    # not trade a loss to torch on one routing for a win on the other (at DeepSeek-V3 it changed no pick: every
-    # sum's winner was also ahead of torch on both routings).
-    parts = final or first
-    safe = [c for c in finalists if _as_fast_as_peer(c, parts)]
-    best = min(safe or finalists, key=times.get)
-    verdict = {"rule": "as fast as torch on each routing" if safe else
-               "fastest on the sum (none as fast as torch on each routing)" if PEER in parts else
-               "fastest on the sum (torch not timed)",
-               "sum_winner": str(min(finalists, key=times.get)),
-               "best_ms": _medians(parts, best) if best in parts else None}
-    if PEER in parts:
-        verdict["peer_ms"] = _medians(parts, PEER)
-        times[PEER] = sum(verdict["peer_ms"])
-    _BEST[key] = best
-    _VERDICTS[key] = verdict
-    _to_disk(key, best, times, verdict)
-    return best
-
-
-def _medians(parts: dict, cfg) -> tuple:
-    """Per routing (the caller's, then the skewed one), the median of cfg's times in ``parts``."""
-    return tuple(sorted(column)[len(column) // 2] for column in zip(*parts[cfg]))
-
-
-def _as_fast_as_peer(cfg, parts: dict) -> bool:
-    """Whether cfg's median time on each routing is at most the peer's (False when the peer was not timed)."""
-    if PEER not in parts or cfg not in parts:
-        return False
-    return all(mine <= theirs for mine, theirs in zip(_medians(parts, cfg), _medians(parts, PEER)))
+# The "auto" backend's extra candidate beside the configs: torch._grouped_mm's form of the op (torch_grouped_mm.py).
+TORCH = "torch"
