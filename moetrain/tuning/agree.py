@@ -20,13 +20,16 @@ def is_rank0() -> bool:
 
 
 def rank0_answer(key: str, answer: str | None) -> str | None:
-    """Rank 0's ``answer`` to question ``key``, on every rank (a collective: every rank must call it)."""
+    """Rank 0's ``answer`` to question ``key``, on every rank (a collective: every rank must call it). Every rank
+    sees every rank's question, so a mismatch raises on all of them at once."""
     import torch.distributed as dist
 
-    message = [key, answer]
-    dist.broadcast_object_list(message, src=0)
-    if message[0] != key:
-        raise RuntimeError(f"moetrain tuner: rank {dist.get_rank()} asked {key!r} while rank 0 asked {message[0]!r}; "
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (key, answer))
+    others = {rank: asked for rank, (asked, _) in enumerate(everyone) if asked != everyone[0][0]}
+    if others:
+        rank, asked = next(iter(others.items()))
+        raise RuntimeError(f"moetrain tuner: rank {rank} asked {asked!r} while rank 0 asked {everyone[0][0]!r}; "
                            "every rank must tune the same shapes in the same order (warm up with the same batch "
                            "shapes on every rank)")
-    return message[1]
+    return everyone[0][1]

@@ -48,8 +48,8 @@ def _valid(entry: dict) -> bool:
 class CacheFile:
     """The entries of one cache file, read once (lazily) and merged with other processes' writes on each write."""
 
-    def __init__(self, path: Path | None = None):
-        self._path = path
+    def __init__(self, path: Path | str | None = None):
+        self._path = Path(path) if path is not None else None
         self._entries: dict | None = None
 
     @property
