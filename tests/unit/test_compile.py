@@ -42,7 +42,7 @@ def forward_backward(fn, idx, leaves, probe_seed=1):
     for t in leaves:
         t.grad = None
     y = fn(idx, *leaves)
-    probe = torch.randn(y.shape, generator=torch.Generator().manual_seed(probe_seed), dtype=y.dtype)
+    probe = torch.randn(y.shape, generator=torch.Generator().manual_seed(probe_seed), dtype=y.dtype).to(y.device)
     (y * probe).sum().backward()
     return [y.detach()] + [t.grad.clone() for t in leaves]
 
