@@ -25,7 +25,8 @@ if use_gpu_or_interpreter():
 
 from moetrain import ops
 from moetrain.kernels import grouped_gemm as gg
-from moetrain.ops import autoselect, moe, moe_fused
+from moetrain import tuning
+from moetrain.ops import moe, moe_fused
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
 from test_compile import graph_recorder, moetrain_ops_in
@@ -147,73 +148,80 @@ def test_fused_path_saves_x_not_the_permuted_copy():
     assert not holds_x_perm(fused) and any(t is leaves[0] or torch.equal(t, leaves[0].detach()) for t in fused)
 
 
-def fake_gpu_auto(monkeypatch, tmp_path, validated: dict) -> None:
-    """backend "auto" on a fake "GPU" (this CPU, kernels in the interpreter, which computes fp32 only): its own
-    cache directory, and ``validated`` as autoselect's candidates per op kind."""
-    monkeypatch.setenv("MOETRAIN_CACHE_DIR", str(tmp_path))
-    autoselect.reset()
-    monkeypatch.setattr(autoselect, "measures", lambda device: True)
-    monkeypatch.setattr(autoselect, "device_name", lambda device: "FakeGPU")
-    monkeypatch.setattr(moe, "AUTO_FUSED_DTYPES", (torch.float32,))
-    monkeypatch.setattr(autoselect, "GPU_VALIDATED", validated)
+def _one_ms(run, reps):
+    run()
+    return 1.0
 
 
-def test_auto_runs_the_fused_path_with_each_gemm_measured(monkeypatch, tmp_path):
-    # A fake "GPU" device on CPU: auto takes the fused path; FC1's forward is measured as "gather" (our
-    # kernel reading token rows through the index) against "copy" (a permuted copy fed to the auto
-    # forward GEMM), and each other GEMM on its own (triton against the loop reference here: torch's
-    # CPU grouped GEMM cannot run these shapes); each computes with its recorded winner.
-    monkeypatch.setattr(autoselect, "ROUNDS", 1)  # the fake timer below alternates winners per call
-    monkeypatch.setattr(autoselect, "triton_available", lambda: True)
-    kinds = ("grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad")
-    validated = {kind: ("triton", "loop") for kind in kinds}
-    fake_gpu_auto(monkeypatch, tmp_path, {**validated, "moe_fc1_fwd": ("gather", "copy")})
-    timed = []
+def fake_gpu_auto(monkeypatch, tmp_path, timer=_one_ms, **variants):
+    """backend "auto" on a fake "GPU" (this CPU, kernels in the interpreter, which computes fp32 only): the fused path,
+    its questions (the FC1 variants; the interpreter's grouped GEMMs run one config and ask none) answered by a
+    Tuner with ``timer`` and its own cache file; ``variants`` replace moe_fused's candidate tuples
+    (FC1_FWD_VARIANTS=("copy",) forces copy). Returns the tuner."""
+    real = moe.expert_gemm_backend
+    monkeypatch.setattr(moe, "expert_gemm_backend", lambda backend, x: "auto" if backend == "auto" else real(backend, x))
+    for name, candidates in variants.items():
+        assert hasattr(moe_fused, name), name
+        monkeypatch.setattr(moe_fused, name, candidates)
+    tuner = tuning.Tuner(timer=timer, cache_file=tmp_path / "tuning.json")
+    monkeypatch.setattr(sys.modules["moetrain.tuning.tuner"], "_ACTIVE", tuner)
+    return tuner
 
-    def fake_timer(backend, run_once):
-        run_once()  # "copy" measures its forward GEMM inside this call
-        timed.append(backend)
-        if backend in ("gather", "copy"):
-            return 1.0 if backend == "gather" else 2.0
-        pairs = sum(b in ("triton", "loop") for b in timed)  # triton / loop measurements alternate winners
-        triton_wins = (pairs - 1) // 2 % 2 == 0
-        return 1.0 if (backend == "triton") == triton_wins else 2.0
 
-    monkeypatch.setattr(autoselect, "time_backend", fake_timer)
+def test_auto_runs_the_fused_path_with_each_variant_measured(monkeypatch, tmp_path):
+    # FC1's forward is measured as "gather" (our kernel reading token rows through the index) against "copy" (a
+    # permuted copy fed to the forward GEMM), its weight gradient as "copy" against "gather"; each computes with its
+    # recorded winner, and each question is answered once and written to the cache file.
+    ran, timed, computed = [], [], []
+    real_fwd, real_wgrad = moe_fused._fc1_forward, moe_fused._fc1_wgrad
+
+    def recorded(op, real):
+        def call(variant, *args):
+            (ran if timed and timed[-1] is None else computed).append((op, variant))
+            return real(variant, *args)
+        return call
+
+    monkeypatch.setattr(moe_fused, "_fc1_forward", recorded("fwd", real_fwd))
+    monkeypatch.setattr(moe_fused, "_fc1_wgrad", recorded("wgrad", real_wgrad))
+    cost = {("fwd", "gather"): 1.0, ("fwd", "copy"): 2.0, ("wgrad", "copy"): 3.0, ("wgrad", "gather"): 1.5}
+
+    def timer(run, reps):
+        timed.append(None)  # (marks the calls below as timed)
+        run()
+        timed[-1] = ran[-1]
+        return cost[ran[-1]]
+
+    tuner = fake_gpu_auto(monkeypatch, tmp_path, timer)
     used = []
     real = moe_fused.FusedFC1.apply  # auto's FC1 node (its op measures separate vs fused where the fused one applies)
     monkeypatch.setattr(moe_fused.FusedFC1, "apply", lambda *a: used.append(a[-2]) or real(*a))
     auto_matches_reference(make(9, 16, 8, 4, 2, seed=11), probe_seed=5)
     assert used == ["auto"]
-    entries = json.loads((tmp_path / autoselect.CACHE_FILE).read_text())["entries"]
-    # FC1 forward variant and its copy's GEMM; FC2 forward, dgrad, wgrad; FC1 dgrad and wgrad
-    assert sorted(k.split("|")[0] for k in entries) == sorted(
-        ["moe_fc1_fwd", "grouped_gemm_fwd", "grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad",
-         "grouped_gemm_dgrad", "grouped_gemm_wgrad"])
-    assert [e["backend"] for k, e in entries.items() if k.startswith("moe_fc1_fwd")] == ["gather"]
-    assert len(timed) == 14 and {e["backend"] for e in entries.values()} == {"gather", "triton", "loop"}
-    autoselect.reset()
+    entries = json.loads((tmp_path / "tuning.json").read_text())["entries"]
+    assert sorted((k.split("|")[0], e["choice"]) for k, e in entries.items()) == [
+        ("moe_fc1_fwd", "gather"), ("moe_fc1_wgrad", "gather")]
+    assert [d.choice for d in tuner.decisions] == ["gather", "gather"]
+    assert computed == [("fwd", "gather"), ("wgrad", "gather")]  # the call itself, with each winner
+    assert {t for t in timed} == set(cost)
+    calls = len(timed)
+    auto_matches_reference(make(9, 16, 8, 4, 2, seed=12), probe_seed=5)  # the same shapes: answered by the memo
+    assert len(timed) == calls
 
 
 @pytest.mark.parametrize("fwd, wgrad", [("copy", "copy"), ("copy", "gather"), ("gather", "gather")])
 def test_auto_fc1_variants_match_the_reference(monkeypatch, tmp_path, fwd, wgrad):
-    fake_gpu_auto(monkeypatch, tmp_path, {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
-                                          "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": (fwd,),
-                                          "moe_fc1_wgrad": (wgrad,)})
+    fake_gpu_auto(monkeypatch, tmp_path, FC1_FWD_VARIANTS=(fwd,), FC1_WGRAD_VARIANTS=(wgrad,))
     calls = []
     real = gg.grouped_gemm_wgrad
     monkeypatch.setattr(gg, "grouped_gemm_wgrad", lambda *a, **kw: calls.append("gather_rows" in kw) or real(*a, **kw))
     auto_matches_reference(make(13, 24, 10, 6, 2, seed=4, dropped=[(0, 1), (5, 0)]), probe_seed=6)
     assert calls == [False, wgrad == "gather"]  # FC2's weight gradient, then FC1's (gathered or not)
-    autoselect.reset()
 
 
 def test_auto_times_fc1_variants_on_relabeled_tokens_too(monkeypatch, tmp_path):
     # each FC1 variant is timed on the caller's token order and on the same routing with its tokens relabeled (a
     # trained router's order: the benchmarks' balanced routing favours gathers through L2); the call itself uses the
     # caller's rows
-    monkeypatch.setattr(autoselect, "ROUNDS", 1)
-    fake_gpu_auto(monkeypatch, tmp_path, {"moe_fc1_fwd": ("gather", "copy"), "moe_fc1_wgrad": ("copy", "gather")})
     orders, measuring = [], []
     real_fwd, real_wgrad = moe_fused._fc1_forward, moe_fused._fc1_wgrad
 
@@ -221,27 +229,30 @@ def test_auto_times_fc1_variants_on_relabeled_tokens_too(monkeypatch, tmp_path):
         orders.append(("fwd", variant, bool(measuring), token_of_row.tolist()))
         return real_fwd(variant, gemm, x, w1, offs, token_of_row, inverse)
 
-    def wgrad(variant, gemm, dh, x, offs, token_of_row, inverse, w_shape):
+    def wgrad(variant, gemm, dh, x, offs, token_of_row, inverse):
         orders.append(("wgrad", variant, bool(measuring), token_of_row.tolist()))
-        return real_wgrad(variant, gemm, dh, x, offs, token_of_row, inverse, w_shape)
+        return real_wgrad(variant, gemm, dh, x, offs, token_of_row, inverse)
 
-    def timer(backend, run_once):
-        measuring.append(backend)
-        run_once()
+    def timer(run, reps):
+        measuring.append(1)
+        run()
         measuring.pop()
         return 1.0
 
+    fake_gpu_auto(monkeypatch, tmp_path, timer)
     monkeypatch.setattr(moe_fused, "_fc1_forward", fwd)
     monkeypatch.setattr(moe_fused, "_fc1_wgrad", wgrad)
-    monkeypatch.setattr(autoselect, "time_backend", timer)
     auto_matches_reference(make(9, 16, 8, 4, 2, seed=13), probe_seed=5)
-    for op, variants in (("fwd", ("gather", "copy")), ("wgrad", ("copy", "gather"))):
+    for op in ("fwd", "wgrad"):
         timed = [(v, rows) for o, v, m, rows in orders if o == op and m]
-        assert [v for v, _ in timed] == [v for v in variants for _ in range(2)]  # each variant on two orders
-        assert timed[0][1] != timed[1][1] and timed[0][1] == timed[2][1] and timed[1][1] == timed[3][1]
-        (final,) = [rows for o, _, m, rows in orders if o == op and not m]
-        assert final == timed[0][1]  # the caller's own order
-    autoselect.reset()
+        caller = [rows for o, _, m, rows in orders if o == op and not m]
+        assert len(caller) == 1  # the call itself, once, on the caller's own order
+        by_variant = {}
+        for v, rows in timed:
+            by_variant.setdefault(v, set()).add(tuple(rows))
+        assert set(by_variant) == {"gather", "copy"}
+        for rows in by_variant.values():  # each variant on both orders, one of them the caller's
+            assert len(rows) == 2 and tuple(caller[0]) in rows
 
 
 def test_fc1_data_gradient_rows_are_freed_before_its_weight_gradient(monkeypatch):
@@ -288,9 +299,8 @@ def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, acti
     # FC1 + SwiGLU fused (moe_fused.FusedFC1 and its SwiGLU node): the kernel needs a Hopper GPU, so here a torch
     # stand-in of the same contract runs; its backward (SwiGLU's backward kernel, FC1's data gradient + combine,
     # weight gradient) and the routing weights' gradient through probs are the real ones.
-    fake_gpu_auto(monkeypatch, tmp_path, {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
-                                          "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("gather",),
-                                          "moe_fc1_wgrad": ("copy",), "moe_fc1_swiglu": ("fused",)})
+    fake_gpu_auto(monkeypatch, tmp_path, FC1_FWD_VARIANTS=("gather",), FC1_WGRAD_VARIANTS=("copy",),
+                  FC1_SWIGLU_VARIANTS=("fused",))
     monkeypatch.setattr(moe_fused, "fused_fc1_swiglu_applies", lambda x, w1: True)
     h_refs, h_alive_in_fc1_backward = [], []
 
@@ -330,10 +340,9 @@ def test_auto_fused_fc1_swiglu_matches_the_reference(monkeypatch, tmp_path, acti
     x, idx, weight, w1, w2 = (t.float().requires_grad_() if t.is_floating_point() else t for t in inputs[:5])
     shapes = {}
     for variant in ("fused", "separate"):
-        monkeypatch.setitem(autoselect.GPU_VALIDATED, "moe_fc1_swiglu", (variant,))
+        fake_gpu_auto(monkeypatch, tmp_path, FC1_SWIGLU_VARIANTS=(variant,))
         shapes[variant] = sorted(tuple(t.shape) for t in _saved("auto", x, idx, weight, w1, w2))
     assert shapes["fused"] == shapes["separate"]
-    autoselect.reset()
 
 
 def _counting_kernels(monkeypatch) -> dict:
@@ -369,9 +378,7 @@ def _fused_grads(backend, inputs, probe, defer: bool, calls: dict):
 def test_fused_path_deferred_weight_grads_match_and_add_no_gemm(monkeypatch, tmp_path, backend, bias):
     # GatherFC1 and FC2 + combine (triton), FC1 and FC2 as grouped GEMM nodes (with biases), FusedFC1 (auto)
     if backend == "auto":
-        fake_gpu_auto(monkeypatch, tmp_path, {"grouped_gemm_fwd": ("triton",), "grouped_gemm_dgrad": ("triton",),
-                                              "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("gather",),
-                                              "moe_fc1_wgrad": ("copy",)})
+        fake_gpu_auto(monkeypatch, tmp_path, FC1_FWD_VARIANTS=("gather",), FC1_WGRAD_VARIANTS=("copy",))
     calls = _counting_kernels(monkeypatch)
     inputs = make(13, 24, 10, 6, 2, seed=21, bias=bias, dropped=[(0, 1), (5, 0)])
     probe = torch.randn(13, 24, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
@@ -383,7 +390,6 @@ def test_fused_path_deferred_weight_grads_match_and_add_no_gemm(monkeypatch, tmp
     assert calls == want_calls == {"fwd": 2, "dgrad": 2, "wgrad": 2}
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same kernels on the same operands
-    autoselect.reset()
 
 
 def _compiled_expert_step(backend, inputs, probe, graphs):
@@ -401,14 +407,10 @@ def _compiled_expert_step(backend, inputs, probe, graphs):
 def test_fullgraph_compiled_fused_path_matches_eager_and_chooses_at_run_time(monkeypatch, tmp_path, backend, bias):
     chosen = []
     if backend == "auto":  # a fake GPU: every variant kind measured, here inside the compiled graph's ops
-        fake_gpu_auto(monkeypatch, tmp_path, {"grouped_gemm_fwd": ("triton", "loop"), "grouped_gemm_dgrad": ("triton",),
-                                              "grouped_gemm_wgrad": ("triton",), "moe_fc1_fwd": ("gather", "copy"),
-                                              "moe_fc1_wgrad": ("copy", "gather")})
-        monkeypatch.setattr(autoselect, "ROUNDS", 1)
-        monkeypatch.setattr(autoselect, "time_backend", lambda name, run_once: (run_once(), 1.0)[1])
-        real_choose = autoselect.choose
-        monkeypatch.setattr(autoselect, "choose", lambda kind, *a: chosen.append(
-            (kind, torch.compiler.is_compiling())) or real_choose(kind, *a))
+        tuner = fake_gpu_auto(monkeypatch, tmp_path)
+        real_choose = tuner.choose
+        monkeypatch.setattr(tuner, "choose", lambda kind, *a, **kw: chosen.append(
+            (kind, torch.compiler.is_compiling())) or real_choose(kind, *a, **kw))
     torch._dynamo.reset()
     inputs = make(13, 24, 10, 6, 2, seed=17, bias=bias, dropped=[(0, 1), (5, 0)])
     probe = torch.randn(13, 24, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
@@ -423,6 +425,5 @@ def test_fullgraph_compiled_fused_path_matches_eager_and_chooses_at_run_time(mon
     assert len(graphs) == 1 and "moetrain.sort_rows.default" in moetrain_ops_in(graphs)
     if backend == "auto":  # every choice made while the graph ran, none while dynamo traced
         kinds = {kind for kind, _ in chosen}
-        assert {"moe_fc1_fwd", "moe_fc1_wgrad", "grouped_gemm_fwd"} <= kinds and not any(c for _, c in chosen)
+        assert {"moe_fc1_fwd", "moe_fc1_wgrad"} <= kinds and not any(c for _, c in chosen)
         assert "moetrain.fc1_swiglu.default" in moetrain_ops_in(graphs)
-    autoselect.reset()
