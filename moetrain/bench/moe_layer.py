@@ -102,13 +102,12 @@ def ours(backend: str):
     """Our layer: ops.router_logits, ops.route and ops.moe_experts as the model's MoE layer runs them
     (see moetrain.models.moe.router): the tensor-core router GEMM except for the reference backend, the
     fused routing kernel with the triton and auto backends, PyTorch routing with torch."""
-    from moetrain.models.moe.router import router_impls
-
-    impl, logits_impl = router_impls(backend)
+    from moetrain.runtime.expert_plan import plan_for
 
     def layer(x, router_w, forcing, w1, w2, K):
-        logits = ops.router_logits(x, router_w, impl=logits_impl) + forcing
-        r = ops.route(logits, K, impl=impl)
+        plan = plan_for(x, backend)
+        logits = ops.router_logits(x, router_w, impl=plan.logits) + forcing
+        r = ops.route(logits, K, impl=plan.routing)
         return ops.moe_experts(x, r.topk_idx, r.topk_weight, w1, w2, backend=backend)
     return layer
 

@@ -32,8 +32,7 @@ import torch
 
 from moetrain.ops import moe_rows
 from moetrain.ops.custom_ops import kernel_op
-from moetrain.ops.grouped_gemm import _ALIASES, grouped_gemm, resolve_backend
-from moetrain.runtime.packages import triton_available
+from moetrain.ops.grouped_gemm import grouped_gemm, require_triton
 from moetrain.ops.moe_fused import fc1_gathered, fc1_swiglu, fc2_combine
 from moetrain.ops.moe_rows import (  # noqa: F401 (CLAMPED_ALPHA, CLAMPED_LIMIT: public here too)
     CLAMPED_ALPHA,
@@ -41,9 +40,7 @@ from moetrain.ops.moe_rows import (  # noqa: F401 (CLAMPED_ALPHA, CLAMPED_LIMIT:
     inverse_permutation,
     swiglu_torch,
 )
-
-# Activation dtypes for which backend "auto" takes the fused path on CUDA (see the module docstring).
-AUTO_FUSED_DTYPES = (torch.bfloat16, torch.float16)
+from moetrain.runtime.expert_plan import plan_for
 
 
 def swiglu(h: torch.Tensor, activation: str = "swiglu", probs: torch.Tensor | None = None,
@@ -141,12 +138,10 @@ def moe_experts(
 
 def expert_gemm_backend(backend: str, x: torch.Tensor) -> str:
     """The GEMM backend the expert path runs for moe.backend ``backend`` and activations x: "triton" or "auto" (the
-    fused path's kernels), "torch" or "loop" (see the module docstring)."""
-    gemm = _ALIASES.get(backend, backend)
-    if gemm != "auto" or x.device.type != "cuda":
-        return resolve_backend(gemm, x.device)
-    if x.dtype not in AUTO_FUSED_DTYPES or not triton_available():
-        return "torch"
+    fused path's kernels), "torch" or "loop" (runtime.expert_plan's rule; see the module docstring)."""
+    gemm = plan_for(x, backend).gemm
+    if gemm == "triton":
+        require_triton(x.device)
     return gemm
 
 

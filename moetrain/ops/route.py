@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from moetrain.runtime.packages import triton_available
 from moetrain.ops.custom_ops import kernel_op
 from moetrain.ops.grouped_gemm import require_triton
+from moetrain.runtime.expert_plan import plan_for
 
 SCORES = ("softmax", "sigmoid")
 GROUP_SCORES = ("max", "top2_sum")
@@ -209,11 +209,10 @@ class _TritonRoute(torch.autograd.Function):
 
 
 def _triton_routes(logits: torch.Tensor) -> bool:
-    """auto's choice: the kernel (GPU-tested on an H200) wherever it runs natively; fp64 stays on PyTorch,
-    and so does a layer under torch.compile, which fuses the PyTorch routing itself (the planner assumes so:
-    plan/activations.triton_routing). impl="triton" runs the kernel compiled too, as a custom op."""
-    return (logits.is_cuda and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and not torch.compiler.is_compiling() and triton_available())
+    """auto's choice (runtime.expert_plan's routing rule): the kernel wherever it runs natively; fp64 stays on
+    PyTorch, and so does a layer under torch.compile, which fuses the PyTorch routing itself. impl="triton" runs
+    the kernel compiled too, as a custom op."""
+    return plan_for(logits).routing == "triton"
 
 
 def _check(E, topk, score, num_groups, topk_groups, group_score, expert_bias, impl) -> None:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from moetrain.ops.custom_ops import kernel_op
 from moetrain.ops.deferred import weight_grad
+from moetrain.runtime.expert_plan import plan_for
 
 IMPLS = ("auto", "fp32", "tensor_core")
 
@@ -66,8 +67,8 @@ def _tensor_core(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def tensor_core_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
-            and not torch.compiler.is_compiling())
+    """auto's choice (runtime.expert_plan's router-logits rule), for a weight in x's bf16."""
+    return weight.dtype == x.dtype and plan_for(x).logits == "tensor_core"
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moetrain.config.schema import Config
+from moetrain.runtime.expert_plan import ExpertPlan, expert_plan
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def router(cfg: Config, d: Dims) -> list[Term]:
     out = []
     # fp32 logits GEMM: a copy of the input and of the weight (fp32 models use both as is); the
     # tensor-core GEMM keeps x itself (counted as the MoE input in moe_mlp)
-    if d.b != 4 and not tensor_core_router(cfg, d):
+    if d.b != 4 and moe_plan(cfg, d).logits != "tensor_core":
         out += [Term("router input fp32", 4 * T * H, wgrad=True), Term("router weight fp32", 4 * E * H)]
     out.append(Term("router scores", 4 * T * E))
     if e.z_loss_coeff > 0:
@@ -234,7 +235,7 @@ def router(cfg: Config, d: Dims) -> list[Term]:
     # Group-limited selection only produces indices (no gradient flows through it): autograd
     # frees what its ops saved as soon as the forward moves on, so nothing stays.
     out.append(Term("top-k idx", 8 * T * K))
-    if triton_routing(cfg, d):
+    if moe_plan(cfg, d).routing == "triton":
         # the fused routing kernel's backward recomputes the weights from the logits (the z-loss keeps them too)
         if e.z_loss_coeff <= 0:
             out.append(Term("router logits", 4 * T * E))
@@ -245,40 +246,25 @@ def router(cfg: Config, d: Dims) -> list[Term]:
     return out
 
 
-def triton_routing(cfg: Config, d: Dims) -> bool:
-    """Whether the router runs the fused routing kernel (ops.route): triton, or auto on CUDA in
-    fp32/bf16/fp16 outside torch.compile."""
-    backend = cfg.moe.backend
-    return backend == "triton" or (backend == "auto" and d.device == "cuda" and d.b in (2, 4)
-                                   and not cfg.train.compile)
-
-
-def tensor_core_router(cfg: Config, d: Dims) -> bool:
-    """Whether the router's logits GEMM runs on the tensor cores (ops.router_logits): bf16 on CUDA,
-    every backend but the reference, outside torch.compile."""
-    return (d.device == "cuda" and cfg.precision.dtype == "bf16" and cfg.moe.backend != "reference"
-            and cfg.moe.router_gemm == "auto" and not cfg.train.compile)
-
-
-def fused_experts(cfg: Config, d: Dims) -> bool:
-    """Whether the routed experts take the fused path (ops.moe_experts: triton on CUDA, or auto on
-    CUDA with 16-bit activations)."""
-    backend = cfg.moe.backend
-    return d.device == "cuda" and (backend == "triton" or (backend == "auto" and d.b == 2))
+def moe_plan(cfg: Config, d: Dims) -> ExpertPlan:
+    """The kernels the MoE layer runs on ``d.device`` in the configured dtype (runtime.expert_plan: the rule the
+    layer's ops follow at run time), on a machine with triton and a torch with mm(out_dtype=)."""
+    return expert_plan(cfg.moe.backend, cfg.moe.router_gemm, device=d.device, dtype=cfg.precision.dtype,
+                       compiling=cfg.train.compile)
 
 
 def routed_experts(cfg: Config, d: Dims) -> list[Term]:
     e, H = cfg.moe, cfg.model.hidden_size
     M, b, I = routed_rows(cfg, d), d.b, e.moe_ffn_hidden_size / d.etp
     out = [Term("permute idx", 8 * M)]  # the inverse permutation, shared by FC1's backward and the combine
-    if fused_experts(cfg, d):  # FC1 reads x [T, H] (see moe_mlp) through int32 row indices; offs [E] int32
+    if moe_plan(cfg, d).fused:  # FC1 reads x [T, H] (see moe_mlp) through int32 row indices; offs [E] int32
         out += [Term("gather idx", 4 * M + 4 * e.num_experts / d.ep)]
     else:
         out += [Term("expert input", b * M * H, wgrad=True)]
     out += [Term("fc1 out", b * M * 2 * I), Term("fc2 input", b * M * I, wgrad=True)]
     if e.expert_linear_bias:
         out.append(Term("bias idx", 8 * M))
-    if fused_experts(cfg, d) and not e.expert_linear_bias:
+    if moe_plan(cfg, d).fused and not e.expert_linear_bias:
         # the routing weights scale SwiGLU's rows (fp32 [M] kept, put in row order by the sort, which zeroes
         # dropped assignments itself: no mask kept); the combine is a plain sum that keeps nothing
         out += [Term("row probs", 4 * M)]
@@ -294,8 +280,8 @@ def moe_mlp(cfg: Config, d: Dims, selective: bool) -> list[Term]:
     # The MoE input x (b*T*H): kept by the shared experts' FC1, by the selective checkpoint, by the
     # fused expert path's FC1, or by the router (fp32 models, or the tensor-core logits GEMM), which
     # then uses it without a copy.
-    fused = fused_experts(cfg, d) and not selective
-    by_router = b == 4 or tensor_core_router(cfg, d)
+    fused = moe_plan(cfg, d).fused and not selective
+    by_router = b == 4 or moe_plan(cfg, d).logits == "tensor_core"
     if shared > 0 or selective or by_router or fused:
         out.append(Term("moe input", b * d.Th * H, wgrad=shared > 0 or by_router or fused))
     if selective:
@@ -398,7 +384,7 @@ def block_backward_extra(cfg: Config, d: Dims, moe: bool, window: int | None, gr
     mlp_saved = 0.0
     if moe:
         M, I = routed_rows(cfg, d), e.moe_ffn_hidden_size / d.etp
-        fused = fused_experts(cfg, d)
+        fused = moe_plan(cfg, d).fused
         sh = cfg.shared_ffn_size / d.tp
         if sh > 0:
             so_far += 3 * sh * H

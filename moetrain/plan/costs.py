@@ -29,8 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from moetrain.config.schema import Config
-from moetrain.plan.activations import (Dims, attention_kernel, fused_experts, routed_rows, tensor_core_router,
-                                      triton_routing)
+from moetrain.plan.activations import Dims, attention_kernel, moe_plan, routed_rows
 
 GROUPED_FACTOR = 0.90  # bench gemm on the H200: auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
 ATTN_FWD = 0.60  # fused attention forward vs the large-GEMM rate
@@ -180,12 +179,13 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
     if moe:
         E, I = e.num_experts, e.moe_ffn_hidden_size / d.etp
         M = routed_rows(cfg, d)
+        plan = moe_plan(cfg, d)
         E_l = E / ep
         rpe = M / E_l
         # the routing's backward: one kernel (ops.route's Triton backward: logits read, their gradient written), or
         # PyTorch's chain rule
-        route_bytes, route_kernels = (8 * Th * E, 1) if triton_routing(cfg, d) else (30 * Th * E, 15)
-        if tensor_core_router(cfg, d):  # bf16 GEMMs, fp32 out; the backward's split gradient doubles their work
+        route_bytes, route_kernels = (8 * Th * E, 1) if plan.routing == "triton" else (30 * Th * E, 15)
+        if plan.logits == "tensor_core":  # bf16 GEMMs, fp32 out; the backward's split gradient doubles their work
             t, fl = rf.gemm(Th, E, H, b)
             fw.add("router", t + rf.mem(40 * Th * E, 25), 26, fl)
             # + the gradient split into hi | lo (two kernels) and [w; w] (one), then the dx GEMM
@@ -196,7 +196,7 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
             fw.add("router", t + rf.mem((b + 4) * Th * H + 40 * Th * E, 25), 30, fl)
             bi.add("router", t + rf.mem(route_bytes, route_kernels), route_kernels, fl)
             bw.add("router", t, 1, fl)
-        fused = fused_experts(cfg, d)
+        fused = plan.fused
         if fused:  # the sort; FC1's forward reads the token rows through an index ("gather")...
             fw.add("permute", rf.mem(40 * M, 7), 8)
             x_rows = rf.mem(b * (M + Th) * H, 1, ROW_COPY)  # x_perm written token by token

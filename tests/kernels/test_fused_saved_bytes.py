@@ -42,11 +42,13 @@ def test_fused_path_saved_bytes_equal_formula(case, mode, routing, monkeypatch):
     measured = TA.saved_bytes(cfg, True, None, mode, torch.float32, monkeypatch)
     if routing == "auto":
         cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, backend="auto"))
-        monkeypatch.setattr(A, "fused_experts", lambda c, d: d.device == "cuda")  # this fp32 run stands in for bf16
+        real_plan = A.moe_plan  # this fp32 run stands in for bf16: the plan as in bf16
+        monkeypatch.setattr(A, "moe_plan", lambda c, d: real_plan(
+            dataclasses.replace(c, precision=dataclasses.replace(c.precision, dtype="bf16")), d))
     # The block as the formula sees it on this CPU (its SDPA kernels), with the routed experts as they are
     # on a GPU, where this path runs (selective recompute keeps none of them).
     cpu, gpu = A.Dims(B=2, S=16, b=4, device="cpu"), A.Dims(B=2, S=16, b=4, device="cuda")
-    assert A.fused_experts(cfg, gpu) and not A.fused_experts(cfg, cpu)
+    assert A.moe_plan(cfg, gpu).fused and A.moe_plan(cfg, cpu).fused == (routing == "triton")
     expected = A.total(A.block_terms(cfg, cpu, True, None, mode))
     if mode == "none":
         expected += A.total(A.routed_experts(cfg, gpu)) - A.total(A.routed_experts(cfg, cpu))

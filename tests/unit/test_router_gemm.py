@@ -106,7 +106,7 @@ def test_saved_bytes_are_what_the_planner_counts(exact_mm):
     d = A.Dims(B=1, S=T, b=2, device="cuda")
     fp32_cfg = load_config(preset="tiny", overrides=[f"model.hidden_size={H}", f"moe.num_experts={E}",
                                                      "moe.router_gemm=fp32"])
-    assert A.tensor_core_router(cfg, d) and not A.tensor_core_router(fp32_cfg, d)
+    assert A.moe_plan(cfg, d).logits == "tensor_core" and A.moe_plan(fp32_cfg, d).logits == "fp32"
     copies = sum(t.bytes for t in A.router(fp32_cfg, d) if t.name.startswith("router") and "fp32" in t.name)
     assert copies == ref and not any("fp32" in t.name for t in A.router(cfg, d))
 

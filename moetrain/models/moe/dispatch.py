@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from moetrain.ops.dispatch import combine_rows, permute_tokens
-from moetrain.ops.moe import expert_gemm_backend
+from moetrain.runtime.expert_plan import plan_for
 
 
 @dataclass
@@ -37,16 +37,11 @@ class Dispatched:
     impl: str  # row-op implementation: "torch" | "triton"
 
 
-def row_impl(backend: str, x: torch.Tensor) -> str:
-    """The row ops matching the expert GEMMs of moe.backend ``backend`` on x: Triton kernels with ours."""
-    return "triton" if expert_gemm_backend(backend, x) in ("triton", "auto") else "torch"
-
-
 class Dispatcher:
     """Base class: the unfused composition. Subclasses move rows between ranks in dispatch / combine."""
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, experts) -> Dispatched:
-        impl = row_impl(experts.backend, x)
+        impl = plan_for(x, experts.backend).rows
         p = permute_tokens(x, topk_idx, topk_weight, experts.num_experts, impl)
         K = topk_idx.shape[1]
         if experts.b2 is None:

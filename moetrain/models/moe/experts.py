@@ -16,6 +16,7 @@ from torch import nn
 from moetrain import ops
 from moetrain.ops.dispatch import expert_of_rows
 from moetrain.ops.moe import expert_gemm_backend
+from moetrain.runtime.expert_plan import plan_for
 
 
 class Experts(nn.Module):
@@ -42,8 +43,8 @@ class Experts(nn.Module):
     def compute_rows(self, rows: torch.Tensor, offs: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
         """FFN of dispatched rows: rows [M, H] sorted by expert, offs [E] int32 group ends, probs [M] fp32 (routing
         weights applied to the activation before FC2) or None -> y [M, H] in rows.dtype."""
-        gemm = expert_gemm_backend(self.backend, rows)
-        impl = "triton" if gemm in ("triton", "auto") else "torch"
+        gemm = expert_gemm_backend(self.backend, rows)  # (the plan's GEMM backend, triton checked)
+        impl = plan_for(rows, self.backend).rows
         expert = None if self.b1 is None and self.b2 is None else expert_of_rows(offs, rows.shape[0])
         h = ops.grouped_gemm(rows, self.w1, offs, gemm)
         if self.b1 is not None:

@@ -45,6 +45,7 @@ from torch import nn
 
 from moetrain.ops.route import aux_probs, expert_counts, group_limited_mask, route, scores_of  # noqa: F401 (re-exported)
 from moetrain.ops.router_gemm import router_logits
+from moetrain.runtime.expert_plan import plan_for
 
 
 _ZEROS: dict = {}  # (device, dtype) -> a 0-dim zero, never written
@@ -119,16 +120,6 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits.float(), dim=-1).square().mean()
 
 
-def router_impls(backend: str, router_gemm: str = "auto") -> tuple[str, str]:
-    """(ops.route impl, ops.router_logits impl) for moe.backend and moe.router_gemm: the fused routing
-    kernel with triton, and with auto wherever it runs natively (CUDA); PyTorch routing for torch and
-    reference. The logits GEMM on the tensor cores (auto: bf16 on CUDA; same fp32 logits up to summation
-    order) unless router_gemm is fp32 or the backend is the reference."""
-    route_impl = {"triton": "triton", "auto": "auto"}.get(backend, "torch")
-    logits_impl = "fp32" if backend == "reference" or router_gemm == "fp32" else "auto"
-    return route_impl, logits_impl
-
-
 class Router(nn.Module):
     """Parameters: weight [E, H], bias [E] (moe.router_bias). Buffer: expert_bias [E] fp32
     (moe.expert_bias), kept in fp32 even when the model is cast to bf16."""
@@ -145,7 +136,7 @@ class Router(nn.Module):
         self.aux_loss_type = e.aux_loss_type
         self.compute_aux = e.aux_loss_coeff > 0
         self.compute_z = e.z_loss_coeff > 0
-        self.route_impl, self.logits_impl = router_impls(e.backend, e.router_gemm)
+        self.backend, self.router_gemm = e.backend, e.router_gemm  # (runtime.expert_plan picks the kernels)
         self.weight = nn.Parameter(torch.empty(e.num_experts, cfg.model.hidden_size))
         self.bias = nn.Parameter(torch.empty(e.num_experts)) if e.router_bias else None
         if e.expert_bias:
@@ -169,7 +160,8 @@ class Router(nn.Module):
         T, E, K = x.shape[0], self.num_experts, self.topk
         # fp32 routing (fp64 when the model runs in fp64, e.g. reference tests)
         dt = torch.promote_types(x.dtype, torch.float32)
-        logits = router_logits(x, self.weight, self.bias, impl=self.logits_impl)  # [T, E] fp32 (fp64)
+        plan = plan_for(x, self.backend, self.router_gemm)
+        logits = router_logits(x, self.weight, self.bias, impl=plan.logits)  # [T, E] fp32 (fp64)
 
         scores = prob_sums = None
         if self.force_balance == "even":
@@ -188,7 +180,7 @@ class Router(nn.Module):
             batch_aux = self.compute_aux and self.aux_loss_type != "sequence" and self.force_balance == "none"
             r = route(route_logits, K, score=self.score_function, num_groups=self.num_groups,
                       topk_groups=self.topk_groups, group_score=self.group_score, expert_bias=self.expert_bias,
-                      scaling_factor=self.scaling_factor, normalize=self.normalize_topk, impl=self.route_impl,
+                      scaling_factor=self.scaling_factor, normalize=self.normalize_topk, impl=plan.routing,
                       prob_sums=batch_aux)
             topk_idx, topk_weight, counts = r.topk_idx, r.topk_weight, r.counts
             if self.force_balance == "none":
