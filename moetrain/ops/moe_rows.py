@@ -218,7 +218,12 @@ class _SwiGLU(torch.autograd.Function):
         if impl == "triton":
             return swiglu_fwd_kernel(h, probs, activation)
         a = swiglu_torch(h, activation)
-        return a if probs is None else (a * probs.unsqueeze(1)).to(a.dtype)
+        if probs is None:
+            return a
+        scaled = a * probs.unsqueeze(1)
+        # no cast when the dtypes agree: a no-op .to() returned from a Function's forward gave wrong gradients
+        # under torch.compile in torch 2.11 (tests/unit/test_compile.py's unfused layers)
+        return scaled if scaled.dtype == a.dtype else scaled.to(a.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

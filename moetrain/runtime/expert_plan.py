@@ -94,19 +94,25 @@ def plan_for(x, backend: str = "auto", router_gemm: str = "auto") -> ExpertPlan:
     triton's presence and this torch's mm(out_dtype=)."""
     import torch
 
+    has_triton, tensor_core_mm = _environment()
+    return expert_plan(backend, router_gemm, device=x.device.type, dtype=dtype_name(x.dtype),
+                       compiling=torch.compiler.is_compiling(), triton=has_triton, tensor_core_mm=tensor_core_mm)
+
+
+_ENVIRONMENT: list = []
+
+
+def _environment() -> tuple[bool, bool]:
+    """(triton imports, torch has mm(out_dtype=)): facts of the process, probed once. torch.compile takes the
+    answer as a constant (torch.compiler.assume_constant_result) instead of tracing the probes."""
+    if not _ENVIRONMENT:
+        _ENVIRONMENT.append(_probe())
+    return _ENVIRONMENT[0]
+
+
+def _probe() -> tuple[bool, bool]:
+    import torch
+
     from moetrain.runtime.packages import triton_available
 
-    return expert_plan(backend, router_gemm, device=x.device.type, dtype=dtype_name(x.dtype),
-                       compiling=torch.compiler.is_compiling(), triton=triton_available(),
-                       tensor_core_mm=_has_mm_out_dtype())
-
-
-_MM_OUT_DTYPE: list = []
-
-
-def _has_mm_out_dtype() -> bool:
-    if not _MM_OUT_DTYPE:
-        import torch
-
-        _MM_OUT_DTYPE.append("dtype" in torch.ops.aten.mm.overloads())
-    return _MM_OUT_DTYPE[0]
+    return triton_available(), "dtype" in torch.ops.aten.mm.overloads()

@@ -173,7 +173,7 @@ def test_bench_graphed_contender_replays_the_eager_result():
 
     def make():
         return (torch.randn(s.T, s.H, device="cuda", generator=g).to(bf).requires_grad_(),
-                torch.randn(s.E, s.H, device="cuda", generator=g) * 0.02, forcing_logits(s, "skewed", "cuda"),
+                (torch.randn(s.E, s.H, device="cuda", generator=g) * 0.02).to(bf), forcing_logits(s, "skewed", "cuda"),
                 (torch.randn(s.E, 2 * s.I, s.H, device="cuda", generator=g) / 16).to(bf).requires_grad_(),
                 (torch.randn(s.E, s.H, s.I, device="cuda", generator=g) / 11).to(bf).requires_grad_(),
                 s.K, torch.randn(s.T, s.H, device="cuda", generator=g).to(bf))
