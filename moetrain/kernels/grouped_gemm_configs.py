@@ -125,14 +125,14 @@ PINGPONG_ROWGROUP_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
 )
-# On trial: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order, so that
-# under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (skew cost the
+# Trial configs: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order,
+# so that under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (skew cost the
 # DeepSeek-V3 layer +30%, padding alone +13-16%). GPU-tested; timed against one cohort:
 # 2 cohorts 6% faster at DeepSeek-V3's FC1 on skewed routing, 8% slower on balanced (half as many programs share
 # each group's operands in L2), no gain at Qwen3; 4 slower everywhere. Kept for a skew-aware choice. And "mix"
 # (schedule.py): groups heaviest first, and only where the routing is skewed, half the programs walking backwards
-# (light groups under heavy ones). GPU-tested and refuted: at DeepSeek-V3's FC1 weight
-# gradient 11.4 ms on skewed routing against 9.9 for the plain schedule (and +3% on balanced).
+# (light groups under heavy ones). GPU-tested and slower: at DeepSeek-V3's FC1 weight
+# gradient 11.4 ms on skewed routing against 9.9 for the plain schedule (and +3% on balanced; bench/grouped_gemm.md).
 TRIAL_PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=2),
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=4),
@@ -170,7 +170,7 @@ TWO_PER_SM_CONFIGS = (
     GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
     GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
 )
-# On trial: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested:
+# Trial config: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested:
 # level with or slower than the plain schedule at DeepSeek-V3 on both routings (bench gemm's sweep).
 TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),)
 TRIAL_WGRAD_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
