@@ -2,7 +2,7 @@
 gaps between kernels, and the CUDA runtime calls that can open them (allocations, synchronisations).
 
 ``bench moe --profile`` prints this per contender: at Mixtral the layer's wall time was ~5 ms longer than
-its kernels (bench/NOTES.md), which kernel totals alone cannot explain.
+its kernels (bench/archive/2026-11-29_1205-1455.md), which kernel totals alone cannot explain.
 
 Times are microseconds on the profiler's clock (torch.profiler puts CPU ranges and GPU kernels on one).
 """

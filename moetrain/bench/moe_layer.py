@@ -257,8 +257,8 @@ class HostAhead:
     """A contender run eagerly, each timed call queued behind ~HOST_LEAD_MS of GPU work (``lead_in``, before the
     start event): the host has issued the call's first launches before the GPU reaches them, as inside a
     training step where earlier layers keep the GPU busy; its syncs, allocations and per-kernel gaps still count.
-    The queued work is dense GEMMs, not a sleep: behind an idle lead-in the GPU's clocks had recovered from the power
-    cap, and the big layers timed 3-11% fast (Mixtral under its own six GEMMs; bench/NOTES.md)."""
+    The queued work is dense GEMMs, not a sleep: behind an idle lead-in the GPU's clocks recover from the power
+    cap, and the big layers time 3-11% fast (Mixtral under its own six GEMMs; bench/method.md)."""
 
     _lead: tuple | None = None  # (a, b, out, GEMMs per lead-in), shared by every host-ahead contender
 

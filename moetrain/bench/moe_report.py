@@ -32,7 +32,7 @@ def paired_ratio(reps_ms: list[float], floor_reps_ms: list[float]) -> float:
 
 def paired_range(reps_ms: list[float], floor_reps_ms: list[float]) -> tuple[float, float]:
     """The lowest and highest of the rounds' ratios that paired_ratio takes the median of: how far a single round
-    can land from it (at 3-5 rounds on the H200, up to 13 points: bench/NOTES.md), which says whether a
+    can land from it (at 3-5 rounds on the H200, up to 13 points: bench/method.md), which says whether a
     ratio is told apart from a criterion like "within 3%"."""
     ratios = _round_ratios(reps_ms, floor_reps_ms)
     return min(ratios), max(ratios)

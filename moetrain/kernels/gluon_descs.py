@@ -22,7 +22,9 @@ def shared_layout(block: list):
     return _shared_layout(tuple(block))
 
 
-@functools.cache  # ~6 us of Python per descriptor otherwise, 14 descriptors per layer call (host_breakdown.py)
+# ~6 us of Python per descriptor otherwise, 14 descriptors per layer call (`moetrain bench host`;
+# bench/archive/2026-11-30_0217-0349.md)
+@functools.cache
 def _shared_layout(block: tuple):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
 

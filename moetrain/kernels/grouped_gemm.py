@@ -30,7 +30,7 @@ Design (Hopper first; every kernel is persistent: NUM_PROGS programs loop over w
   reduction runs over the group's rows (variable K), so the (tile, row chunk) loop is flattened
   by hand into one pipelined loop. Tiles run in bands of GROUP_N dw row tiles (config group_m),
   column-major inside a band (1: row-major); on DeepSeek-V3's layouts, big experts included, bands
-  of 1-16 timed within noise of each other (bench/NOTES.md).
+  of 1-16 timed within noise of each other (bench/archive/2026-11-29_1205-1455.md).
   Configs with tma_store=False keep the TMA loads but store dw from registers: at DeepSeek-V3 dw is 15 GB,
   about as much time in stores as in MMA, and a register store needs no shared-memory buffer (a stage
   more) and no wait before the next tile's main loop. TMA path: dy and x by ragged descriptors (rows past the

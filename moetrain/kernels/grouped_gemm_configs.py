@@ -100,7 +100,7 @@ WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 8, use_tma=False),
     GemmConfig(256, 128, 64, 3, 8),  # dw tiles 256 (over N) x 128 (over K); GPU-tested
 )
-# The warp-specialized ping-pong weight gradient (wgrad_pingpong.py; bench/NOTES.md): candidates where it
+# The warp-specialized ping-pong weight gradient (wgrad_pingpong.py; bench/grouped_gemm.md): candidates where it
 # applies (Hopper, bf16, TMA, rows not gathered). 128x128 consumer tiles; bands of 8 dw row tiles keep a big
 # group's rows in L2 (row-major order, g1, lost 20% on skewed routing at DeepSeek-V3's FC1 but won at its FC2);
 # 5 stages won at EP8's long reductions. 64x256 consumer tiles (m64n256 wgmma) were slower everywhere.
@@ -116,30 +116,31 @@ PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong", sorted_groups=True),
     GemmConfig(128, 128, 64, 4, 4, group_m=1, kernel="pingpong", sorted_groups=True),
 )
-# The warp-specialized ping-pong forward / data gradient (rowgroup_pingpong.py; bench/NOTES.md): where it
-# applies (Hopper, bf16, TMA, rows not gathered). Level with torch._grouped_mm on the six GEMMs' sums at Qwen3,
-# GPT-OSS and Mixtral, 0-5% ahead of it on some ops, behind at DeepSeek-V3's (5-10%); the autotuner keeps it where
-# it wins. 64x256 consumer tiles were slower everywhere but DeepSeek-V3's FC2 data gradient.
+# The warp-specialized ping-pong forward / data gradient (rowgroup_pingpong.py; bench/grouped_gemm.md, per shape
+# bench/archive/2026-11-29_2114-2254.md): where it applies (Hopper, bf16, TMA, rows not gathered). Level with
+# torch._grouped_mm on the six GEMMs' sums at Qwen3, GPT-OSS and Mixtral, 0-5% ahead of it on some ops, behind at
+# DeepSeek-V3's (5-10%); the autotuner keeps it where it wins. 64x256 consumer tiles were slower everywhere but
+# DeepSeek-V3's FC2 data gradient.
 PINGPONG_ROWGROUP_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 5, 4, group_m=8, kernel="pingpong"),
 )
-# On trial: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order, so that
-# under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (skew cost the
+# Trial configs: the ping-pong with its programs in 2 or 4 cohorts, each starting at another point of the tile order,
+# so that under skewed routing small groups' store-bound tiles overlap big groups' MMA-bound ones (skew cost the
 # DeepSeek-V3 layer +30%, padding alone +13-16%). GPU-tested; timed against one cohort:
 # 2 cohorts 6% faster at DeepSeek-V3's FC1 on skewed routing, 8% slower on balanced (half as many programs share
 # each group's operands in L2), no gain at Qwen3; 4 slower everywhere. Kept for a skew-aware choice. And "mix"
 # (schedule.py): groups heaviest first, and only where the routing is skewed, half the programs walking backwards
-# (light groups under heavy ones). GPU-tested and refuted: at DeepSeek-V3's FC1 weight
-# gradient 11.4 ms on skewed routing against 9.9 for the plain schedule (and +3% on balanced).
+# (light groups under heavy ones). GPU-tested and slower: at DeepSeek-V3's FC1 weight
+# gradient 11.4 ms on skewed routing against 9.9 for the plain schedule (and +3% on balanced; bench/grouped_gemm.md).
 TRIAL_PINGPONG_WGRAD_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=2),
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", cohorts=4),
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong", mix=True),
 )
-# On trial (bench gemm's sweep, the sm_90a compile test and the GPU tests, not the autotuner): the ping-pong weight
+# Trial configs (bench gemm's sweep, the sm_90a compile test and the GPU tests, not the autotuner): the ping-pong weight
 # gradient with x's rows gathered by a fourth warpgroup (cp.async), the permuted copy of x never made; K a multiple
-# of 128. GPU-tested: 1.3-1.8x slower than the copy + ping-pong (bench/NOTES.md).
+# of 128. GPU-tested: 1.3-1.8x slower than the copy + ping-pong (bench/grouped_gemm.md).
 TRIAL_PINGPONG_GATHER_CONFIGS = (
     GemmConfig(128, 128, 64, 4, 4, group_m=8, kernel="pingpong"),
     GemmConfig(128, 128, 64, 3, 4, group_m=8, kernel="pingpong"),
@@ -157,31 +158,31 @@ def interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
-# On trial: compiled and checked for sm_90a on the CPU (tests/kernels/test_grouped_gemm_sm90.py: they fit in
-# shared memory, no spills, wgmma, pipelined) and timed by `moetrain bench gemm`, but not yet run on a GPU by
-# the correctness tests, so the run-time autotuner does not pick them. Promote them once they have.
-# Also here, though they passed their GPU tests: the two-programs-per-SM configs. They won only the gathered weight
-# gradient, which no layer ran (the permuted copy + weight gradient beat it everywhere), and one
-# launch of any of them left the ping-pong weight gradient ~27% slower for a while after
-# (wgrad_state.py): timed after them, the ping-pong lost the autotuner's choice at DeepSeek-V3's FC1, where it makes
-# the layer 5-7% faster than that pick (layer_wgrad_ab.py; bench/NOTES.md).
+# Trial configs: compiled and checked for sm_90a on the CPU (tests/kernels/test_grouped_gemm_sm90.py: they fit in
+# shared memory, no spills, wgmma, pipelined) and timed by `moetrain bench gemm`, but not run on a GPU by
+# the correctness tests, so the run-time autotuner does not pick them.
+# Also here, though they pass their GPU tests: the two-programs-per-SM configs. They win only the gathered weight
+# gradient, which no layer runs (the permuted copy + weight gradient beat it everywhere), and one
+# launch of any of them leaves the ping-pong weight gradient ~27% slower for a while after (bench/grouped_gemm.md):
+# timed after them, the ping-pong loses the autotuner's choice at DeepSeek-V3's FC1, where it makes
+# the layer 5-7% faster than that pick (bench/archive/2026-11-29_2114-2254.md).
 TWO_PER_SM_CONFIGS = (
     GemmConfig(128, 128, 64, 2, 4, programs_per_sm=2),
     GemmConfig(128, 128, 64, 3, 4, use_tma=False, programs_per_sm=2),
 )
-# On trial: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested:
+# Trial config: the usual forward / data gradient pick with the "mix" schedule (schedule.py). GPU-tested:
 # level with or slower than the plain schedule at DeepSeek-V3 on both routings (bench gemm's sweep).
 TRIAL_ROWGROUP_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (GemmConfig(128, 256, 64, 3, 8, tail_split=True, mix=True),)
 TRIAL_WGRAD_CONFIGS: tuple = TWO_PER_SM_CONFIGS + (
     # TMA loads, dw stored from registers: the 64 KiB store buffer of a 128x256 tile becomes a fourth stage
-    # (they lose everywhere; kept as the reference for the next ones). Refuted and dropped:
-    # 128 rows per reduction step (128x256x128, 128x128x128) and two programs per SM with register stores
-    # (128x128x64/s3/w4/x2): none beat 128x256x64/s3/w8 at DeepSeek-V3 (bench/NOTES.md). Refuted and
-    # dropped: 32-row steps with 5-6 stages (more rows in flight across a tile's end) and bands of one tile (half
-    # the per-tile divisions): within noise of it (439-456 against 434-440 TF/s). Also refuted: 5-stage
-    # configs for the gathered weight gradient (3-4 stages let the index and row loads share one wait, one step of
-    # prefetch; 5 keep two in flight) ran no faster: 311 / 398 / 388 TF/s at DeepSeek-V3 / EP8 / Qwen3 against
-    # 309-336 / 386-439 / 368-401 for the usual configs, ~0.7x torch on the permuted copy
+    # (they lose everywhere; kept as the reference for other register-store configs). Not among the configs, as
+    # none beat 128x256x64/s3/w8 at DeepSeek-V3 (bench/grouped_gemm.md): 128 rows per reduction step
+    # (128x256x128, 128x128x128) and two programs per SM with register stores (128x128x64/s3/w4/x2); 32-row steps
+    # with 5-6 stages (more rows in flight across a tile's end) and bands of one tile (half the per-tile
+    # divisions), within noise of it (439-456 against 434-440 TF/s). Nor 5-stage configs for the gathered weight
+    # gradient (3-4 stages let the index and row loads share one wait, one step of prefetch; 5 keep two in
+    # flight): no faster, 311 / 398 / 388 TF/s at DeepSeek-V3 / EP8 / Qwen3 against 309-336 / 386-439 / 368-401
+    # for the usual configs, ~0.7x torch on the permuted copy
     GemmConfig(128, 256, 64, 4, 8, tma_store=False),
     GemmConfig(128, 256, 64, 3, 8, tma_store=False),
     GemmConfig(128, 128, 64, 4, 4, tma_store=False),

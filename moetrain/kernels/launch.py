@@ -2,12 +2,12 @@
 
 Why: on the H200's host an eager MoE layer call spends 40-160 us per Triton or Gluon launch inside the call, 19
 launches per forward + backward, and in an eager call from an idle GPU the GPU waits for every one of them before FC1
-(bench/NOTES.md). Triton 3.6's ``kernel[grid](...)`` runs its Python binder (the specialization of
+(bench/host_overhead.md). Triton 3.6's ``kernel[grid](...)`` runs its Python binder (the specialization of
 every argument), a cache-key computation and its launch metadata, calls the (empty) launch hook chains, and its C
 launcher asks the driver about every pointer argument (cuPointerGetAttribute, ~2 us each). A launch of the compiled
-kernel with the pointers as integers skips all of that: 7-8 us against 24-30 for eight pointers in a loop
-(scripts/launch_cold_probe.py), and in the layer call (scripts/host_breakdown.py --launches triton,direct)
-the launches' host time fell from ~1.7 to ~1.3 ms per forward + backward at Qwen3 and GPT-OSS.
+kernel with the pointers as integers skips all of that: 7-8 us against 24-30 for eight pointers in a loop, and in
+the layer call (`moetrain bench host --launches triton,direct`) the launches take ~1.3 ms of host time per forward +
+backward at Qwen3 and GPT-OSS against ~1.7 through Triton (bench/host_overhead.md).
 
 How: the first call with a given specialization launches through Triton (which compiles or finds the kernel) and
 keeps the compiled kernel under a key made of what Triton specializes on, conservatively: each tensor's dtype,
@@ -42,7 +42,7 @@ _enabled = True  # use_direct(False): every launch through Triton (A/B timing of
 
 def use_direct(on: bool) -> None:
     """Direct launches on (the default, where they apply) or off: for timing the host's launch cost both ways in one
-    process (scripts/host_breakdown.py --launches)."""
+    process (`moetrain bench host --launches`)."""
     global _enabled
     _enabled = bool(on)
 

@@ -203,7 +203,7 @@ def _block(n: int) -> int:
 
 def combine_tile(hidden: int) -> RowTile:
     """The combines' program: one token, all of H in one program up to 4096 columns, 8 warps from 4096 columns.
-    scripts/row_kernel_sweep.py on the H200 (bench/NOTES.md): GPT-OSS's H = 2880 in one 4096-wide
+    `moetrain bench rows` on the H200 (bench/row_kernels.md): GPT-OSS's H = 2880 in one 4096-wide
     program, 1.03-1.04x the earlier 1024-wide ones (three per token, the last mostly masked); Mixtral 1.01-1.02x;
     Qwen3 1.00-1.03x."""
     cols = min(4096, next_pow2(max(hidden, 16)))
@@ -284,7 +284,7 @@ def token_rows(x: torch.Tensor, inverse: torch.Tensor, tile: RowTile | None = No
     """x_perm [M, H] = x[token_of_row] (the token rows in expert order), written token by token: x [T, H], inverse
     [M] int64 (kernels.sort_rows') with M = T*K -> x_perm[inverse[t*K + k]] = x[t]. Each token's row is read from HBM
     once; a gather by row (x.index_select(0, token_of_row)) reads it K times whenever a token's K rows run far apart
-    in time, as with random or skewed routing (Qwen3, skewed: 0.27 against 0.18 ms per gather, bench/NOTES.md).
+    in time, as with random or skewed routing (Qwen3, skewed: 0.27 against 0.18 ms per gather, bench/method.md).
     combine's backward without weights is this very copy."""
     return combine_bwd(x, None, inverse, None, tile=tile)[0]
 
@@ -293,9 +293,9 @@ def swiglu_tile(inter: int) -> RowTile:
     """The SwiGLU kernels' program: [2048 / w, w] steps over all of I (one program per row block: the backward's
     d probs in one pass) on 8 warps. Columns w: of 1024, 512 and 256 the width that leaves the fewest masked lanes
     past I (the widest on a tie): Qwen3's I = 768 takes 256, where 1024 left a quarter of every program's lanes idle.
-    scripts/row_kernel_sweep.py on the H200 (bench/NOTES.md), against one [4096 / w, w] step per program on
+    `moetrain bench rows` on the H200 (bench/row_kernels.md), against one [4096 / w, w] step per program on
     4 warps: the backward 1.06x at Qwen3 (8 x 256, 3 steps: 0.239 ms, 4.2 TB/s), 1.21x at GPT-OSS (2 x 1024, 3 steps);
-    the forward 1.05-1.07x."""
+    the forward 1.02-1.09x."""
     if inter <= 256:
         block = _block(inter)
     else:

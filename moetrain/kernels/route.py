@@ -9,8 +9,9 @@ Legend: T tokens, E experts, K top-k, G expert groups of GS = E / G consecutive 
 One program per BLOCK_T tokens holds their logits as a [BLOCK_T, G * GS] tile (G and GS padded to powers of
 two; no groups = one group of E), so group ranking and the expert top-k work on the same registers, and the
 counts take one atomic add per expert per program. (One program per token with one atomic add per
-assignment, all on E addresses, took 0.114 ms at Qwen3-30B-A3B's 16384 tokens x 128 experts; this 0.064 ms
-on the H200, bench/NOTES.md: the rest is the K rounds of block reductions.)
+assignment, all on E addresses, took 0.114 ms at Qwen3-30B-A3B's 16384 tokens x 128 experts
+(bench/archive/2026-11-29_1543-1726.md); this kernel takes 0.033 ms there on the H200 (bench/row_kernels.md): ~3 us
+of it is traffic, the rest is the K rounds of block reductions.)
 The top-k is K rounds of argmax (ties: lower expert id), best first, like torch.topk's order.
 
 With prob_sums, each program also writes the column sums of the aux loss's probabilities over its tokens (the
@@ -19,7 +20,8 @@ aux loss E * sum_e f_e * P_e then needs no [T, E] scores recomputed or kept, and
 atomics).
 
 The backward, route_backward, is one kernel too (its reference: moetrain.ops.route.topk_weights_backward;
-PyTorch needed ~17 small ops, each 50-80 us of host time on the H200 host, scripts/host_breakdown.py):
+PyTorch needed ~17 small ops, each 50-80 us of host time on the H200 host: `moetrain bench host`,
+bench/archive/2026-11-30_0217-0349.md):
 
     logits [T, E] (fp32 / bf16 / fp16), topk_idx [T, K] int64, dweight [T, K] (any float)
         ->  dlogits [T, E] in logits' dtype (fp32 math)
@@ -72,7 +74,7 @@ def _route_kernel(logits_ptr, bias_ptr, idx_ptr, weight_ptr, counts_ptr, psum_pt
     # Slot s of the [BLOCK_T, BLOCK_E] tile holds expert g * GROUP_SIZE + j, g = s // BLOCK_GS, j = s % BLOCK_GS.
     # The tile stays two-dimensional throughout: only the group scores view it as [BLOCK_T, BLOCK_G, BLOCK_GS], and
     # the chosen groups come back as a compare per slot (a [tokens, groups, group size] tile flattened for the top-k
-    # picked experts past E with 2 tokens per program on the H200, Triton 3.6: bench/NOTES.md)
+    # picked experts past E with 2 tokens per program on the H200, Triton 3.6: bench/row_kernels.md)
     BLOCK_E: tl.constexpr = BLOCK_G * BLOCK_GS
     slot = tl.arange(0, BLOCK_E)
     group_of = slot // BLOCK_GS
@@ -184,8 +186,8 @@ def _route_bwd_kernel(logits_ptr, idx_ptr, dweight_ptr, dpsum_ptr, dlogits_ptr, 
 # Tokens per program where no measurement below applies: a [BLOCK_T, E] tile of ~4K scores at 4 warps
 ROUTE_TILE = 4096
 # (tokens per program, warps) by E rounded to a power of two, (forward, backward): the fastest programs that
-# scripts/row_kernel_sweep.py timed on the H200 at Qwen3's 128 experts and DeepSeek-V3's 256 without expert groups
-# (bench/NOTES.md, each pair from one run. From ROUTE_TILE: forward 50.8 -> 33.6 us and 58.7 -> 38.2, backward
+# `moetrain bench rows` timed on the H200 at Qwen3's 128 experts and DeepSeek-V3's 256 without expert groups
+# (bench/row_kernels.md, each pair from one run. From ROUTE_TILE: forward 50.8 -> 33.6 us and 58.7 -> 38.2, backward
 # 11.9 -> 9.4 and 14.3 -> 9.8; at 256 experts, one token on one warp against 2 on 2: forward 43.3 -> 29.7,
 # backward 9.8 -> 7.9). Fewer scores per program than ROUTE_TILE, on fewer warps: the K rounds of row reductions
 # are the kernel's latency, and more programs hide it. At Mixtral's 8 and GPT-OSS's 32 experts (16 tokens per program,

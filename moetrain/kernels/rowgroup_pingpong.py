@@ -8,7 +8,8 @@ Legend as in grouped_gemm.py: M grouped rows, G groups, w [G, N, K], offs [G] in
 bf16 in, fp32 accumulation, bf16 out; rows past offs[-1] belong to no group and are written as zeros.
 
 Why: our Triton forward / data gradient (grouped_gemm_kernels._rowgroup_kernel) and torch._grouped_mm both run at
-~560-620 TFLOP/s on the layers' routed shapes, against 690-790 for a dense GEMM on the same H200 (bench/NOTES.md).
+~560-620 TFLOP/s on the layers' routed shapes (bench/grouped_gemm.md), against 690-790 for a dense GEMM on the same
+H200.
 In the Triton kernel the same warps issue the TMA loads, the MMAs and the epilogue, so each tile's epilogue stalls
 the tensor cores; at Qwen3's FC2 (12 reduction steps per tile) that is a large share. The weight gradient's
 ping-pong (wgrad_pingpong.py) removed exactly this stall there (1.1-1.2x). Here the same schedule:
@@ -24,9 +25,10 @@ Loads: A through a 2-D descriptor (rows past the group's end only feed output ro
 3-D [G, N, K] one (zero fill stays inside the expert). Stores: the "ragged" 4-D descriptor (grouped_gemm_kernels
 RAGGED), which drops rows at or past the group's end in hardware.
 
-Measured on the H200 (bench/NOTES.md): level with torch._grouped_mm on the sums of the forward / data
-gradient GEMMs at Qwen3, GPT-OSS and Mixtral (0.999-1.010x), 0.94x at DeepSeek-V3; up to 1.05x on single ops. The
-autotuner offers it (grouped_gemm_configs.PINGPONG_ROWGROUP_CONFIGS) and keeps it where it wins.
+Measured on the H200 (bench/grouped_gemm.md; the sums per shape: bench/archive/2026-11-29_2114-2254.md): level with
+torch._grouped_mm on the sums of the forward / data gradient GEMMs at Qwen3, GPT-OSS and Mixtral (0.999-1.010x),
+0.94x at DeepSeek-V3; up to 1.05x on single ops. The autotuner offers it
+(grouped_gemm_configs.PINGPONG_ROWGROUP_CONFIGS) and keeps it where it wins.
 
 Two fused epilogues (the EPILOGUE constexpr; their code is pingpong_epilogues.py):
 - SWIGLU_FWD, grouped_gemm_fc1_swiglu_pingpong, called by the layer (moe_fused.fc1_swiglu, where auto measures it
@@ -34,7 +36,7 @@ Two fused epilogues (the EPILOGUE constexpr; their code is pingpong_epilogues.py
   columns of a into one 128-row w block, so each thread's accumulator holds g and u of the same elements and the
   activation runs in registers; the separate SwiGLU kernel's read of h [M, 2I] goes away. On the H200: 1.02-1.14x the
   best separate path (FC1 GEMM + SwiGLU kernel) at Qwen3, GPT-OSS and Mixtral, 0.98x at DeepSeek-V3.
-- SWIGLU_BWD, grouped_gemm_dgrad_swiglu_pingpong, on trial (not called by the layer): FC2's data gradient with
+- SWIGLU_BWD, grouped_gemm_dgrad_swiglu_pingpong, not called by the layer: FC2's data gradient with
   SwiGLU's backward. Correct. Its epilogue (da converted to 16-byte rows per thread, g and u loaded and dh
   stored from registers, each consumer on its own) runs 0.68x the best separate pair at Qwen3, 0.77x at GPT-OSS,
   0.94-0.98x at Mixtral and DeepSeek-V3 (a variant with shared buffers passed between the consumers: 0.57x at

@@ -7,14 +7,14 @@
 With group-major tiles every persistent program works on the same group at once. Under skewed routing a small
 group's tiles are bound by HBM (its weight slice read in the forward and data gradient, its dw written in the weight
 gradient: one MMA step each) and a big group's by the tensor cores, and in step they never overlap: by roofline that
-is +29-34% of DeepSeek-V3's six GEMMs against +13.6% when overlapped (scripts/skew_roofline.py, bench/NOTES.md).
+is +29-34% of DeepSeek-V3's six GEMMs against +13.6% when overlapped (`moetrain bench roofline`, bench/grouped_gemm.md).
 Two schedules read this order:
 - "sorted" (the ping-pong weight gradient's SORTED, an autotuner candidate): every program in step over the groups
   heaviest first, so the light groups' store-bound tiles come last, under the heavy groups' tail.
-- "mix" (the kernels' MIX, on trial): where the routing is skewed (the flag), half the programs walk the tiles
+- "mix" (the kernels' MIX, trial configs only): where the routing is skewed (the flag), half the programs walk the tiles
   backwards, and odd rounds of tiles are dealt in reverse program order ("snake": with the heaviest groups first
   that evens out the programs' work; Qwen3's skewed weight gradient: the busiest of 132 programs 7.5% over the mean,
-  1% with mix). Measured on the H200, it does not pay (bench/NOTES.md).
+  1% with mix). On the H200 it does not pay: +16% on skewed routing, +3% on balanced (bench/grouped_gemm.md).
 The index arithmetic that reads the schedule is written twice, in grouped_gemm_kernels._rowgroup_kernel (Triton) and
 wgrad_pingpong._tile (Gluon): the two cannot share a jit function.
 

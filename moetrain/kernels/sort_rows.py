@@ -20,9 +20,11 @@ Launch 2 (``_place_rows_kernel``): each program sums the counts of all chunks (t
 chunks before its own, then places its chunk SUB assignments at a time: an assignment's row is its group's start,
 plus its key's assignments in earlier chunks, in earlier sub-blocks, and earlier in its own sub-block.
 Why a kernel: torch's stable sort and the searchsorted and index ops around it were ~20 GPU operations, each a
-host launch, between the routing and FC1 of every eager layer call, where the GPU waits on the host (bench/NOTES.md).
+host launch, between the routing and FC1 of every eager layer call, where the GPU waits on the host
+(bench/host_overhead.md).
 The weights ride along for the same reason: zeroing the dropped ones and gathering them in row order
-were three more PyTorch ops there, each ~50-130 us of host time on the H200's host (scripts/host_breakdown.py).
+were three more PyTorch ops there, each ~50-130 us of host time on the H200's host (`moetrain bench host`,
+bench/archive/2026-11-30_0217-0349.md).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from moetrain.kernels.launch import launch
 
 # The placing programs: chunks of at least MIN_CHUNK assignments, at most MAX_CHUNKS of them (each program reads every
 # chunk's counts once), placed SUB at a time (a [SUB, SUB] comparison ranks a sub-block's keys) by PLACE_WARPS warps.
-# scripts/row_kernel_sweep.py on the H200 (bench/NOTES.md): 512 / 32 / 2 warps placed Qwen3's 131072 rows
+# `moetrain bench rows` on the H200 (bench/row_kernels.md): 512 / 32 / 2 warps placed Qwen3's 131072 rows
 # in 27.9 us and DeepSeek-V3's 65536 in 21.3, against 58.0 and 45.1 for the earlier 1024 / 128 / 8 (torch's
 # argsort-based sort: 52.0 and 44.8).
 MIN_CHUNK = 512

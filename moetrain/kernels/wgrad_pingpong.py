@@ -6,7 +6,7 @@ Legend as in grouped_gemm.py: M grouped rows, G groups, dy [M, N], x [M, K], off
 
 Why: under Nsight Compute our Triton weight gradient keeps the tensor pipe ~52% busy at DeepSeek-V3 (4 reduction
 steps per 128x256 tile): the same warps issue the TMA loads, the MMAs and the epilogue, so the epilogue (26% of the
-warp samples) and the TMA issue (17%) stall the MMAs (bench/NOTES.md). Here:
+warp samples) and the TMA issue (17%) stall the MMAs (bench/archive/2026-11-29_1835-2000.md). Here:
 - a producer warp issues every TMA load into a ring of STAGES stages (ready / empty mbarriers);
 - two consumer warpgroups each own whole 128x128 dw tiles, alternately (tile j of this program goes to warpgroup
   j % 2), and take turns at the tensor cores (turn mbarriers): while one runs its epilogue (convert, shared store, TMA
@@ -16,19 +16,20 @@ warpgroup. The price: 128x128 tiles read a third more operand bytes per FLOP tha
 Row ranges use the "ragged" 4-D TMA descriptors of grouped_gemm_kernels.py (loads past a group's end read zeros).
 With gather_rows (FC1's weight gradient, x read from the token rows without the permuted copy) a fourth warpgroup
 copies each step's x rows with cp.async, since Hopper's TMA cannot gather rows; its address arithmetic, which made
-our Triton kernel's pointer-gathered operand ~0.7x as fast as TMA, runs beside the MMAs. On trial: it
-is 1.3-1.8x slower than the permuted copy + this kernel: one warpgroup of copies cannot feed two of
-MMAs.
+our Triton kernel's pointer-gathered operand ~0.7x as fast as TMA, runs beside the MMAs. A trial config (bench gemm,
+not the autotuner): it is 1.3-1.8x slower than the permuted copy + this kernel (bench/grouped_gemm.md): one
+warpgroup of copies cannot feed two of MMAs.
 Tile order: group-major, every program on the same group at once. Schedules for skewed routing, where small groups'
-one-step tiles are bound by their dw stores (_tile): COHORTS and MIX on trial (bench/NOTES.md), SORTED
-(groups heaviest first, the light ones' tiles last, under the heavy ones' tail) an autotuner candidate
-(DeepSeek-V3's FC1 on skewed routing 9.78 -> 8.84 ms).
+one-step tiles are bound by their dw stores (_tile): COHORTS and MIX, trial configs only (bench gemm, not the
+autotuner: slower than the plain order on balanced routing, bench/grouped_gemm.md), SORTED (groups heaviest first,
+the light ones' tiles last, under the heavy ones' tail) an autotuner candidate (DeepSeek-V3's FC1 on skewed routing
+9.78 -> 8.84 ms).
 
-Measured on the H200 (bench/NOTES.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
+Measured on the H200 (bench/grouped_gemm.md): 1.1-1.2x our Triton weight gradient at DeepSeek-V3 and Qwen3
 with bands (GROUP_N 8), about level at EP8's long reductions. grouped_gemm_wgrad offers it to the autotuner
 (grouped_gemm_configs.PINGPONG_WGRAD_CONFIGS) where it applies: Hopper, bf16, TMA-aligned, rows not gathered.
 Its speed depends on what the process ran before: after one launch of any two-programs-per-SM grouped GEMM config
-it ran ~27% slower for a while (not explained), so those configs left the autotuner's candidates.
+it runs ~27% slower for a while (not explained), so those configs are not among the autotuner's candidates.
 """
 
 from __future__ import annotations

@@ -25,12 +25,12 @@ measured once per shape as "separate" (the FC1 above, then the SwiGLU kernel, wh
 (x_perm written transiently and one ping-pong kernel writing h and a: kernels/rowgroup_pingpong.py); the backward
 is the same either way (SwiGLU's backward kernel, then FC1's as above), and so are the saved tensors. Memory: the
 fused forward holds x_perm, h and a at once, a [M, I] more than the separate path's "copy" forward, which stays
-under the backward's peak: the layer peaks as the separate path does (GPT-OSS 1.15 GiB, Mixtral 2.63;
-with a's gradient zero-filled it was +0.35 GiB, bench/NOTES.md).
+under the backward's peak: the layer peaks as the separate path does (GPT-OSS 1.15 GiB, Mixtral 2.63:
+bench/moe_layer.md; a zero-filled gradient for a would add +0.35 GiB at GPT-OSS: bench/archive/2026-11-30_0001-0108.md).
 
 ``fc2_combine``: FC2 and the top-k sum as one autograd node (y = FC2's rows lives only inside the forward; the
 backward gathers dout to rows, then FC2's data and weight gradients). One node instead of two: each autograd node
-costs the H200's host ~25 us in the forward and ~50 in the backward (host_breakdown.py), and an eager
+costs the H200's host ~25 us in the forward and ~50 in the backward (`moetrain bench host`), and an eager
 layer at a small micro-batch is host-bound. The node boundaries that stay (the sort, FC1, SwiGLU, this) are where
 the backward frees memory: a node's saved tensors live until its backward returns (h after SwiGLU's, not FC1's).
 
@@ -195,7 +195,8 @@ def _fc1_backward(ctx, dh) -> tuple:
     dx = dw1 = None
     if ctx.needs_input_grad[0]:
         # dx_perm [M, H] is freed before the weight gradient runs (its "copy" variant gathers another
-        # [M, H]): held, the two were the layer's peak (DeepSeek-V3: +0.9 GiB, bench/NOTES.md)
+        # [M, H]): held together, the two would be the layer's peak (DeepSeek-V3: +0.9 GiB,
+        # bench/archive/2026-11-29_1835-2000.md)
         dx = combine_kernel(gemm_dgrad(dh, w1, offs, gemm), inverse, None, topk)
     if ctx.needs_input_grad[1]:
         dw1 = weight_grad(ctx, 1, lambda: fc1_wgrad(dh, x, offs, token_of_row, inverse, topk, gemm))

@@ -93,7 +93,7 @@ def relabeled_tokens(token_of_row: torch.Tensor, inverse: torch.Tensor, topk: in
     reads token s[token_of_row[r]], and token s[t] owns the rows token t owned. The groups and their sizes stay; what
     changes is the order in which the rows visit the tokens. The benchmarks' balanced routing sends token t to experts
     t*K .. t*K+K-1 (mod E), so a token's K rows are read close together in time and hit L2; a trained router's
-    routing does not (bench/NOTES.md). token_of_row [M] int32, inverse [M] int64, M = T*K -> the same
+    routing does not (bench/method.md). token_of_row [M] int32, inverse [M] int64, M = T*K -> the same
     shapes and dtypes, on their device."""
     tokens = inverse.shape[0] // topk
     gen = torch.Generator().manual_seed(seed)

@@ -1,8 +1,8 @@
 """How many host operations one routed layer call issues: route + moe_experts (backend triton), forward and backward,
 counted in Triton's CPU interpreter (the PyTorch ops outside our kernels, and our kernels' launches).
 
-Why a test: on the H200's host every PyTorch op costs ~50-80 us to issue and a Triton launch 40-120 us
-(scripts/host_breakdown.py, bench/NOTES.md session 15), and an eager layer at a few thousand tokens per GPU is
+Why a test: on the H200's host every PyTorch op costs ~65 us to issue and a Triton launch 35-110 us
+(`moetrain bench host`; bench/host_overhead.md), and an eager layer at a few thousand tokens per GPU is
 host-bound. An op added to this path, or a zero-filled gradient autograd materializes for an index output of one of
 our autograd Functions, shows here first."""
 
@@ -94,6 +94,6 @@ def test_a_routed_layer_call_issues_few_host_operations():
                               "_weight_grad_kernel": 1, "_route_bwd_kernel": 1}
     # the routing's counts are the only zero fill: none for the index outputs of route or the sort
     assert torch_ops["aten.zeros"] == 1, torch_ops
-    # session 15: 33 (the test's own sum and its backward included); 55 before the routing backward kernel and the
-    # weights carried by the sort
+    # 33 (the test's own sum and its backward included); 55 without the routing backward kernel and the weights
+    # carried by the sort (bench/archive/2026-11-30_0217-0349.md)
     assert sum(torch_ops.values()) <= 33, sorted(torch_ops.items(), key=lambda kv: -kv[1])

@@ -70,8 +70,8 @@ def test_a_launch_hook_is_seen_only_when_one_is_set():
 
 
 def test_every_kernel_launch_of_the_package_goes_through_launch():
-    # a `kernel[grid](...)` left in the package would take Triton's slower path on every call (session 23: ~25% of
-    # the launches' host time); aot_compile's and the references' code launch nothing
+    # a `kernel[grid](...)` left in the package would take Triton's slower path on every call (~25% of the launches'
+    # host time: bench/host_overhead.md); aot_compile's and the references' code launch nothing
     import ast
     from pathlib import Path
 

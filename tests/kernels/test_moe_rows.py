@@ -170,7 +170,7 @@ def test_combine_programs_cover_a_token_up_to_4096_columns():
 
 @pytest.mark.parametrize("tile", [(1, 16, 1, 1), (1, 64, 2, 1), (1, 256, 8, 1)])
 def test_combines_give_the_same_bits_on_every_program_shape(tile):
-    # the row-kernel sweep's candidates (scripts/row_kernel_sweep.py) must change the speed only
+    # the row-kernel sweep's candidates (`moetrain bench rows`) must change the speed only
     T, K, H = 11, 3, 100
     row_map, inverse, y, weight, dout = routed(T, K, H, seed=4, dtype=torch.float32)
     y, inverse, weight, dout = y.to(DEVICE), inverse.to(DEVICE), weight.to(DEVICE), dout.to(DEVICE)

@@ -30,7 +30,7 @@ CASES = {
     "single_expert": (5, 1, 1, {}),
     # several programs of several tokens each, the last one partial (tokens per program: kernels.route._program)
     "blocks_qwen3_like": (77, 128, 8, {}),
-    "blocks_mixtral_like": (37, 8, 2, {}),  # session 28's measured programs at 8 and 32 experts: 16 tokens each
+    "blocks_mixtral_like": (37, 8, 2, {}),  # the measured programs at 8 and 32 experts: 16 tokens each
     "blocks_gpt_oss_like": (37, 32, 4, {}),
     # (T kept small: the measured programs at 256 experts take 1 token each, and the interpreter's time goes by programs)
     "blocks_dsv3_like": (20, 256, 8, dict(score="sigmoid", num_groups=8, topk_groups=4, group_score="top2_sum",
@@ -84,7 +84,7 @@ BWD_CASES = {
     "softmax_k1_normalized": (7, 12, 1, "softmax", True, 1.0),  # w = c: a gradient of ~0
     "sigmoid_unnormalized_k8": (30, 257, 8, "sigmoid", False, 1.0),
     "one_token_per_program": (3, 4100, 2, "softmax", True, 1.0),  # BLOCK_E 8192 > the tile
-    "sigmoid_256_experts": (41, 256, 8, "sigmoid", True, 2.5),  # session 26's measured program: 2 tokens, 2 warps
+    "sigmoid_256_experts": (41, 256, 8, "sigmoid", True, 2.5),  # the measured program at 256 experts: 1 token, 1 warp
 }
 
 
@@ -140,10 +140,11 @@ def test_route_backward_of_no_tokens_is_empty():
     check_route_backward(logits, idx, dweight, "softmax", True, 1.0)
 
 
-# (2, 1) and (2, 2): the programs that picked experts past E on the H200 with the tile of session 26
+# (2, 1) and (2, 2): the programs that picked experts past E on the H200 with a [tokens, groups, group size] tile
+# (bench/row_kernels.md)
 @pytest.mark.parametrize("tokens,warps", [(2, 1), (2, 2), (4, 1), (8, 2), (16, 2), (64, 8)])
 def test_every_program_shape_routes_alike(tokens, warps, poisoned_empty):
-    # the row-kernel sweep's candidates (scripts/row_kernel_sweep.py) must change the speed only
+    # the row-kernel sweep's candidates (`moetrain bench rows`) must change the speed only
     T, E, K, kw = CASES["blocks_dsv3_like"]
     kw = dict(kw)
     g = torch.Generator().manual_seed(2)

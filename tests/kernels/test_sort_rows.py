@@ -66,7 +66,7 @@ def test_matches_the_pytorch_sort(name, poisoned_empty):
 @pytest.mark.parametrize("knobs", [dict(chunk=256, sub=32, warps=4), dict(chunk=512, sub=64, warps=2),
                                    dict(chunk=128, sub=128, warps=8)])
 def test_every_program_shape_gives_the_same_sort(knobs, poisoned_empty):
-    # the row-kernel sweep's candidates (scripts/row_kernel_sweep.py) must change the speed only
+    # the row-kernel sweep's candidates (`moetrain bench rows`) must change the speed only
     T, K, E, opts = CASES["dsv3_like_256_experts"]
     idx = routing(T, K, E, seed=3, **opts).to(DEVICE)
     weights = torch.rand(T, K, generator=torch.Generator().manual_seed(4)).to(DEVICE)

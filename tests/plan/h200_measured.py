@@ -1,6 +1,7 @@
 """`moetrain plan validate` on one H200 (torch 2.11, fresh process per config; moetrain/plan/VALIDATION.md),
-session 2: the fused expert path for bf16 (tiny-wide and qwen3-fp32 measured after run-time tuning
-stopped using do_bench's 256 MB L2-flush buffer and fp32 went back to the torch path).
+the run of 2026-11-29 09:01 (bench/archive/planner-2026-11-29.md): the fused expert path for bf16 (tiny-wide and
+qwen3-fp32 measured after run-time tuning stopped using do_bench's 256 MB L2-flush buffer and fp32 went back to the
+torch path).
 
 name -> (peak torch.cuda.max_memory_allocated GiB, median step time s). Step times differ by up to ~12%
 between the machines we were lent (hosts by 1.9x: tiny-wide is host-bound).
@@ -21,8 +22,8 @@ H200 = {
     "gpt-oss-20b-4l": (86.88, 0.1713),
 }
 
-# Session 3, a fresh out-of-sample run on another lent H200 (same code as session 2's;
-# scripts/device_calls/h200_next_a.sh):
+# 2026-11-29 10:43 (bench/archive/planner-2026-11-29.md), a fresh out-of-sample run on another lent H200 (same code
+# as 09:01's):
 # name -> (peak GiB, median step s, {block kind: (forward s, backward s)} from measure_blocks).
 H200_S3 = {
     "tiny-wide": (0.34, 0.0653, {"dense": (0.00257, 0.00369), "moe": (0.00566, 0.00500)}),
@@ -39,9 +40,9 @@ H200_S3 = {
     "gpt-oss-20b-4l": (86.88, 0.1727, {"moe": (0.00847, 0.01083)}),
 }
 
-# Session 4, out of sample after the session-4 refit (ELEMENTWISE, BWD_MEM, CE_FWD/CE_BWD fitted to
-# scripts/plan_calibrate.py's layers and heads timed alone, none of these configs), current code (tensor-core
-# router GEMM): scripts/device_calls/h200_s4_b.sh. Same fields as H200_S3.
+# 2026-11-29 12:05 (bench/archive/planner-2026-11-29.md), out of sample after that run's refit (ELEMENTWISE, BWD_MEM,
+# CE_FWD/CE_BWD fitted to scripts/plan_calibrate.py's layers and heads timed alone, none of these configs), with the
+# tensor-core router GEMM. Same fields as H200_S3.
 H200_S4 = {
     "tiny-wide": (0.32, 0.0539, {"dense": (0.00283, 0.00377), "moe": (0.00535, 0.00654)}),
     "qwen3-4l": (70.47, 0.1640, {"moe": (0.00400, 0.00860)}),
@@ -57,9 +58,9 @@ H200_S4 = {
     "gpt-oss-20b-4l": (86.79, 0.1774, {"moe": (0.00814, 0.01051)}),
 }
 
-# Session 5, call E (scripts/device_calls/h200_s5_e.sh): the trainer reads the next micro-batch while the GPU runs
+# 2026-11-29 13:34, call E (moetrain/plan/VALIDATION.md): the trainer reads the next micro-batch while the GPU runs
 # the backward
-# (its steps lost ~5-13 ms of data work against earlier sessions), measured blocks include the main-grad hooks
+# (its steps lost ~5-13 ms of data work against the earlier runs), measured blocks include the main-grad hooks
 # (measured_hooks). Same fields as H200_S3 plus the head timed alone. STEP_OVERHEAD_S was refitted (5 -> 1.4 ms) on
 # that call's calibration configs before these were compared.
 H200_S5 = {
@@ -79,8 +80,8 @@ H200_S5 = {
     "gpt-oss-20b-4l": (86.79, 0.1686, {"moe": (0.00830, 0.01353), "head": (0.00591, 0.01074)}),
 }
 
-# Session 5, call F (scripts/device_calls/h200_s5_f.sh): a fresh validate of the same code, another lent host (no refit
-# between).
+# 2026-11-29 13:34, call F (moetrain/plan/VALIDATION.md): a fresh validate of the same code, another lent host (no
+# refit between).
 H200_S5_F = {
     "tiny-wide": (0.32, 0.0522, {"dense": (0.00248, 0.00414), "moe": (0.00479, 0.00639), "head": (0.00067, 0.00101)}),
     "qwen3-4l": (70.47, 0.1362, {"moe": (0.00393, 0.01077), "head": (0.01494, 0.02029)}),
@@ -98,9 +99,9 @@ H200_S5_F = {
     "gpt-oss-20b-4l": (86.79, 0.1671, {"moe": (0.00821, 0.01343), "head": (0.00588, 0.01079)}),
 }
 
-# Session 6, call C (scripts/device_calls/h200_s6_c.sh): the full validate after the router fix (its forward no longer
+# 2026-11-29 14:55, call C (moetrain/plan/VALIDATION.md): the full validate after the router fix (its forward no longer
 # scaled into
-# the elementwise backward), same trainer as session 5 for these eager configs; another lent host (a fast one: tiny-wide
+# the elementwise backward), same trainer as 13:34's for these eager configs; another lent host (a fast one: tiny-wide
 # 38.6 ms). H200_S6_GRAPHS: train.cuda_graph with the update captured and one stream (calls D and E, two hosts),
 # after STEP_OVERHEAD_GRAPH_S was fitted on the calibration configs cal-tiny-graph / cal-qwen3-2l-graph (call E).
 # H200_S6_TINY_WIDE_STEPS: the eager tiny-wide on hosts D and E.
@@ -125,10 +126,10 @@ H200_S6_GRAPHS = {
 }
 H200_S6_TINY_WIDE_STEPS = (0.05561, 0.04429)
 
-# Session 11 (scripts/device_calls/h200_clip_fold.sh, `moetrain plan validate --steps 16`): the current trainer, whose
-# eager step
+# 2026-11-29 21:14, call D (`moetrain plan validate --steps 16`; moetrain/plan/VALIDATION.md): the current trainer,
+# whose eager step
 # clips inside the fused AdamW (grad_scale) instead of a separate scaling pass over the gradients; the earlier runs
-# above had that pass. Same code for the graphed configs as session 6's. Another lent host (tiny-wide 45.2 ms).
+# above had that pass. Same code for the graphed configs as 14:55's. Another lent host (tiny-wide 45.2 ms).
 H200_S11 = {
     "tiny-wide": (0.32, 0.04523, {"dense": (0.001794, 0.003356), "moe": (0.003925, 0.00624), "head": (0.0004531, 0.0009312)}),
     "qwen3-4l": (70.47, 0.1409, {"moe": (0.003851, 0.01069), "head": (0.01501, 0.02055)}),
@@ -149,6 +150,6 @@ H200_S11_GRAPHS = {
 }
 
 # host-bound: its step time is the host's eager launch speed, which differed 1.4x between the lent machines
-# (0.054 / 0.065 / 0.076 s for the same code; 0.059-0.072 s on three hosts in session 5; 0.039 / 0.056 / 0.044 s in
-# session 6; 0.045 s in session 11); a projection cannot be within 10% of all of them
+# (0.054 / 0.065 / 0.076 s for the same code; 0.059-0.072 s on three hosts at 2026-11-29 13:34; 0.039 / 0.056 /
+# 0.044 s at 14:55; 0.045 s at 21:14); a projection cannot be within 10% of all of them
 HOST_BOUND = ("tiny-wide",)

@@ -125,7 +125,8 @@ def test_json_keys():
 
 @pytest.mark.parametrize("name", list(MEASURED_S4))
 def test_matches_h200_measurements(name):
-    """Peak memory of the session-4 validation run (current code): within 2.1% there, 5% asked."""
+    """Peak memory of the 2026-11-29 12:05 validation run (bench/archive/planner-2026-11-29.md): within 2.1% there,
+    5% asked."""
     from moetrain.plan.validate import validation_config
 
     proj = project_memory(validation_config(name, 6, "unused"), H200).peak_gib

@@ -115,7 +115,7 @@ def test_measure_blocks_on_cpu_times_each_kind():
 
 def test_measured_hooks_are_not_charged_twice():
     # bf16 parameters with fp32 main grads: the model adds the hooks' traffic and launches to measured blocks
-    # unless the measurement ran them (measure_blocks does since session 5)
+    # unless the measurement ran them (measure_blocks does)
     c = cfg("llama3-8b", "model.num_layers=2", "train.global_batch_size=1", "train.micro_batch_size=1")
     blocks = {"dense": (0.010, 0.020), "head": (0.001, 0.002)}
     without = project_perf(c, H200, measured=blocks)
@@ -161,7 +161,8 @@ S11_GPU_BOUND = [n for n in MEASURED_S11 if n not in HOST_BOUND] + list(MEASURED
 
 @pytest.mark.parametrize("name", S11_GPU_BOUND)
 def test_current_trainer_within_ten_percent_in_both_modes(name):
-    """The latest validation run (session 11), of the trainer as it is: the eager step clips inside the fused AdamW.
+    """The latest validation run (2026-11-29 21:14, moetrain/plan/VALIDATION.md), of the trainer as it is: the eager
+    step clips inside the fused AdamW.
     Roofline and measured mode (the blocks timed in that run); the constants were fitted on calibration configs only."""
     from moetrain.plan.validate import validation_config
 
@@ -193,10 +194,11 @@ def _s6(key):
 
 @pytest.mark.parametrize("key", S6_GPU_BOUND, ids=lambda k: f"{k[0] or 'C'}-{k[1]}")
 def test_session6_within_ten_percent_in_both_modes(key):
-    """Session 6: the eager configs of the full run (call C) and train.cuda_graph's configs on two hosts (D, E; the
-    graphed step's host constant fitted on calibration configs only). Measured mode for all; roofline for the graphed
-    configs only: session 6's eager step still ran a separate clip-scaling pass over the gradients, which the
-    projection no longer counts (session 11's run pins the eager roofline)."""
+    """The 2026-11-29 14:55 runs (moetrain/plan/VALIDATION.md): the eager configs of the full run (call C) and
+    train.cuda_graph's configs on two hosts (D, E; the graphed step's host constant fitted on calibration configs
+    only). Measured mode for all; roofline for the graphed configs only: that eager step still ran a separate
+    clip-scaling pass over the gradients, which the projection no longer counts (the 2026-11-29 21:14 run pins the
+    eager roofline)."""
     from moetrain.plan.validate import validation_config
 
     _, step, blocks = _s6(key)
