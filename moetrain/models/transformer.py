@@ -29,8 +29,9 @@ Recompute (``set_recompute``; the constructor applies train.recompute / recomput
   get full recompute; the other blocks use ``mode``.
 
 Weights: ``init_weights`` sets every Linear/Embedding/expert/router weight and the sinks to
-normal(0, init_std), norms to 1, biases to 0, expert_bias and the load counters to 0, in module
-order, from torch's global RNG. Construction allocates with torch.empty and then calls it, so a
+normal(0, init_std) (``models.init``: values a function of a base seed drawn once from torch's global RNG, the
+parameter's name and its global shape, so sharded and pipeline-split models get the same ones), norms to 1,
+biases to 0, expert_bias and the load counters to 0. Construction allocates with torch.empty and then calls it, so a
 model built under ``torch.device("meta")`` can be materialised with ``to_empty`` followed by
 ``init_weights`` and gets the same values for the same seed.
 """
@@ -180,16 +181,22 @@ class MoETransformer(nn.Module):
     # ---- weights ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def init_weights(self) -> None:
+    def init_weights(self, seed: int | None = None) -> None:
+        """Weights from ``seed`` (default: one draw from torch's global RNG) by ``models.init``: the same values
+        for a parameter of the same name and global shape whether this module is whole, a pipeline stage, or
+        sharded (FSDP2, expert parallelism)."""
+        from moetrain.models import init
+
+        seed = init.base_seed() if seed is None else seed
         std = self.cfg.model.init_std
-        for module in self.modules():
+        for prefix, module in self.named_modules():
             for name, p in module.named_parameters(recurse=False):
                 if isinstance(module, RMSNorm):
                     p.fill_(1.0)
                 elif name in ("bias", "b1", "b2"):
                     p.zero_()
                 else:
-                    p.normal_(0.0, std)
+                    init.normal_(p, std, seed, f"{prefix}.{name}" if prefix else name)
             if isinstance(module, Router) and module.expert_bias is not None:
                 module.expert_bias.zero_()
             if isinstance(module, MoELayer):
