@@ -118,11 +118,21 @@ class MoEConfig:
     backend: Literal["auto", "triton", "torch", "reference"] = doc(
         "auto", "Backend of the expert ops (moetrain.ops): auto = fused Triton path with each GEMM measured "
         "against torch._grouped_mm (CUDA, 16-bit), PyTorch elsewhere; triton, torch, reference force one.")
+    dispatcher: Literal["alltoall", "sync_free"] = doc(
+        "alltoall", "How routed rows reach other expert-parallel ranks (parallel.ep > 1): alltoall exchanges the "
+        "counts first and sends exactly the rows (one host read per layer); sync_free sends fixed-size worst-case "
+        "buffers and reads nothing routing-dependent on the host (CUDA-graph capturable).")
+    dispatcher_capacity: Optional[float] = doc(
+        None, "sync_free: rows each rank may send to one peer, as a factor of its even share (tokens * topk / ep); "
+        "rows past it are dropped and counted. null = the worst case (tokens * min(topk, local experts)), "
+        "dropping nothing.")
 
 
 @dataclass
 class ParallelConfig:
-    dp: int = doc(1, "Data-parallel size.")
+    dp: int = doc(1, "Data-parallel size (dp_replicate x the FSDP shard degree dp / dp_replicate).")
+    dp_replicate: int = doc(1, "Data-parallel replicas (HSDP): parameters are sharded over dp / dp_replicate "
+                               "ranks and replicated over dp_replicate groups of them.")
     tp: int = doc(1, "Tensor-parallel size.")
     pp: int = doc(1, "Pipeline-parallel size.")
     vpp: int = doc(1, "Virtual pipeline stages per pipeline rank (interleaved 1F1B).")
@@ -139,6 +149,11 @@ class ParallelConfig:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def dp_shard(self) -> int:
+        """Ranks FSDP shards the parameters over (per replica)."""
+        return self.dp // self.dp_replicate
 
 
 @dataclass
@@ -169,6 +184,9 @@ class TrainConfig:
     overwrite: bool = doc(
         False, "Start a fresh run in an out_dir that holds another run: its files move to out_dir/replaced/ "
         "(never deleted). Without it such an out_dir is refused.")
+    dist_timeout_s: float = doc(
+        600.0, "Distributed runs: seconds a collective may wait for the other ranks (NCCL/gloo timeout) before the "
+        "job stops with the stalled operation named.")
     skip_memory_check: bool = doc(
         False, "Train even when the planner projects that the run will not fit the device's memory.")
 
@@ -318,7 +336,9 @@ VALUE_RANGES: dict[str, Range] = {
     "moe.aux_loss_coeff": AT_LEAST_0,
     "moe.z_loss_coeff": AT_LEAST_0,
     "moe.capacity_factor": ABOVE_0,
+    "moe.dispatcher_capacity": ABOVE_0,
     "parallel.dp": AT_LEAST_1,
+    "parallel.dp_replicate": AT_LEAST_1,
     "parallel.tp": AT_LEAST_1,
     "parallel.pp": AT_LEAST_1,
     "parallel.vpp": AT_LEAST_1,
@@ -336,6 +356,7 @@ VALUE_RANGES: dict[str, Range] = {
     "train.eval_steps": AT_LEAST_1,  # the eval loss is a mean over these micro-batches
     "train.manual_gc_interval": AT_LEAST_1,
     "train.max_skipped_steps": AT_LEAST_0,
+    "train.dist_timeout_s": ABOVE_0,
     "optim.lr": ABOVE_0,
     "optim.min_lr": AT_LEAST_0,
     "optim.warmup_steps": AT_LEAST_0,
@@ -508,6 +529,14 @@ def _check_expert_groups(e: MoEConfig) -> None:
 def check_parallel(cfg: Config) -> None:
     """Degrees that must divide one another, the heads (tp), the layers (pp x vpp) and the sequence (cp)."""
     m, p, t = cfg.model, cfg.parallel, cfg.train
+    if p.dp % p.dp_replicate:
+        raise ConfigError(f"parallel.dp_replicate = {p.dp_replicate} does not divide parallel.dp = {p.dp} "
+                          "(FSDP shards over dp / dp_replicate ranks)")
+    if (p.dp_shard * p.cp * p.tp) % (p.ep * p.etp):
+        raise ConfigError(
+            f"parallel.ep ({p.ep}) x parallel.etp ({p.etp}) must divide the sharded data-parallel ranks "
+            f"parallel.dp / parallel.dp_replicate ({p.dp_shard}) x parallel.cp ({p.cp}) x parallel.tp ({p.tp}): "
+            "expert parallelism folds over them")
     if (p.dp * p.cp * p.tp) % (p.ep * p.etp):
         raise ConfigError(
             f"parallel.ep ({p.ep}) x parallel.etp ({p.etp}) must divide parallel.dp ({p.dp}) x "

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from moetrain.config.schema import Config
+from moetrain.distributed.layout import RankLayout
 from moetrain.models import accounting as acc
 from moetrain.plan import comm
 from moetrain.plan.activations import resolve_dims
@@ -90,6 +91,7 @@ def captured_launch_s(cfg: Config, hw) -> float:
 def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None, dp_extra: dict,
                 measured_hooks: bool = False) -> list[StageTime]:
     p, m = cfg.parallel, cfg.model
+    ranks = RankLayout.from_config(p)  # the trainer's rank order: group strides
     launch = captured_launch_s(cfg, hw)  # forward + backward, hooks included, are one graph when graphed
     b_p, b_g = DTYPE_BYTES[cfg.precision.dtype], DTYPE_BYTES[cfg.optim.main_grads_dtype]
     hook = cfg.optim.main_grads_dtype != cfg.precision.dtype
@@ -102,7 +104,7 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
         return (b_p + 2 * b_g) * n_params / hw.mem_bw, 3 * n_tensors
 
     H = m.hidden_size
-    tp_link = comm.group_link(hw, p.tp, 1)
+    tp_link = comm.group_link(hw, p.tp, ranks.stride("tp"))
     tp_bytes = d.b * d.T * H  # one [T, H] activation
     out = []
     for st in layout.stages:
@@ -160,14 +162,13 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
                 b += 2 * one
                 cm += 4 * one
             if moe and p.ep > 1:
-                a2a = comm.all_to_all(d.b * d.Th * cfg.moe.topk * H, p.ep, p.etp * (p.tp if not p.sequence_parallel else 1),
-                                      hw, d.moe_imbalance)
+                a2a = comm.all_to_all(d.b * d.Th * cfg.moe.topk * H, p.ep, ranks.stride("ep"), hw, d.moe_imbalance)
                 f += 2 * a2a
                 b += 2 * a2a
                 cm += 4 * a2a
             if p.cp > 1:
                 kv_bytes = 2 * d.b * d.T * max(cfg.kv_heads / p.tp, 1) * cfg.attn_head_dim
-                ring = (p.cp - 1) * comm.p2p(kv_bytes, comm.group_link(hw, p.cp, p.tp))
+                ring = (p.cp - 1) * comm.p2p(kv_bytes, comm.group_link(hw, p.cp, ranks.stride("cp")))
                 attn = bc.fwd.parts.get("attention", 0.0)
                 f += max(ring - attn, 0.0)
                 b += 2 * max(ring - attn, 0.0)
@@ -221,6 +222,7 @@ def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str,
 def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: float = 1.0, dp_overlap: float = 0.5,
                  measured: dict | None = None, measured_hooks: bool = False) -> PerfReport:
     p, t = cfg.parallel, cfg.train
+    ranks = RankLayout.from_config(p)
     layout = parse_layout(cfg)
     d = resolve_dims(cfg, attention, moe_imbalance, "cuda")
     rf = Roofline(hw, cfg.precision.dtype)
@@ -236,7 +238,7 @@ def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: flo
     stimes = stage_times(cfg, hw, d, rf, layout, measured, {"block_params": block_params}, measured_hooks)
 
     # pipeline
-    p2p_s = comm.p2p(d.b * d.Th * cfg.model.hidden_size, comm.group_link(hw, 2, p.tp * p.cp * p.dp)) \
+    p2p_s = comm.p2p(d.b * d.Th * cfg.model.hidden_size, comm.group_link(hw, 2, ranks.stride("pp"))) \
         if layout.pp > 1 else 0.0
     schedule = p.pp_schedule if layout.pp > 1 else "1f1b"
     tl = simulate(schedule, layout.pp, layout.vpp, m_mb, [s.f for s in stimes], [s.b for s in stimes],
@@ -249,8 +251,8 @@ def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: flo
     b_g, b_p = DTYPE_BYTES[cfg.optim.main_grads_dtype], DTYPE_BYTES[cfg.precision.dtype]
     dp_dense = p.dp * p.cp
     dp_expert = max(p.dp * p.cp * p.tp // (p.ep * p.etp), 1)
-    dense_link = comm.group_link(hw, dp_dense, p.tp)
-    expert_link = comm.group_link(hw, dp_expert, p.ep * p.etp)
+    dense_link = comm.group_link(hw, dp_dense, ranks.stride("cp"))  # dp x cp ranks, spaced as cp's
+    expert_link = comm.group_link(hw, dp_expert, ranks.stride("efsdp"))
     per_rank, tails = [], []
     for r, sp in enumerate(ranks_params):
         if cfg.optim.distributed:
