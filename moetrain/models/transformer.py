@@ -187,6 +187,8 @@ class MoETransformer(nn.Module):
         sharded (FSDP2, expert parallelism)."""
         from moetrain.models import init
 
+        if any(p.is_meta for p in self.parameters()):
+            return  # a meta build: nothing to fill, and no draw (to_empty + init_weights draws the same as a build)
         seed = init.base_seed() if seed is None else seed
         std = self.cfg.model.init_std
         for prefix, module in self.named_modules():

@@ -82,10 +82,12 @@ class ProgressDisplay:
     per logged step instead of a bar.
     """
 
-    def __init__(self, total_steps: int, start_step: int, enabled: bool = True):
+    def __init__(self, total_steps: int, start_step: int, enabled: bool = True, quiet: bool = False):
+        """``quiet``: print nothing at all (the ranks of a distributed run but rank 0)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.enabled = enabled
+        self.enabled, self.quiet = enabled and not quiet, quiet
+        enabled = self.enabled
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(bar_width=20), MofNCompleteColumn(),
             TimeRemainingColumn(), TextColumn("{task.description}"), disable=not enabled,
@@ -103,6 +105,8 @@ class ProgressDisplay:
         text = (f"loss {fmt(record['loss'], '.4f')}  lr {fmt(record['lr'], '.2e')}  "
                 f"tok/s {fmt(record['tokens_per_s'], ',.0f')}  TFLOP/s {fmt_tflops(record['tflops_per_gpu'])}  "
                 f"MFU {fmt(record['mfu'], '.1%')}  mem {fmt(record['peak_mem_gib'], '.2f')} GiB")
+        if self.quiet:
+            return
         if self.enabled:
             self.progress.update(self.task, completed=record["step"], description=text)
         else:
@@ -110,6 +114,8 @@ class ProgressDisplay:
 
     def log(self, message: str, style: str | None = None) -> None:
         """One line above the bar."""
+        if self.quiet:
+            return
         log_line(message, style, self.progress.console if self.enabled else None)
 
 

@@ -47,8 +47,14 @@ class PrecisionAwareAdamW:
     step(lr). Gradients are read from ``main_grad`` buffers or ``param.grad``.
     """
 
-    def __init__(self, named_params, optim: OptimConfig, master_weights: bool, fused: bool = True):
+    def __init__(self, named_params, optim: OptimConfig, master_weights: bool, fused: bool = True,
+                 main_grad_hooks: bool = True):
+        """``main_grad_hooks=False``: gradients stay where the backward puts them (FSDP2 reduces them in the main
+        gradient dtype itself). DTensor parameters (sharded) are updated through their local shards, and the
+        moments and masters are local; ``norm_groups`` (set by the distributed trainer: one ``shard_groups`` tuple
+        per slot) makes ``grad_norm`` global over ranks."""
         self.cfg = optim
+        self.norm_groups: list[tuple] | None = None
         # torch's fused AdamW kernel (CPU and CUDA); fused=False forces the explicit path.
         self.fused = fused and hasattr(torch, "_fused_adamw_")
         self.step_count = 0
@@ -60,15 +66,16 @@ class PrecisionAwareAdamW:
             if not p.requires_grad:
                 continue
             low_precision = p.dtype != torch.float32
-            master = p.detach().float().clone() if (master_weights and low_precision) else None
+            local = _data(p)
+            master = local.detach().float().clone() if (master_weights and low_precision) else None
             slot = _Slot(
                 name=name, param=p, master=master,
-                exp_avg=torch.zeros_like(p, dtype=DTYPES[optim.exp_avg_dtype]),
-                exp_avg_sq=torch.zeros_like(p, dtype=DTYPES[optim.exp_avg_sq_dtype]),
+                exp_avg=torch.zeros_like(local, dtype=DTYPES[optim.exp_avg_dtype]),
+                exp_avg_sq=torch.zeros_like(local, dtype=DTYPES[optim.exp_avg_sq_dtype]),
                 decay=(optim.weight_decay > 0
                        and (optim.decay_norms_biases_embeddings or wants_weight_decay(name, p))),
             )
-            if grad_dtype != p.dtype:
+            if main_grad_hooks and grad_dtype != p.dtype:
                 slot.main_grad, handle = attach_main_grad(p, grad_dtype)
                 self._hooks.append(handle)
             self.slots.append(slot)
@@ -89,15 +96,21 @@ class PrecisionAwareAdamW:
             torch._foreach_zero_(main)
 
     def grads(self) -> list[torch.Tensor | None]:
-        return [s.main_grad if s.main_grad is not None else s.param.grad for s in self.slots]
+        """Each slot's gradient (its local shard for a DTensor parameter), or None."""
+        return [s.main_grad if s.main_grad is not None else _data(s.param.grad) for s in self.slots]
 
     def grad_norm(self) -> torch.Tensor:
-        """Global L2 norm of all gradients, in fp32, on the device (no host sync)."""
-        grads = [g for g in self.grads() if g is not None]
-        if not grads:
+        """Global L2 norm of all gradients, in fp32, on the device (no host sync; over every rank's shards where
+        ``norm_groups`` is set: one all-reduce per group of meshes)."""
+        present = [(g, i) for i, g in enumerate(self.grads()) if g is not None]
+        if not present:
             return torch.zeros(())
-        norms = torch._foreach_norm(grads, 2.0)
-        return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
+        norms = [n.float() for n in torch._foreach_norm([g for g, _ in present], 2.0)]
+        if self.norm_groups is None:
+            return torch.linalg.vector_norm(torch.stack(norms), 2.0)
+        from moetrain.distributed.reduce import global_sq_norm
+
+        return global_sq_norm([n * n for n in norms], [self.norm_groups[i] for _, i in present]).sqrt()
 
     def scale_grads(self, factor: torch.Tensor | float) -> None:
         grads = [g for g in self.grads() if g is not None]
@@ -121,7 +134,7 @@ class PrecisionAwareAdamW:
         for s, grad in zip(self.slots, self.grads()):
             if grad is None:
                 continue
-            target = s.master if s.master is not None else s.param.data
+            target = s.master if s.master is not None else _data(s.param)
             if self.fused and target.dtype == grad.dtype == s.exp_avg.dtype == s.exp_avg_sq.dtype:
                 fused.setdefault((target.device, target.dtype, s.decay), []).append((s, target, grad))
             else:
@@ -144,7 +157,7 @@ class PrecisionAwareAdamW:
     def _copy_masters(self) -> None:
         with_master = [s for s in self.slots if s.master is not None]
         if with_master:  # multi-tensor copy (and cast) of the updated master weights into the parameters
-            torch._foreach_copy_([s.param.data for s in with_master], [s.master for s in with_master])
+            torch._foreach_copy_([_data(s.param) for s in with_master], [s.master for s in with_master])
 
     # ---- the whole update on the device (train.cuda_graph captures it) ---------------
 
@@ -185,7 +198,7 @@ class PrecisionAwareAdamW:
         for s, grad in zip(self.slots, self.grads()):
             if grad is None:
                 continue
-            target = s.master if s.master is not None else s.param.data
+            target = s.master if s.master is not None else _data(s.param)
             fused.setdefault((target.device, target.dtype, s.decay), []).append((s, target, grad))
         for (_, _, decay), items in fused.items():
             self._fused_adamw(items, step_t, lr, decay, grad_scale=grad_scale, found_inf=found_inf)
@@ -242,10 +255,18 @@ class PrecisionAwareAdamW:
             s.exp_avg_sq.copy_(entry["exp_avg_sq"])
             if s.master is not None and "master" in entry:
                 s.master.copy_(entry["master"])
-                s.param.data.copy_(s.master)
+                _data(s.param).copy_(s.master)
             elif "master" in entry:  # saved with master weights, resumed without: keep their precision
-                s.param.data.copy_(entry["master"])
+                _data(s.param).copy_(entry["master"])
 
+
+
+def _data(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The tensor an update writes: a parameter's data, or a DTensor's local shard (a view of its storage)."""
+    if t is None:
+        return None
+    to_local = getattr(t, "to_local", None)
+    return to_local().detach() if to_local is not None else t.data
 
 
 def attach_main_grad(param: torch.Tensor, grad_dtype: torch.dtype):

@@ -7,8 +7,7 @@ check, the AdamW update and the expert-bias update, run by one of the step strat
 checkpoint.interval steps) an atomic checkpoint. Distributed and pipeline trainers subclass ``Trainer`` and
 override its parts: ``check_layout``, ``build_model``, ``forward_backward`` (a pipeline schedule runs all of a
 step's micro-batches), ``forward_backward_step``, ``evaluate``.
-Runs on one device; parallel degrees > 1 belong to the distributed trainer (not built yet) and are refused
-with a clear message rather than ignored.
+Runs on one device; ``DistributedTrainer`` (distributed_trainer.py) runs under torchrun.
 """
 
 from __future__ import annotations
@@ -79,6 +78,8 @@ class Trainer:
         early_console = Console(stderr=True) if self.show_progress else None
         self.say = functools.partial(log_line, console=early_console)
         self.warn = functools.partial(log_line, style="yellow", console=early_console)
+        self.is_main = True  # the process that prints, writes metrics and run files (rank 0 of a distributed run)
+        self.data_rank = (0, 1)  # (this data-parallel rank, data-parallel size): which share of the data it reads
 
     # ---- parts a subclass may override ---------------------------------------------------------------------
 
@@ -192,9 +193,7 @@ class Trainer:
 
     def run(self) -> TrainResult:
         """Train as configured; returns the per-step records. Raises UserError on user mistakes."""
-        run_dir.prepare_out_dir(self.out_dir)
-        self.projection = memory_check.check(self.cfg, self.device, self.warn)
-        self.start = resume.open_run(self.cfg, self.out_dir, self.warn)
+        self.open_run()
         if self.start.finished_at is not None:
             self.say(f"nothing to train: checkpoint {self.start.candidates[0]} is at step {self.start.finished_at} "
                      f"and train.steps = {self.cfg.train.steps}; the run is finished (raise train.steps to train "
@@ -202,6 +201,13 @@ class Trainer:
             return TrainResult(out_dir=self.out_dir, last_step=self.start.finished_at, finished=True)
         self._set_up()
         return self._loop()
+
+    def open_run(self) -> None:
+        """The out_dir made and checked, the memory projection (``self.projection``) and how the run starts there
+        (``self.start``: fresh, resumed, finished)."""
+        run_dir.prepare_out_dir(self.out_dir)
+        self.projection = memory_check.check(self.cfg, self.device, self.warn)
+        self.start = resume.open_run(self.cfg, self.out_dir, self.warn)
 
     def _set_up(self) -> None:
         """Model, optimizer and data (restored from the resumed checkpoint), the step strategies, the metrics log."""
@@ -213,9 +219,10 @@ class Trainer:
         seed_everything(t.seed)
         self.model = self.build_model()
         self.optimizer = self.build_optimizer()
-        train_data = build_data(cfg, cfg.model.vocab_size, "train")
+        train_data = build_data(cfg, cfg.model.vocab_size, "train", *self.data_rank)
         self._restore(train_data)
-        run_dir.claim(self.out_dir, self.start.run_id, self.resume_from)
+        if self.is_main:
+            run_dir.claim(self.out_dir, self.start.run_id, self.resume_from)
         self.accum = cfg.grad_accum_steps
         self.batches = BatchAhead(train_data, t.micro_batch_size)
         self.eager_mode, self.graph_mode = self._step_modes()
@@ -227,7 +234,7 @@ class Trainer:
         self.counts = count_params(cfg)
         self.config_yaml = dump_config(cfg)
         self.metrics = MetricsLog(self.out_dir, self.start_step if self.resume_from is not None else None,
-                                  t.tensorboard)
+                                  t.tensorboard) if self.is_main else _NoMetrics()
         self.profiler = Profiler(cfg, self.out_dir)
         if t.manual_gc:
             gc.disable()
@@ -264,7 +271,8 @@ class Trainer:
         last_saved = self.start_step if self.resume_from is not None else None
         try:
             # train.cuda_graph: eager steps, capture and replays on one stream of their own (graphed_step.loop_stream)
-            with StopFlag() as stop, ProgressDisplay(t.steps, self.start_step, self.show_progress) as self.display, \
+            with StopFlag() as stop, ProgressDisplay(t.steps, self.start_step, self.show_progress,
+                                                                     quiet=not self.is_main) as self.display, \
                     graphed_step.loop_stream(self.device, self.graph_mode is not None):
                 self._log_start()
                 for step in range(self.start_step + 1, t.steps + 1):
@@ -304,7 +312,7 @@ class Trainer:
             self.optimizer.close()
             if t.manual_gc:
                 gc.enable()
-        if self.show_progress or result.records:
+        if self.is_main and (self.show_progress or result.records):
             from rich.console import Console
 
             Console(stderr=True).print(summary_table(result.records, f"{cfg.model.name}: training summary"))
@@ -378,7 +386,23 @@ class Trainer:
         }
 
 
+class _NoMetrics:
+    """The metrics log of a process that does not write them (a distributed run's ranks but 0)."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
-    """Train as configured (``Trainer(cfg).run()``); returns the per-step records. Raises UserError on user
-    mistakes."""
+    """Train as configured: ``Trainer(cfg).run()``, or the distributed trainer's under torchrun or with parallel
+    degrees above 1; returns the per-step records. Raises UserError on user mistakes."""
+    from moetrain.distributed.launch import wants_distributed
+
+    if wants_distributed(cfg):
+        from moetrain.train.distributed_trainer import DistributedTrainer
+
+        return DistributedTrainer(cfg, show_progress=show_progress).run()
     return Trainer(cfg, show_progress=show_progress).run()

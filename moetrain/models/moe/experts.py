@@ -19,6 +19,12 @@ from moetrain.ops.moe import expert_gemm_backend
 from moetrain.runtime.expert_plan import plan_for
 
 
+def _local(p: torch.Tensor | None) -> torch.Tensor | None:
+    """The experts this rank holds: a DTensor's local shard (expert parallelism shards dim 0 from outside), or p."""
+    to_local = getattr(p, "to_local", None)
+    return to_local() if to_local is not None else p
+
+
 class Experts(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -33,7 +39,7 @@ class Experts(nn.Module):
     @property
     def num_experts(self) -> int:
         """Experts held here (all of them, or this rank's share under expert parallelism)."""
-        return self.w1.shape[0]
+        return _local(self.w1).shape[0]
 
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
         """The fused path: x [T, H], topk_idx [T, K] int64, topk_weight [T, K] fp32 -> [T, H] in x.dtype."""
@@ -45,16 +51,17 @@ class Experts(nn.Module):
         weights applied to the activation before FC2) or None -> y [M, H] in rows.dtype."""
         gemm = expert_gemm_backend(self.backend, rows)  # (the plan's GEMM backend, triton checked)
         impl = plan_for(rows, self.backend).rows
-        expert = None if self.b1 is None and self.b2 is None else expert_of_rows(offs, rows.shape[0])
-        h = ops.grouped_gemm(rows, self.w1, offs, gemm)
-        if self.b1 is not None:
-            h = h + self.b1.index_select(0, expert)
+        w1, w2, b1, b2 = (_local(p) for p in (self.w1, self.w2, self.b1, self.b2))
+        expert = None if b1 is None and b2 is None else expert_of_rows(offs, rows.shape[0])
+        h = ops.grouped_gemm(rows, w1, offs, gemm)
+        if b1 is not None:
+            h = h + b1.index_select(0, expert)
         a = ops.swiglu(h, self.activation, probs=probs, impl=impl)
-        y = ops.grouped_gemm(a, self.w2, offs, gemm)
-        if self.b2 is not None:
-            y = y + self.b2.index_select(0, expert)
+        y = ops.grouped_gemm(a, w2, offs, gemm)
+        if b2 is not None:
+            y = y + b2.index_select(0, expert)
         return y
 
     def extra_repr(self) -> str:
-        E, I2, H = self.w1.shape
+        E, I2, H = _local(self.w1).shape
         return f"experts={E}, hidden={H}, intermediate={I2 // 2}, activation={self.activation}"

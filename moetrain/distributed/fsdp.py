@@ -1,0 +1,46 @@
+"""FSDP2 data parallelism: ``fully_shard`` per decoder block, per MTP depth, and the root.
+
+The sharded parameters are the optimizer's: fp32 master weights (precision.master_weights) or the bf16 state;
+forward and backward run in the compute dtype (``MixedPrecisionPolicy.param_dtype``) and gradients are reduced in
+optim.main_grads_dtype (``reduce_dtype``). Under expert parallelism the expert weights (DTensors on the ep mesh)
+form a unit of their own on the expert FSDP mesh. FSDP averages their gradients over that mesh (dp / ep ranks),
+but each owner's gradient already sums the ep group's tokens (the all-to-all's backward brought them): the
+trainer divides them by ep once per step (``expert_grad_scale``; gloo has no pre-multiplied reduce for FSDP's own
+divide factor).
+
+Blocks reshard after forward (all-gathered again for backward), FSDP's own prefetch overlapping the next block's
+all-gather with this one's compute; the root (embedding, final norm, head) stays unsharded between forward and
+backward, being the last to run forward and the first backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def apply_fsdp(model, meshes, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    ep = meshes.ep is not None
+    for _, block in model.blocks():
+        if ep and block.is_moe:
+            fully_shard(block.mlp.experts, mesh=meshes.expert_fsdp, mp_policy=mp)
+            # the dispatcher calls compute_rows, not forward: gather the experts around that call
+            register_fsdp_forward_method(block.mlp.experts, "compute_rows")
+        fully_shard(block, mesh=meshes.dense_fsdp, mp_policy=mp)
+    for depth in model.mtp.values():
+        fully_shard(depth, mesh=meshes.dense_fsdp, mp_policy=mp)
+    fully_shard(model, mesh=meshes.dense_fsdp, mp_policy=mp, reshard_after_forward=False)
+
+
+def expert_params(model) -> list:
+    """The expert weights of every MoE layer held (DTensors under expert parallelism)."""
+    return [p for layer in model.moe_layers() for p in layer.experts.parameters()]
+
+
+def expert_grad_scale(params: list, ep: int) -> None:
+    """Divide the expert weights' reduced gradients by ep (see the module doc)."""
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, 1.0 / ep)

@@ -1,0 +1,155 @@
+"""The distributed trainer: ``Trainer`` under torchrun, with FSDP2 data parallelism and expert parallelism.
+
+Every rank runs the same loop. What differs from one device:
+- set-up: the process group and meshes from the rank order (``distributed.layout``, ``distributed.mesh``); the
+  model built on the meta device, its experts sharded over the ep mesh, FSDP2 applied (``distributed``'s order),
+  then materialised and initialised shard by shard (the single-device weights for the same seed, ``models.init``);
+- data: data-parallel rank r of n reads micro-batch slices r, r + n, ... of the global batch, so a step trains on
+  the same sequences as one device with the same global batch;
+- a step: gradients are reduced once per step (FSDP's reduce-scatter on the last micro-batch only); the loss terms
+  are averaged and the per-expert counts summed over the data-parallel ranks before the update, so every rank
+  takes the same skip decision and moves the same expert bias; the gradient norm is one norm over every mesh;
+- output: rank 0 prints, writes metrics.jsonl and the run files; the others stay silent.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moetrain.errors import UserError
+from moetrain.train.steps import LossTerms
+from moetrain.train.trainer import Trainer
+
+NOT_YET = {"pp": "pipeline", "tp": "tensor", "cp": "context", "etp": "expert tensor"}
+
+
+class DistributedTrainer(Trainer):
+    def __init__(self, cfg, *, show_progress: bool | None = None):
+        from moetrain.distributed.launch import device_for, init_process_group, require_launch
+        from moetrain.distributed.layout import RankLayout, check_world
+        from moetrain.distributed.mesh import build_meshes
+
+        self.launch = launch = require_launch(cfg)
+        self.ranks = RankLayout.from_config(cfg.parallel)
+        try:
+            check_world(self.ranks, launch.world_size)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        self._refuse_unbuilt(cfg)
+        device = device_for(cfg, launch)
+        self.made_group = init_process_group(cfg, device, launch)
+        self.meshes = build_meshes(self.ranks, device.type)
+        self._device = device
+        super().__init__(cfg, show_progress=show_progress if launch.rank == 0 else False)
+        self.is_main = launch.rank == 0
+        dp_mesh = self.meshes.dp
+        self.data_rank = (dp_mesh.get_local_rank(), dp_mesh.size())
+        if not self.is_main:
+            self.say = self.warn = lambda *a, **k: None
+
+    @staticmethod
+    def _refuse_unbuilt(cfg) -> None:
+        p, t, c = cfg.parallel, cfg.train, cfg.checkpoint
+        for key, what in NOT_YET.items():
+            if getattr(p, key) > 1:
+                raise UserError(f"parallel.{key} = {getattr(p, key)}: {what} parallelism is not built yet; "
+                                "data (parallel.dp, dp_replicate) and expert (parallel.ep) parallelism are")
+        if c.interval or c.save_final or c.resume is not None:
+            raise UserError("distributed checkpoints are not built yet: set checkpoint.interval=0, "
+                            "checkpoint.save_final=false and checkpoint.resume=null to train without them (the "
+                            "trained weights are then not saved)")
+        if t.cuda_graph:
+            raise UserError("train.cuda_graph is not supported by the distributed trainer yet; set it to false")
+        if cfg.model.from_hf:
+            raise UserError("model.from_hf: loading Hugging Face weights into a sharded model is not built yet")
+
+    def check_layout(self) -> None:
+        """The degrees were checked against the launch in ``__init__``."""
+
+    def open_run(self) -> None:
+        """Rank 0 prepares out_dir and decides how the run starts; every rank gets its decision."""
+        import torch.distributed as dist
+
+        box = [None]
+        if self.is_main:
+            try:
+                super().open_run()
+                box[0] = (self.projection, self.start)
+            except UserError as err:
+                box[0] = err
+        dist.broadcast_object_list(box, src=0)
+        if isinstance(box[0], UserError):
+            raise box[0]
+        self.projection, self.start = box[0]
+
+    def build_model(self):
+        from moetrain.distributed.expert_parallel import shard_experts
+        from moetrain.distributed.fsdp import apply_fsdp
+        from moetrain.models import build_model
+        from moetrain.train.optim import DTYPES
+
+        cfg, t = self.cfg, self.cfg.train
+        model = build_model(cfg, device="meta")
+        storage = torch.float32 if cfg.precision.master_weights or self.device.type != "cuda" else self.dtype
+        model.to(storage)
+        model.set_recompute(t.recompute, t.recompute_layer_ids)
+        model.set_aux_grad_scale(1.0 / cfg.grad_accum_steps)
+        if self.meshes.ep is not None:
+            shard_experts(model, self.meshes.ep, cfg.moe)
+        if t.compile:
+            for layer in model.layers.values():
+                layer.compile()
+        reduce_dtype = DTYPES[cfg.optim.main_grads_dtype] if self.device.type == "cuda" else torch.float32
+        apply_fsdp(model, self.meshes, self.dtype, reduce_dtype)
+        model.to_empty(device=self.device)
+        model.init_weights()  # the base seed: one draw from the global RNG, seeded alike on every rank; zeroes the
+        return model          # MoE counters (the only buffers)
+
+    def build_optimizer(self):
+        from moetrain.distributed.reduce import shard_groups
+        from moetrain.train.optim import PrecisionAwareAdamW
+
+        opt = PrecisionAwareAdamW(self.model.named_parameters(), self.cfg.optim, self.cfg.precision.master_weights,
+                                  main_grad_hooks=False)
+        opt.norm_groups = [shard_groups(s.param) for s in opt.slots]
+        return opt
+
+    def forward_backward(self, micro_batches) -> LossTerms:
+        """The micro-batches' forward + backward with the gradient reduce on the last one only; then the loss terms
+        averaged and the expert counts summed over the data-parallel ranks."""
+        from moetrain.distributed.reduce import mean_over, sum_over
+
+        sums = torch.zeros(4, device=self.device)
+        for i, (input_ids, labels) in enumerate(micro_batches):
+            self.model.set_requires_gradient_sync(i == self.accum - 1)
+            sums += self.forward_backward_step(input_ids, labels).values / self.accum
+        if self.meshes.ep is not None:
+            from moetrain.distributed.fsdp import expert_grad_scale, expert_params
+
+            expert_grad_scale(expert_params(self.model), self.ranks.ep)
+        group = self.meshes.dp.get_group()
+        mean_over(sums, group)
+        layers = self.model.moe_layers()
+        if layers:
+            counts = sum_over(torch.stack([layer.tokens_per_expert for layer in layers]), group)
+            for layer, c in zip(layers, counts):
+                layer.tokens_per_expert.copy_(c)
+        return LossTerms(sums)
+
+    def run(self):
+        import torch.distributed as dist
+
+        try:
+            return super().run()
+        finally:
+            if self.made_group and dist.is_initialized():
+                dist.destroy_process_group()
+
+    @property
+    def device(self):
+        return self._device
+
+    @device.setter
+    def device(self, value):
+        pass  # Trainer.__init__ resolves the device for one process; under torchrun it is cuda:LOCAL_RANK or cpu
+
