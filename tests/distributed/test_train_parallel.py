@@ -44,6 +44,7 @@ LAYOUTS = {
     "dp2": (2, ["parallel.dp=2"]),
     "ep2": (2, ["parallel.dp=2", "parallel.ep=2"]),
     "ep2_dp2": (4, ["parallel.dp=4", "parallel.ep=2"]),
+    "ep2_sync_free": (2, ["parallel.dp=2", "parallel.ep=2", "moe.dispatcher=sync_free"]),
     "hsdp2x2": (4, ["parallel.dp=4", "parallel.dp_replicate=2"]),
 }
 
