@@ -10,6 +10,9 @@ Contenders:
   moetrain (bf16 state)    bf16 params updated in place, bf16 grads and Adam moments
   moetrain (..., cuda graph)   with --cuda-graph: the fp32-master contender with train.cuda_graph (forward +
                            backward replayed from one CUDA graph after two eager steps)
+  moetrain (..., FSDP2 world 1)   with --distributed: the fp32-master and bf16-state contenders through the
+                           distributed trainer (a one-rank NCCL group in this process: FSDP2, the sharded
+                           fp32 parameters as masters), against the single-device path in the same run
   hf transformers          the model class from transformers (grouped_mm experts, SDPA),
                            bf16 params, torch.optim.AdamW(fused=True) -- moments in bf16 too
 Each contender trains `--steps` steps; medians are taken over the steps after `--warmup`.
@@ -19,8 +22,11 @@ The moetrain contenders repeat after the peer, so drift in the machine shows as 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import os
+import socket
 import statistics
 import tempfile
 import time
@@ -49,11 +55,31 @@ def top_kernels(trace: Path, steps: int, count: int = 12) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def one_rank_launch():
+    """torchrun's environment for a one-rank job in this process (the distributed trainer makes and destroys its
+    process group), restored afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def moetrain_run(preset: str, base: list[str], name: str, steps: int, warmup: int, extra: list[str],
-                 profile: bool = False) -> dict:
+                 profile: bool = False, distributed: bool = False) -> dict:
     from moetrain.train.trainer import run
 
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out, (one_rank_launch() if distributed else contextlib.nullcontext()):
         prof = ["profile.enabled=true", f"profile.start_step={steps - 2}", f"profile.end_step={steps}"]
         cfg = load_config(preset=preset, overrides=[
             *base, f"train.out_dir={out}", f"train.steps={steps}", "checkpoint.save_final=false",
@@ -164,6 +190,8 @@ def main(argv=None) -> None:
     parser.add_argument("--profile", action="store_true", help="print each contender's top GPU kernels")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="add the fp32-master contender with train.cuda_graph=true")
+    parser.add_argument("--distributed", action="store_true",
+                        help="add both moetrain contenders through the distributed trainer (FSDP2, world size 1)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -177,6 +205,11 @@ def main(argv=None) -> None:
                   "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"]
     rows = [moetrain_run(args.preset, base, "moetrain (fp32 master)", args.steps, args.warmup, [], args.profile),
             moetrain_run(args.preset, base, "moetrain (bf16 state)", args.steps, args.warmup, bf16_state)]
+    if args.distributed:
+        rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, FSDP2 world 1)", args.steps, args.warmup,
+                                 [], distributed=True))
+        rows.append(moetrain_run(args.preset, base, "moetrain (bf16 state, FSDP2 world 1)", args.steps, args.warmup,
+                                 bf16_state, distributed=True))
     if args.cuda_graph:
         rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, cuda graph)", args.steps, args.warmup,
                                  ["train.cuda_graph=true"], args.profile))
@@ -187,12 +220,12 @@ def main(argv=None) -> None:
     peak = peak_tflops(torch.cuda.get_device_name(), "bf16")
     print(f"\n{args.preset}, {args.layers} layers, seq {args.seq}, {cfg.train.global_batch_size} x {args.seq} "
           f"tokens/step, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print(f"{'contender':32s} {'ms/step':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>9s} "
+    print(f"{'contender':40s} {'ms/step':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>9s} "
           f"{'loss first->last':>18s}")
     for r in rows:
         r["mfu"] = r["tflops_per_gpu"] / peak if peak else None
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        print(f"{r['name']:32s} {r['step_time_s'] * 1e3:8.1f} {r['tokens_per_s']:10,.0f} {r['tflops_per_gpu']:8.1f} "
+        print(f"{r['name']:40s} {r['step_time_s'] * 1e3:8.1f} {r['tokens_per_s']:10,.0f} {r['tflops_per_gpu']:8.1f} "
               f"{mfu:>6s} {r['peak_mem_gib']:9.1f} {r['first_loss']:8.3f}->{r['last_loss']:.3f}")
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))

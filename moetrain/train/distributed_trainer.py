@@ -44,6 +44,7 @@ class DistributedTrainer(Trainer):
         self.is_main = launch.rank == 0
         dp_mesh = self.meshes.dp
         self.data_rank = (dp_mesh.get_local_rank(), dp_mesh.size())
+        self.gpus = launch.world_size
         if not self.is_main:
             self.say = self.warn = lambda *a, **k: None
 

@@ -80,6 +80,7 @@ class Trainer:
         self.warn = functools.partial(log_line, style="yellow", console=early_console)
         self.is_main = True  # the process that prints, writes metrics and run files (rank 0 of a distributed run)
         self.data_rank = (0, 1)  # (this data-parallel rank, data-parallel size): which share of the data it reads
+        self.gpus = 1  # devices the step runs on (tflops_per_gpu divides by it)
 
     # ---- parts a subclass may override ---------------------------------------------------------------------
 
@@ -374,7 +375,7 @@ class Trainer:
 
     def _record(self, step: int, result: StepResult, elapsed: float) -> dict:
         """The metrics.jsonl record of a step that took ``elapsed`` seconds (keys in this order)."""
-        tflops = self.flops_per_token * result.tokens / elapsed / 1e12
+        tflops = self.flops_per_token * result.tokens / elapsed / 1e12 / self.gpus
         return {
             "step": step, "loss": result.loss, "lm_loss": result.lm_loss, "aux_loss": result.aux_loss,
             "mtp_loss": result.mtp_loss if self.cfg.model.mtp_num_layers else None,
