@@ -3,7 +3,8 @@
 Every rank runs the same loop. What differs from one device:
 - set-up: the process group and meshes from the rank order (``distributed.layout``, ``distributed.mesh``); the
   model built on the meta device, its experts sharded over the ep mesh, FSDP2 applied (``distributed``'s order),
-  then materialised and initialised shard by shard (the single-device weights for the same seed, ``models.init``);
+  then materialised and initialised shard by shard (the single-device weights for the same seed, ``models.init``).
+  A one-rank job (torchrun --nproc_per_node 1) keeps the single-device model and optimizer: nothing to shard;
 - data: data-parallel rank r of n reads micro-batch slices r, r + n, ... of the global batch, so a step trains on
   the same sequences as one device with the same global batch;
 - a step: gradients are reduced once per step (FSDP's reduce-scatter on the last micro-batch only); the loss terms
@@ -83,7 +84,15 @@ class DistributedTrainer(Trainer):
             raise box[0]
         self.projection, self.start = box[0]
 
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP2 applies: more than one rank (on one, there is nothing to shard or reduce, and the model is
+        the single-device one, bf16 parameters with fp32 masters in the optimizer where configured)."""
+        return self.launch.world_size > 1
+
     def build_model(self):
+        if not self.sharded:
+            return super().build_model()
         from moetrain.distributed.expert_parallel import shard_experts
         from moetrain.distributed.fsdp import apply_fsdp
         from moetrain.models import build_model
@@ -107,6 +116,8 @@ class DistributedTrainer(Trainer):
         return model          # MoE counters (the only buffers)
 
     def build_optimizer(self):
+        if not self.sharded:
+            return super().build_optimizer()
         from moetrain.distributed.reduce import shard_groups
         from moetrain.train.optim import PrecisionAwareAdamW
 
@@ -122,7 +133,8 @@ class DistributedTrainer(Trainer):
 
         sums = torch.zeros(4, device=self.device)
         for i, (input_ids, labels) in enumerate(micro_batches):
-            self.model.set_requires_gradient_sync(i == self.accum - 1)
+            if self.sharded:
+                self.model.set_requires_gradient_sync(i == self.accum - 1)
             sums += self.forward_backward_step(input_ids, labels).values / self.accum
         if self.meshes.ep is not None:
             from moetrain.distributed.fsdp import expert_grad_scale, expert_params

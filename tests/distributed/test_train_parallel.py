@@ -41,6 +41,7 @@ def single(tmp_path_factory):
 
 
 LAYOUTS = {
+    "world1": (1, []),  # torchrun --nproc_per_node 1: the distributed trainer on one process
     "dp2": (2, ["parallel.dp=2"]),
     "ep2": (2, ["parallel.dp=2", "parallel.ep=2"]),
     "ep2_dp2": (4, ["parallel.dp=4", "parallel.ep=2"]),
