@@ -10,7 +10,7 @@ Contenders:
   moetrain (bf16 state)    bf16 params updated in place, bf16 grads and Adam moments
   moetrain (..., cuda graph)   with --cuda-graph: the fp32-master contender with train.cuda_graph (forward +
                            backward replayed from one CUDA graph after two eager steps)
-  moetrain (..., FSDP2 world 1)   with --distributed: the fp32-master and bf16-state contenders through the
+  moetrain (..., torchrun world 1)   with --distributed: the fp32-master and bf16-state contenders through the
                            distributed trainer (a one-rank NCCL group in this process: FSDP2, the sharded
                            fp32 parameters as masters), against the single-device path in the same run
   hf transformers          the model class from transformers (grouped_mm experts, SDPA),
@@ -191,7 +191,7 @@ def main(argv=None) -> None:
     parser.add_argument("--cuda-graph", action="store_true",
                         help="add the fp32-master contender with train.cuda_graph=true")
     parser.add_argument("--distributed", action="store_true",
-                        help="add both moetrain contenders through the distributed trainer (FSDP2, world size 1)")
+                        help="add both moetrain contenders through the distributed trainer (world size 1)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -206,9 +206,9 @@ def main(argv=None) -> None:
     rows = [moetrain_run(args.preset, base, "moetrain (fp32 master)", args.steps, args.warmup, [], args.profile),
             moetrain_run(args.preset, base, "moetrain (bf16 state)", args.steps, args.warmup, bf16_state)]
     if args.distributed:
-        rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, FSDP2 world 1)", args.steps, args.warmup,
+        rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, torchrun world 1)", args.steps, args.warmup,
                                  [], distributed=True))
-        rows.append(moetrain_run(args.preset, base, "moetrain (bf16 state, FSDP2 world 1)", args.steps, args.warmup,
+        rows.append(moetrain_run(args.preset, base, "moetrain (bf16 state, torchrun world 1)", args.steps, args.warmup,
                                  bf16_state, distributed=True))
     if args.cuda_graph:
         rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, cuda graph)", args.steps, args.warmup,
