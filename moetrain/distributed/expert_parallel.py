@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from moetrain.models.moe.dispatch import Dispatched, Dispatcher
-from moetrain.ops.dispatch import combine_rows, permute_tokens
-from moetrain.runtime.expert_plan import plan_for
+from moetrain.models.moe.dispatch import Dispatched, Dispatcher, permute_local
+from moetrain.ops.dispatch import combine_rows
 
 
 def local_experts(param: torch.Tensor) -> torch.Tensor:
@@ -49,9 +48,11 @@ def regroup_index(recv_counts: torch.Tensor, total: int) -> torch.Tensor:
 
 
 class _EPDispatched:
-    """What ``combine`` needs to bring y back: the local permutation and the two directions' splits."""
+    """The received rows the experts compute on (rows, offs, probs), and what ``combine`` needs to bring y back:
+    the local permutation, the two directions' splits, the regrouping index."""
 
-    def __init__(self, local: Dispatched, send_splits, recv_splits, index):
+    def __init__(self, rows, offs, probs, local: Dispatched, send_splits, recv_splits, index):
+        self.rows, self.offs, self.probs = rows, offs, probs
         self.local, self.send_splits, self.recv_splits, self.index = local, send_splits, recv_splits, index
 
 
@@ -62,23 +63,11 @@ class AllToAllDispatcher(Dispatcher):
         self.group, self.ep, self.num_experts = group, ep_size, num_experts
         self.local_count = num_experts // ep_size
 
-    def __call__(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, experts) -> torch.Tensor:
-        rows, offs, probs, state = self.dispatch(x, topk_idx, topk_weight, experts)
-        return self.combine(experts.compute_rows(rows, offs, probs), state)
-
     def dispatch(self, x, topk_idx, topk_weight, experts):
         import torch.distributed as dist
 
-        impl = plan_for(x, experts.backend).rows
-        p = permute_tokens(x, topk_idx, topk_weight, self.num_experts, impl)
-        K = topk_idx.shape[1]
-        if experts.b2 is None:
-            local = Dispatched(p.rows, p.offs, p.probs, p.inverse, None, K, impl)
-        else:  # FC2 biases: the weights are applied at the combine (see models.moe.dispatch)
-            weight = topk_weight.masked_fill(topk_idx < 0, 0.0)
-            local = Dispatched(p.rows, p.offs, None, p.inverse, weight.float() if impl == "triton" else weight, K,
-                               impl)
-        offs = p.offs.long()
+        local = permute_local(x, topk_idx, topk_weight, experts, self.num_experts)
+        offs = local.offs.long()
         send_counts = torch.diff(offs, prepend=offs.new_zeros(1)).reshape(self.ep, self.local_count)
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts.view(-1), send_counts.reshape(-1).contiguous(), group=self.group)
@@ -92,7 +81,7 @@ class AllToAllDispatcher(Dispatcher):
         probs = None
         if local.probs is not None:
             probs = _all_to_all(local.probs, recv_splits, send_splits, self.group).index_select(0, index)
-        return rows, offs_local, probs, _EPDispatched(local, send_splits, recv_splits, index)
+        return _EPDispatched(rows, offs_local, probs, local, send_splits, recv_splits, index)
 
     def combine(self, y_rows: torch.Tensor, state: _EPDispatched) -> torch.Tensor:
         back = torch.zeros_like(y_rows).index_copy(0, state.index, y_rows)  # (source, expert) order again

@@ -21,9 +21,8 @@ import math
 
 import torch
 
-from moetrain.models.moe.dispatch import Dispatched, Dispatcher
-from moetrain.ops.dispatch import combine_rows, permute_tokens
-from moetrain.runtime.expert_plan import plan_for
+from moetrain.models.moe.dispatch import Dispatched, Dispatcher, permute_local
+from moetrain.ops.dispatch import combine_rows
 
 
 def _all_to_all_equal(x: torch.Tensor, group) -> torch.Tensor:
@@ -60,7 +59,10 @@ def slot_targets(recv_counts: torch.Tensor, C: int) -> tuple[torch.Tensor, torch
 
 
 class _SFState:
-    def __init__(self, local: Dispatched, send_index: torch.Tensor, target: torch.Tensor):
+    """The received rows the experts compute on (rows, offs, probs), and what ``combine`` needs."""
+
+    def __init__(self, rows, offs, probs, local: Dispatched, send_index: torch.Tensor, target: torch.Tensor):
+        self.rows, self.offs, self.probs = rows, offs, probs
         self.local, self.send_index, self.target = local, send_index, target
 
 
@@ -73,26 +75,15 @@ class SyncFreeDispatcher(Dispatcher):
         self.capacity_factor = capacity_factor
         self.dropped_rows: torch.Tensor | None = None  # int64 [] device: rows dropped by the capacity so far
 
-    def __call__(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, experts) -> torch.Tensor:
-        rows, offs, probs, state = self.dispatch(x, topk_idx, topk_weight, experts)
-        return self.combine(experts.compute_rows(rows, offs, probs), state)
-
     def dispatch(self, x, topk_idx, topk_weight, experts):
         import torch.distributed as dist
 
         T, K = topk_idx.shape
         ep, El = self.ep, self.local_count
         C = capacity(T, K, ep, El, self.capacity_factor)
-        impl = plan_for(x, experts.backend).rows
-        p = permute_tokens(x, topk_idx, topk_weight, self.num_experts, impl)
-        if experts.b2 is None:
-            local = Dispatched(p.rows, p.offs, p.probs, p.inverse, None, K, impl)
-        else:
-            weight = topk_weight.masked_fill(topk_idx < 0, 0.0)
-            local = Dispatched(p.rows, p.offs, None, p.inverse, weight.float() if impl == "triton" else weight, K,
-                               impl)
-        M, H = p.rows.shape
-        offs = p.offs.long()
+        local = permute_local(x, topk_idx, topk_weight, experts, self.num_experts)
+        M, H = local.rows.shape
+        offs = local.offs.long()
         counts = torch.diff(offs, prepend=offs.new_zeros(1)).reshape(ep, El)  # rows per (peer, local expert)
         peer_end = torch.cumsum(counts.sum(1), 0)  # [ep] end of each peer's rows in the sorted order
         peer_start = peer_end - counts.sum(1)
@@ -117,7 +108,7 @@ class SyncFreeDispatcher(Dispatcher):
             pbuf = local.probs.new_zeros(ep * C + 1).index_copy(0, send_index, local.probs)[:ep * C]
             probs = local.probs.new_zeros(ep * C + 1).index_copy(0, target, _all_to_all_equal(pbuf, self.group))
             probs = probs[:ep * C]
-        return rows, offs_local, probs, _SFState(local, send_index, target)
+        return _SFState(rows, offs_local, probs, local, send_index, target)
 
     def combine(self, y_rows: torch.Tensor, state: _SFState) -> torch.Tensor:
         H = y_rows.shape[1]

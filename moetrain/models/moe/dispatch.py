@@ -37,18 +37,26 @@ class Dispatched:
     impl: str  # row-op implementation: "torch" | "triton"
 
 
+def permute_local(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, experts,
+                  num_experts: int) -> Dispatched:
+    """This rank's rows sorted by expert id (0..num_experts-1: all experts, global ids under expert parallelism),
+    the routing weights as probs, or kept for the combine where FC2 has biases."""
+    impl = plan_for(x, experts.backend).rows
+    p = permute_tokens(x, topk_idx, topk_weight, num_experts, impl)
+    K = topk_idx.shape[1]
+    if experts.b2 is None:
+        return Dispatched(p.rows, p.offs, p.probs, p.inverse, None, K, impl)
+    weight = topk_weight.masked_fill(topk_idx < 0, 0.0)
+    weight = weight.float() if impl == "triton" else weight  # the Triton combine takes fp32 weights
+    return Dispatched(p.rows, p.offs, None, p.inverse, weight, K, impl)
+
+
 class Dispatcher:
-    """Base class: the unfused composition. Subclasses move rows between ranks in dispatch / combine."""
+    """Base class: the unfused composition. Subclasses move rows between ranks in dispatch / combine; ``dispatch``
+    returns what ``combine`` needs, with the rows, offs and probs the experts compute on."""
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, experts) -> Dispatched:
-        impl = plan_for(x, experts.backend).rows
-        p = permute_tokens(x, topk_idx, topk_weight, experts.num_experts, impl)
-        K = topk_idx.shape[1]
-        if experts.b2 is None:
-            return Dispatched(p.rows, p.offs, p.probs, p.inverse, None, K, impl)
-        weight = topk_weight.masked_fill(topk_idx < 0, 0.0)
-        weight = weight.float() if impl == "triton" else weight  # the Triton combine takes fp32 weights
-        return Dispatched(p.rows, p.offs, None, p.inverse, weight, K, impl)
+        return permute_local(x, topk_idx, topk_weight, experts, experts.num_experts)
 
     def combine(self, y_rows: torch.Tensor, d: Dispatched) -> torch.Tensor:
         return combine_rows(y_rows, d.inverse, d.topk, d.topk_weight, d.impl)
