@@ -158,11 +158,6 @@ class DistributedTrainer(Trainer):
             if self.made_group and dist.is_initialized():
                 dist.destroy_process_group()
 
-    @property
-    def device(self):
+    def choose_device(self) -> torch.device:
+        """cuda:LOCAL_RANK, or the CPU (``distributed.launch.device_for``), chosen before the process group."""
         return self._device
-
-    @device.setter
-    def device(self, value):
-        pass  # Trainer.__init__ resolves the device for one process; under torchrun it is cuda:LOCAL_RANK or cpu
-

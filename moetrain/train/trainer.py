@@ -68,7 +68,7 @@ class Trainer:
     def __init__(self, cfg: Config, *, show_progress: bool | None = None):
         self.cfg = cfg
         self.check_layout()
-        self.device = resolve_device(cfg)
+        self.device = self.choose_device()
         self.dtype = compute_dtype(cfg, self.device)
         self.out_dir = Path(cfg.train.out_dir)
         self.show_progress = sys.stderr.isatty() if show_progress is None else show_progress
@@ -87,6 +87,10 @@ class Trainer:
     def check_layout(self) -> None:
         """Refuse parallel degrees this trainer does not implement (all > 1 here)."""
         check_single_device(self.cfg)
+
+    def choose_device(self) -> torch.device:
+        """The device this process trains on (train.device resolved)."""
+        return resolve_device(self.cfg)
 
     def build_model(self):
         """The model on the device in the compute dtype, with HF weights on a fresh run (``self.start`` has no
