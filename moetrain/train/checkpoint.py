@@ -14,8 +14,8 @@ ignores and the next save removes. Loading checks the manifest (a truncated or o
 named, not loaded) and refuses non-finite weights or optimizer state.
 
 The manifest lists files by path relative to the checkpoint directory, so a sharded checkpoint
-(one set of files per rank, e.g. ``model/shard_3.distcp``) carries the same manifest: each rank
-contributes its files' entries.
+(format 3, written by every rank of a distributed run: ``sharded_checkpoint``) carries the same
+manifest, each rank contributing its files' entries; ``load_checkpoint`` reads it whole.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from moetrain.errors import UserError, format_bytes, free_bytes, os_error
 
 FORMAT_VERSION = 2
 LEGACY_FORMAT = 1  # trainer.pt pickled numpy arrays; read with a numpy-only allowlist, no manifest
+SHARDED_FORMAT = 3  # one DCP shard file per rank (train/sharded_checkpoint.py), the same manifest
+READABLE = (LEGACY_FORMAT, FORMAT_VERSION, SHARDED_FORMAT)
 MANIFEST = "manifest.json"
 CHECKSUM = "crc32"
 STATE_FILES = ("model.pt", "optimizer.pt", "trainer.pt")
@@ -116,7 +118,7 @@ class _ChecksumWriter:
         self.f.flush()
 
 
-def _write(path: Path, obj=None, text: str | None = None) -> dict:
+def write_file(path: Path, obj=None, text: str | None = None) -> dict:
     """Write ``obj`` with torch.save (or ``text``), fsync, and return its manifest entry."""
     with open(path, "wb") as f:
         out = _ChecksumWriter(f)
@@ -140,7 +142,7 @@ def state_bytes(obj) -> int:
     return 0
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -148,7 +150,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _intact_before(out_dir: Path, step: int) -> str:
+def intact_before(out_dir: Path, step: int) -> str:
     """What the user can fall back on, for error messages."""
     earlier = [p for p in list_checkpoints(out_dir) if step_of(p) != step and verify(p) is None]
     return f"the previous checkpoint {earlier[-1]} is intact" if earlier else "no earlier checkpoint exists"
@@ -174,23 +176,23 @@ def save_checkpoint(out_dir: str | Path, step: int, *, model_state: dict, optimi
         free = free_bytes(root)
         if free is not None and free < needed:
             raise UserError(f"{doing}: not enough disk space: needs about {format_bytes(needed)}, "
-                            f"{format_bytes(free)} free; {_intact_before(out_dir, step)}")
+                            f"{format_bytes(free)} free; {intact_before(out_dir, step)}")
         tmp.mkdir()
         files = {
-            "model.pt": _write(tmp / "model.pt", model_state),
-            "optimizer.pt": _write(tmp / "optimizer.pt", optimizer_state),
-            "trainer.pt": _write(tmp / "trainer.pt", trainer_state),
-            "config.yaml": _write(tmp / "config.yaml", text=config_yaml),
+            "model.pt": write_file(tmp / "model.pt", model_state),
+            "optimizer.pt": write_file(tmp / "optimizer.pt", optimizer_state),
+            "trainer.pt": write_file(tmp / "trainer.pt", trainer_state),
+            "config.yaml": write_file(tmp / "config.yaml", text=config_yaml),
         }
         meta = {"format_version": FORMAT_VERSION, "step": step, "run_id": run_id, "saved_at": time.time()}
-        files["meta.json"] = _write(tmp / "meta.json", text=json.dumps(meta))
+        files["meta.json"] = write_file(tmp / "meta.json", text=json.dumps(meta))
         manifest = {"format_version": FORMAT_VERSION, "checksum": CHECKSUM, "files": files}
-        _write(tmp / MANIFEST, text=json.dumps(manifest, indent=1))
-        _install(tmp, final)
-        _fsync_dir(root)
+        write_file(tmp / MANIFEST, text=json.dumps(manifest, indent=1))
+        install(tmp, final)
+        fsync_dir(root)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise os_error(err, doing, needed_bytes=needed, after=_intact_before(out_dir, step)) from None
+        raise os_error(err, doing, needed_bytes=needed, after=intact_before(out_dir, step)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -200,7 +202,7 @@ def save_checkpoint(out_dir: str | Path, step: int, *, model_state: dict, optimi
     return Saved(final, total, time.perf_counter() - started)
 
 
-def _install(tmp: Path, final: Path) -> None:
+def install(tmp: Path, final: Path) -> None:
     """Rename ``tmp`` to ``final``; an older ``final`` (the same step saved again) is replaced only after."""
     if not final.exists():
         os.rename(tmp, final)
@@ -246,7 +248,7 @@ def read_meta(path: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def _crc32(path: Path) -> str:
+def crc32(path: Path) -> str:
     crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -270,8 +272,8 @@ def verify(path: Path, only: tuple[str, ...] | None = None, checksums: bool = Tr
     if version == LEGACY_FORMAT:
         missing = [f for f in STATE_FILES if not (path / f).is_file()]
         return f"missing {', '.join(missing)}" if missing else None
-    if version != FORMAT_VERSION:
-        return f"checkpoint format {version!r} is not one this moetrain reads ({LEGACY_FORMAT} or {FORMAT_VERSION})"
+    if version not in READABLE:
+        return f"checkpoint format {version!r} is not one this moetrain reads ({', '.join(map(str, READABLE))})"
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         files = manifest["files"]
@@ -288,7 +290,7 @@ def verify(path: Path, only: tuple[str, ...] | None = None, checksums: bool = Tr
         size = file.stat().st_size
         if size != entry["bytes"]:
             return f"{name} is {size} bytes, the manifest says {entry['bytes']} (truncated or overwritten)"
-        if checksums and _crc32(file) != entry[CHECKSUM]:
+        if checksums and crc32(file) != entry[CHECKSUM]:
             return f"{name} does not match its checksum (corrupted)"
     return None
 
@@ -343,6 +345,14 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu", *, check_fin
     if reason is not None:
         raise DamagedCheckpoint(path, reason)
     meta = read_meta(path)
+    if meta["format_version"] == SHARDED_FORMAT:
+        from moetrain.train.sharded_checkpoint import load_full
+
+        state = load_full(path, device)
+        bad = non_finite_state(state["model"], state["optimizer"]) if check_finite else None
+        if bad is not None:
+            raise DamagedCheckpoint(path, non_finite_reason(*bad))
+        return {"meta": meta, **state}
     mmap = torch.device(device).type == "cpu"
     try:
         model = torch.load(path / "model.pt", map_location=device, weights_only=True, mmap=mmap)

@@ -248,16 +248,31 @@ class PrecisionAwareAdamW:
             missing, extra = sorted(names - saved)[:5], sorted(saved - names)[:5]
             raise ValueError(f"optimizer state does not match the model: missing {missing}, unexpected {extra}")
         self.step_count = int(state["step"])
-        self._device_step = None  # made afresh from step_count
+        made = []
         for s in self.slots:
             entry = state["params"][s.name]
             s.exp_avg.copy_(entry["exp_avg"])
             s.exp_avg_sq.copy_(entry["exp_avg_sq"])
             if s.master is not None and "master" in entry:
                 s.master.copy_(entry["master"])
-                _data(s.param).copy_(s.master)
+            elif s.master is not None:
+                made.append(s.name)
             elif "master" in entry:  # saved with master weights, resumed without: keep their precision
                 _data(s.param).copy_(entry["master"])
+        self.sync_from_masters(made_from_params=made)
+
+    def sync_from_masters(self, made_from_params: list[str] = ()) -> None:
+        """After a load: each master weight copied into its parameter, except those named in ``made_from_params``
+        (saved without master weights), which are made from the loaded parameter instead."""
+        self._device_step = None  # made afresh from step_count
+        made = set(made_from_params)
+        for s in self.slots:
+            if s.master is None:
+                continue
+            if s.name in made:
+                s.master.copy_(_data(s.param))
+            else:
+                _data(s.param).copy_(s.master)
 
 
 

@@ -130,35 +130,56 @@ def upgrade_legacy_names(state: dict) -> None:
 
 def load_into(start: RunStart, cfg: Config, model, optimizer, data, explicit: bool,
               log: Callable[[str], None]) -> tuple[Path, dict]:
-    """Restore the newest usable candidate into model, optimizer and data; returns (its path, trainer state)."""
+    """Restore the newest usable candidate into model, optimizer and data; returns (its path, trainer state).
+    Under a process group every rank calls this and takes the same decisions (a check failing on one rank's
+    shards fails on all)."""
     for i, path in enumerate(start.candidates):
         try:  # the first candidate was verified by resume_candidates; older ones are verified here
-            state = ckpt.load_checkpoint(path, "cpu", check_finite=False, verified=i == 0)
+            trainer = _load_weights(path, i == 0, cfg, model, optimizer)
         except ckpt.DamagedCheckpoint as err:
             if explicit:
                 raise ckpt.explicit_damaged(str(path), err.reason) from None
             log(f"skipping damaged checkpoint {path}: {err.reason}")
             start.skipped.append(path)
             continue
-        upgrade_legacy_names(state)
-        check_shapes(model, state["model"], path, cfg)
-        model.load_state_dict(state["model"])
-        try:
-            optimizer.load_state_dict(state["optimizer"])
-        except (ValueError, RuntimeError, KeyError) as err:
-            raise UserError(f"checkpoint {path}: its optimizer state does not fit this run "
-                            f"({str(err).splitlines()[0]})") from None
-        bad = ckpt.non_finite_state(model.state_dict(), optimizer.state_dict())  # on the device: fast
-        if bad is not None:
-            reason = ckpt.non_finite_reason(*bad)
-            if explicit:
-                raise ckpt.explicit_damaged(str(path), reason)
-            log(f"skipping damaged checkpoint {path}: {reason}")
-            start.skipped.append(path)
-            continue
-        trainer = state["trainer"]
         data.load_state_dict(trainer["data"])
         ckpt.set_rng_state(trainer["rng"])
         return path, trainer
     raise UserError("checkpoint.resume = auto: no checkpoint could be restored (each was damaged: "
                     f"{', '.join(p.name for p in start.skipped)}); start over with train.overwrite=true")
+
+
+def _load_weights(path: Path, verified: bool, cfg: Config, model, optimizer) -> dict:
+    """The checkpoint's weights and optimizer state into ``model`` and ``optimizer`` (whole or sharded, from a
+    whole or sharded checkpoint); returns this rank's trainer state. DamagedCheckpoint where it does not verify
+    or holds non-finite values."""
+    from moetrain.train import sharded_checkpoint as sc
+
+    sharded_model = sc.is_sharded(model)
+    if ckpt.read_meta(path).get("format_version") == ckpt.SHARDED_FORMAT and sharded_model:
+        reason = None if verified else ckpt.verify(path)
+        if reason is not None:
+            raise ckpt.DamagedCheckpoint(path, reason)
+        check_shapes(model, sc.saved_shapes(path), path, cfg)
+        sc.load_sharded(path, model, optimizer)
+        trainer = sc.load_trainer(path, sc.rank_and_world()[0])
+    else:
+        state = ckpt.load_checkpoint(path, "cpu", check_finite=False, verified=verified)
+        upgrade_legacy_names(state)
+        check_shapes(model, state["model"], path, cfg)
+        try:
+            if sharded_model:
+                sc.scatter_full(state, model, optimizer)
+            else:
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, RuntimeError, KeyError) as err:
+            raise UserError(f"checkpoint {path}: its optimizer state does not fit this run "
+                            f"({str(err).splitlines()[0]})") from None
+        trainer = state["trainer"]
+    local = sc.local_view
+    bad = ckpt.non_finite_state(local(model.state_dict()), local(optimizer.state_dict()))  # on the device: fast
+    bad = next((b for b in sc.gather(bad) if b is not None), None)
+    if bad is not None:
+        raise ckpt.DamagedCheckpoint(path, ckpt.non_finite_reason(*bad))
+    return trainer

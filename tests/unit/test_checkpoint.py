@@ -69,7 +69,7 @@ def test_a_pickled_payload_is_refused_not_run(tmp_path):
         torch.save({"step": 1, "evil": _Payload()}, f, pickle_module=pickle)
     manifest = json.loads((path / ckpt.MANIFEST).read_text())
     manifest["files"]["trainer.pt"] = {"bytes": (path / "trainer.pt").stat().st_size,
-                                       "crc32": ckpt._crc32(path / "trainer.pt")}
+                                       "crc32": ckpt.crc32(path / "trainer.pt")}
     (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ckpt.DamagedCheckpoint, match="cannot be read safely: .*_mark_ran.*refused"):
         ckpt.load_checkpoint(path)
@@ -118,17 +118,17 @@ def test_non_finite_state_is_refused(tmp_path):
 
 def test_crash_mid_save_keeps_previous(tmp_path, monkeypatch):
     save(tmp_path, 10, 1.0)
-    real = ckpt._write
+    real = ckpt.write_file
 
     def dying(path, obj=None, text=None):
         if path.name == "optimizer.pt":
             raise KeyboardInterrupt("killed mid-save")
         return real(path, obj, text)
 
-    monkeypatch.setattr(ckpt, "_write", dying)
+    monkeypatch.setattr(ckpt, "write_file", dying)
     with pytest.raises(KeyboardInterrupt):
         save(tmp_path, 20, 2.0)
-    monkeypatch.setattr(ckpt, "_write", real)
+    monkeypatch.setattr(ckpt, "write_file", real)
     root = ckpt.checkpoint_root(tmp_path)
     assert not (root / "step_20.partial").exists()  # removed on the way out
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_10"]
@@ -148,14 +148,14 @@ def test_a_leftover_partial_is_ignored_then_cleared(tmp_path):
 
 def disk_full_at(monkeypatch, name):
     """The checkpoint writer runs out of space when it reaches file ``name``."""
-    real = ckpt._write
+    real = ckpt.write_file
 
     def full(path, obj=None, text=None):
         if path.name == name:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real(path, obj, text)
 
-    monkeypatch.setattr(ckpt, "_write", full)
+    monkeypatch.setattr(ckpt, "write_file", full)
 
 
 def test_disk_full_mid_save_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):

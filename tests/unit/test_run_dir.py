@@ -131,7 +131,7 @@ def test_a_truncated_latest_checkpoint_falls_back(tmp_path, capsys):
 def _rewrite_with_manifest(path: Path, name: str, state) -> None:
     torch.save(state, path / name)
     manifest = json.loads((path / ckpt.MANIFEST).read_text())
-    manifest["files"][name] = {"bytes": (path / name).stat().st_size, "crc32": ckpt._crc32(path / name)}
+    manifest["files"][name] = {"bytes": (path / name).stat().st_size, "crc32": ckpt.crc32(path / name)}
     (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
 
 

@@ -56,7 +56,7 @@ def test_a_second_ctrl_c_during_the_save_stops_with_one_line(tmp_path, capsys, m
     checkpoint stays."""
     out = tmp_path / "run"
     train(capsys, out, "train.steps=2")
-    real = ckpt._write
+    real = ckpt.write_file
     calls = []
 
     def interrupted(path, obj=None, text=None):
@@ -65,7 +65,7 @@ def test_a_second_ctrl_c_during_the_save_stops_with_one_line(tmp_path, capsys, m
             signal.raise_signal(signal.SIGINT)
         return real(path, obj, text)
 
-    monkeypatch.setattr(ckpt, "_write", interrupted)
+    monkeypatch.setattr(ckpt, "write_file", interrupted)
     code = cli.main(["train", f"train.out_dir={out}", *SMALL, "train.steps=6", "checkpoint.interval=3",
                      "checkpoint.resume=auto"])
     lines = capsys.readouterr().err.strip().splitlines()
