@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: interrupted{detail}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except UserError as err:
-        print(f"error: {_one_line(str(err))}", file=sys.stderr)
+        _print_error(f"error: {_one_line(str(err))}")
         return EXIT_USER_ERROR
     except BrokenPipeError:
         # `moetrain config show | head`: the reader went away; not an error worth a traceback.
@@ -181,8 +181,41 @@ def main(argv: list[str] | None = None) -> int:
         # one line naming the path; an OSError without a path is a bug and keeps its traceback.
         if err.filename is None:
             raise
-        print(f"error: {os_reason(err)}: {err.filename}", file=sys.stderr)
+        _print_error(f"error: {os_reason(err)}: {err.filename}")
         return EXIT_USER_ERROR
+    except Exception as err:
+        return _distributed_failure(err)
+
+
+def _print_error(line: str) -> None:
+    """One error line; in a distributed run only the first failing rank prints, prefixed with its rank."""
+    if "torch.distributed" in sys.modules:
+        from moetrain.distributed import faults
+
+        if not faults.claim_first_error():
+            return
+        line = line.replace("error: ", f"error: {faults.rank_prefix()}", 1)
+    print(line, file=sys.stderr)
+
+
+def _distributed_failure(err: Exception) -> int:
+    """An unexpected error on one rank of a distributed run: its traceback once (the first failing rank's; a
+    collective failing because another rank did says so in one line); outside a run, the error propagates."""
+    from moetrain.distributed import faults
+
+    if "torch.distributed" not in sys.modules or not faults.rank_prefix():
+        raise err
+    if not faults.claim_first_error():
+        return 1
+    reason = faults.lost_peer(err)
+    if reason is not None:
+        print(f"error: {faults.rank_prefix()}{reason}", file=sys.stderr)
+        return 1
+    import traceback
+
+    print(f"error: {faults.rank_prefix()}{type(err).__name__}: {_one_line(str(err))}", file=sys.stderr)
+    traceback.print_exception(err, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
