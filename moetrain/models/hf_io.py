@@ -110,7 +110,7 @@ def check_coverage(pieces: list[Piece], targets: dict[str, torch.Tensor], what: 
             continue
         if p.ours not in targets:
             raise RuntimeError(f"{what}: layout names {p.ours}, which the model does not have")
-        t = targets[p.ours]
+        t = torch.empty(targets[p.ours].shape, device="meta")  # shapes only (a sharded target is never gathered)
         n = t[p.index].numel() if p.index is not None else t.numel()
         filled[p.ours] = filled.get(p.ours, 0) + n
     bad = [k for k, t in targets.items() if filled.get(k, 0) != t.numel()]
@@ -183,9 +183,34 @@ def load_pieces(targets: dict[str, torch.Tensor], pieces: list[Piece], files: Ch
 
     with bar:
         for p in todo:
-            dest = targets[p.ours] if p.index is None else targets[p.ours][p.index]
-            load_piece(p, [get(n) for n in p.hf], dest)
+            dest, commit = _destination(targets[p.ours], p.index)
+            if dest is not None:  # a sharded model: this rank holds part of it (a whole expert's rows, or a slice)
+                load_piece(p, [get(n) for n in p.hf], dest)
+                commit()
             advance(sum(_nbytes(files, n) for n in p.hf))
+
+
+def _destination(target: torch.Tensor, index: Optional[tuple]) -> tuple[Optional[torch.Tensor], Callable[[], None]]:
+    """(where a piece is loaded, what then moves it into ``target``). A plain tensor: itself (or its row
+    ``index``). A DTensor (a sharded model, its shards Shard(0)-split): for an indexed piece (an expert of a stacked
+    weight), the local row where this rank holds it, else None (not read at all); otherwise a whole-shape
+    temporary on the CPU whose local rows are then copied in (one tensor in memory at a time, never the model)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(target, DTensor):
+        return (target if index is None else target[index]), lambda: None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    local = target.to_local()
+    shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+    if tuple(shape[1:]) != tuple(target.shape[1:]):
+        raise NotImplementedError(f"loading into a DTensor sharded beyond dim 0 ({target.placements})")
+    start, rows = offset[0], shape[0]
+    if index is not None:  # (expert, [rows]): the expert is dim 0
+        k = index[0]
+        return (local[(k - start, *index[1:])] if start <= k < start + rows else None), lambda: None
+    whole = torch.empty(target.shape, dtype=local.dtype)
+    return whole, lambda: local.copy_(whole[start:start + rows])
 
 
 def _nbytes(files: CheckpointFiles, name: str) -> int:

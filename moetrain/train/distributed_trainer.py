@@ -10,10 +10,15 @@ Every rank runs the same loop. What differs from one device:
 - a step: gradients are reduced once per step (FSDP's reduce-scatter on the last micro-batch only); the loss terms
   are averaged and the per-expert counts summed over the data-parallel ranks before the update, so every rank
   takes the same skip decision and moves the same expert bias; the gradient norm is one norm over every mesh;
-- output: rank 0 prints, writes metrics.jsonl and the run files; the others stay silent.
+- checkpoints: sharded, every rank writing its part (``train.sharded_checkpoint``), loadable under any layout;
+  a stop signal on any rank stops all of them after the same step;
+- output: rank 0 prints, writes metrics.jsonl and the run files; the others stay silent. A failing rank's error is
+  printed once (``distributed.faults``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -51,19 +56,13 @@ class DistributedTrainer(Trainer):
 
     @staticmethod
     def _refuse_unbuilt(cfg) -> None:
-        p, t, c = cfg.parallel, cfg.train, cfg.checkpoint
+        p, t = cfg.parallel, cfg.train
         for key, what in NOT_YET.items():
             if getattr(p, key) > 1:
                 raise UserError(f"parallel.{key} = {getattr(p, key)}: {what} parallelism is not built yet; "
                                 "data (parallel.dp, dp_replicate) and expert (parallel.ep) parallelism are")
-        if c.interval or c.save_final or c.resume is not None:
-            raise UserError("distributed checkpoints are not built yet: set checkpoint.interval=0, "
-                            "checkpoint.save_final=false and checkpoint.resume=null to train without them (the "
-                            "trained weights are then not saved)")
         if t.cuda_graph:
             raise UserError("train.cuda_graph is not supported by the distributed trainer yet; set it to false")
-        if cfg.model.from_hf:
-            raise UserError("model.from_hf: loading Hugging Face weights into a sharded model is not built yet")
 
     def check_layout(self) -> None:
         """The degrees were checked against the launch in ``__init__``."""
@@ -113,7 +112,12 @@ class DistributedTrainer(Trainer):
         apply_fsdp(model, self.meshes, self.dtype, reduce_dtype)
         model.to_empty(device=self.device)
         model.init_weights()  # the base seed: one draw from the global RNG, seeded alike on every rank; zeroes the
-        return model          # MoE counters (the only buffers)
+        if cfg.model.from_hf and not self.start.candidates:  # MoE counters (the only buffers)
+            from moetrain.models.hf import load_hf_weights
+
+            # each rank reads the tensors it holds a part of: its own experts only, dense tensors one at a time
+            load_hf_weights(model, cfg.model.from_hf, progress=self.show_progress and self.is_main)
+        return model
 
     def build_optimizer(self):
         if not self.sharded:
@@ -149,14 +153,51 @@ class DistributedTrainer(Trainer):
                 layer.tokens_per_expert.copy_(c)
         return LossTerms(sums)
 
+    def stop_requested(self, stop) -> bool:
+        """Agreed by every rank (a signal may reach them between different steps): the save that follows is a
+        collective."""
+        if not self.sharded:
+            return stop.requested
+        import torch.distributed as dist
+
+        flag = torch.tensor([float(stop.requested)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def save(self, step: int) -> None:
+        """A sharded checkpoint from every rank (``train.sharded_checkpoint``); one rank saves the single-device
+        format."""
+        if not self.sharded:
+            return super().save(step)
+        from moetrain.errors import format_bytes
+        from moetrain.train import sharded_checkpoint as sc
+        from moetrain.train.loop_support import refuse_non_finite
+
+        state = sc.checkpoint_state(self.model, self.optimizer)
+        local = sc.local_view(state)
+        errors = []
+        try:
+            refuse_non_finite(local["model"], local["optimizer"], step, self.out_dir)
+        except UserError as err:
+            errors.append(str(err))
+        message = sc.first_error(sc.gather(errors[0] if errors else None))
+        if message is not None:
+            raise UserError(message)
+        saved = sc.save_sharded(self.out_dir, step, state=state, trainer_state=self.trainer_state(step),
+                                config_yaml=self.config_yaml, run_id=self.start.run_id,
+                                layout=dataclasses.asdict(self.ranks), keep_last=self.cfg.checkpoint.keep_last)
+        self.display.log(f"saved checkpoint {saved.path} ({format_bytes(saved.bytes)} from {self.gpus} ranks in "
+                         f"{saved.seconds:.1f} s)")
+
     def run(self):
         import torch.distributed as dist
 
-        try:
-            return super().run()
-        finally:
-            if self.made_group and dist.is_initialized():
-                dist.destroy_process_group()
+        result = super().run()
+        # Destroyed after a clean run only: after a failure the group stays up for the error report (the first
+        # failing rank claims it in the group's store, ``distributed.faults``) and dies with the process.
+        if self.made_group and dist.is_initialized():
+            dist.destroy_process_group()
+        return result
 
     def choose_device(self) -> torch.device:
         """cuda:LOCAL_RANK, or the CPU (``distributed.launch.device_for``), chosen before the process group."""

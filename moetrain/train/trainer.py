@@ -186,13 +186,21 @@ class Trainer:
         try:
             saved = ckpt.save_checkpoint(
                 self.out_dir, step, model_state=model_state, optimizer_state=optimizer_state,
-                trainer_state={"step": step, "skipped_in_row": self.skipped_in_row,
-                               "data": self.batches.state_dict(), "rng": ckpt.rng_state()},
-                config_yaml=self.config_yaml, run_id=self.start.run_id, keep_last=self.cfg.checkpoint.keep_last)
+                trainer_state=self.trainer_state(step), config_yaml=self.config_yaml, run_id=self.start.run_id,
+                keep_last=self.cfg.checkpoint.keep_last)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"during the save of checkpoint step_{step}, which was not written; "
                                     f"{latest_note(self.out_dir)}") from None
         self.display.log(f"saved checkpoint {saved.path} ({format_bytes(saved.bytes)} in {saved.seconds:.1f} s)")
+
+    def stop_requested(self, stop: StopFlag) -> bool:
+        """Whether to save and stop after this step (a signal asked for it)."""
+        return stop.requested
+
+    def trainer_state(self, step: int) -> dict:
+        """What a checkpoint keeps besides the weights and optimizer: step, skip count, data position, RNG."""
+        return {"step": step, "skipped_in_row": self.skipped_in_row, "data": self.batches.state_dict(),
+                "rng": ckpt.rng_state()}
 
     # ---- the run -------------------------------------------------------------------------------------------
 
@@ -254,7 +262,8 @@ class Trainer:
                                                    self.cfg.checkpoint.resume != "auto", self.warn)
         self.start_step = int(state["step"])
         self.skipped_in_row = int(state["skipped_in_row"])
-        resume.set_aside_later(self.out_dir, self.resume_from, self.warn)
+        if self.is_main:
+            resume.set_aside_later(self.out_dir, self.resume_from, self.warn)
 
     def _step_modes(self) -> tuple[StepStrategy, StepStrategy | None]:
         """(the eager strategy, the graph strategy or None). Eagerly, where every parameter takes torch's fused
@@ -292,10 +301,11 @@ class Trainer:
                     if t.manual_gc and step % t.manual_gc_interval == 0:
                         gc.collect()
                     periodic = cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0
-                    if periodic or stop.requested:
+                    stopping = self.stop_requested(stop)
+                    if periodic or stopping:
                         self.save(step)
                         last_saved = step
-                    if stop.requested:
+                    if stopping:
                         self.display.log(f"interrupted: checkpoint saved at step {step}; resume with "
                                          "checkpoint.resume=auto")
                         result.interrupted = True
