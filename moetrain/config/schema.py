@@ -208,7 +208,8 @@ class OptimConfig:
     main_grads_dtype: Dtype = doc("fp32", "Dtype gradients are accumulated in.")
     exp_avg_dtype: Dtype = doc("fp32", "Dtype of Adam's first moment.")
     exp_avg_sq_dtype: Dtype = doc("fp32", "Dtype of Adam's second moment.")
-    distributed: bool = doc(False, "ZeRO-1: shard optimizer state over data-parallel ranks.")
+    distributed: bool = doc(False, "Retired (must stay false): with more than one rank FSDP2 shards the optimizer "
+                                   "state, gradients and parameters (beyond ZeRO-1's optimizer-state sharding).")
 
     @property
     def min_lr_value(self) -> float:
@@ -606,8 +607,11 @@ def _check_cuda_graph(cfg: Config) -> None:
 
 
 def check_optim(cfg: Config) -> None:
-    """The decayed learning rate's floor below its peak."""
+    """The decayed learning rate's floor below its peak; the retired ZeRO-1 switch off."""
     o = cfg.optim
+    if o.distributed:
+        raise ConfigError("optim.distributed (ZeRO-1) is retired: with more than one rank FSDP2 shards the optimizer "
+                          "state, gradients and parameters anyway; remove the key")
     if o.min_lr is not None and o.min_lr > o.lr:
         raise ConfigError(f"optim.min_lr = {o.min_lr} is larger than optim.lr = {o.lr}")
 

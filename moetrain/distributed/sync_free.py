@@ -17,9 +17,9 @@ are then dropped (they contribute zero, and ``dropped_rows`` counts them on the 
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from moetrain.distributed.capacity import capacity
 
 from moetrain.models.moe.dispatch import Dispatched, Dispatcher, permute_local
 from moetrain.ops.dispatch import combine_rows
@@ -30,13 +30,6 @@ def _all_to_all_equal(x: torch.Tensor, group) -> torch.Tensor:
     from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
     return wait_tensor(all_to_all_single_autograd(x.contiguous(), None, None, group))
-
-
-def capacity(tokens: int, topk: int, ep: int, local_count: int, factor: float | None) -> int:
-    """C: rows one rank may send one peer (see the module doc)."""
-    if factor is None:
-        return tokens * min(topk, local_count)
-    return max(1, math.ceil(factor * tokens * topk / ep))
 
 
 def slot_targets(recv_counts: torch.Tensor, C: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,6 +35,7 @@ Pure Python.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from moetrain.config.schema import Config
@@ -215,6 +216,18 @@ def routed_rows(cfg: Config, d: Dims) -> float:
     return d.Th * cfg.moe.topk * d.moe_imbalance
 
 
+def expert_rows(cfg: Config, d: Dims) -> float:
+    """Rows of the experts' input and output buffers on the worst rank: the routed rows, or under expert
+    parallelism with the sync-free dispatcher its static ep x C receive buffer (``distributed.capacity``; the
+    grouped GEMMs compute only the routed rows of it, ``routed_rows``)."""
+    e = cfg.moe
+    if d.ep > 1 and e.dispatcher == "sync_free":
+        from moetrain.distributed.capacity import capacity
+
+        return d.ep * capacity(math.ceil(d.Th), e.topk, d.ep, e.num_experts // d.ep, e.dispatcher_capacity)
+    return routed_rows(cfg, d)
+
+
 def router(cfg: Config, d: Dims) -> list[Term]:
     e, H = cfg.moe, cfg.model.hidden_size
     T, E, K = d.Th, e.num_experts, e.topk
@@ -255,7 +268,7 @@ def moe_plan(cfg: Config, d: Dims) -> ExpertPlan:
 
 def routed_experts(cfg: Config, d: Dims) -> list[Term]:
     e, H = cfg.moe, cfg.model.hidden_size
-    M, b, I = routed_rows(cfg, d), d.b, e.moe_ffn_hidden_size / d.etp
+    M, b, I = expert_rows(cfg, d), d.b, e.moe_ffn_hidden_size / d.etp
     out = [Term("permute idx", 8 * M)]  # the inverse permutation, shared by FC1's backward and the combine
     if moe_plan(cfg, d).fused:  # FC1 reads x [T, H] (see moe_mlp) through int32 row indices; offs [E] int32
         out += [Term("gather idx", 4 * M + 4 * e.num_experts / d.ep)]

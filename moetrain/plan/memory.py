@@ -12,8 +12,10 @@ allocates them (moetrain/train/trainer.py, optim.py) and extended to Megatron-st
   time that a hook adds into it); otherwise they are ``param.grad``, allocated during the first
   backward of a step (only partly present at the early peaks of a single micro-batch step).
 * optimizer: fp32 master weights (precision.master_weights with a 16-bit dtype) + Adam moments
-  (optim.exp_avg_dtype, optim.exp_avg_sq_dtype); ZeRO-1 (optim.distributed) divides them by
-  the data-parallel size: dp x cp for dense parameters, dp x cp x tp / (ep x etp) for experts.
+  (optim.exp_avg_dtype, optim.exp_avg_sq_dtype).
+* with more than one rank the trainer shards all of these with FSDP2: ``plan/fsdp.py`` gives the
+  sharded params, gradients and moments, the unsharded gradients kept across micro-batches and
+  the all-gathered parameters alive while a block runs (added to "other").
 * activations: ``activations.py`` per block, times the micro-batches in flight on this rank
   under the pipeline schedule (``simulator.peak_in_flight``; 1 without pipelining).
 * other (everything else alive at the peak moment): 64 MiB cuBLAS workspaces; the logits and
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from moetrain.config.schema import Config
 from moetrain.models import accounting as acc
 from moetrain.plan import activations as A
+from moetrain.plan import fsdp
 from moetrain.plan.layout import Layout, Stage, parse_layout
 from moetrain.plan.simulator import Op, order_1f1b, order_interleaved
 
@@ -280,9 +283,10 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
     b_g, b_m, b_v = DTYPE_BYTES[o.main_grads_dtype], DTYPE_BYTES[o.exp_avg_dtype], DTYPE_BYTES[o.exp_avg_sq_dtype]
     master = 4 if (cfg.precision.master_weights and b_p != 4) else 0
     separate_grads = o.main_grads_dtype != cfg.precision.dtype
-    dp_dense = p.dp * p.cp
-    dp_expert = max(p.dp * p.cp * p.tp // (p.ep * p.etp), 1)
     world = p.world_size
+    sharded = fsdp.applies(cfg)
+    if sharded:
+        master = 0  # the sharded fp32 parameters are the master weights
     orders = rank_orders(cfg, layout, m)
 
     act_of: dict[int, float] = {}
@@ -297,15 +301,24 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
         for st in stages:
             prm.add(stage_params(cfg, st))
         n = prm.total
-        shard_opt = (prm.dense / dp_dense + prm.expert / dp_expert) if o.distributed else n
         params = b_p * n
         grads_full = b_g * n
-        optimizer = (master + b_m + b_v) * shard_opt
+        optimizer = (master + b_m + b_v) * n
         in_flight_bytes = _peak_in_flight(orders[r], act_of, wgrad_of)
         mb_bytes = sum(act_of[st.index] for st in stages) / max(len(stages), 1)
         persistent_grads = not separate_grads
         grads_pre = grads_full if (persistent_grads and (m > 1 or layout.pp > 1)) else 0.0
-        largest_shard = prm.largest / (dp_dense if o.distributed else 1)
+        largest_shard = prm.largest
+        grad_per_param = b_p  # bytes a block's parameter gradient adds during backward where grads are lazy
+        gathered_fwd = gathered_bwd = 0.0
+        if sharded:  # FSDP2 (plan/fsdp.py): everything sharded, the root and two blocks gathered
+            fs = fsdp.memory(cfg, prm.dense, prm.expert, prm.embed + prm.head, max(prm.by_block.values(), default=0),
+                             m)
+            params, optimizer, grads_full = fs.params, fs.optimizer, fs.grads
+            separate_grads, persistent_grads, grads_pre = False, False, fs.accumulated
+            largest_shard = prm.largest / fsdp.shard_degrees(cfg)[0]
+            grad_per_param = fsdp.storage_bytes(cfg) / fsdp.shard_degrees(cfg)[0]
+            gathered_fwd, gathered_bwd = fs.gathered_forward, fs.gathered_backward
         moments = []  # (phase, grads alive, activations, other)
 
         last = stages[-1]
@@ -316,10 +329,10 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
         lazy = not separate_grads and not grads_pre
         g0 = grads_full if separate_grads else grads_pre
         if has_ce:
-            moments.append(("backward start (cross-entropy)", g0, in_flight_bytes, WORKSPACE + ce_bwd))
-            moments.append(("forward cross-entropy", g0, in_flight_bytes, WORKSPACE + ce_fwd))
+            moments.append(("backward start (cross-entropy)", g0, in_flight_bytes, WORKSPACE + ce_bwd + gathered_bwd))
+            moments.append(("forward cross-entropy", g0, in_flight_bytes, WORKSPACE + ce_fwd + gathered_fwd))
         else:
-            moments.append(("backward start", g0, in_flight_bytes, WORKSPACE))
+            moments.append(("backward start", g0, in_flight_bytes, WORKSPACE + gathered_bwd))
 
         # Walk the blocks of the youngest micro-batch's last chunk backwards.
         remaining = in_flight_bytes
@@ -327,7 +340,7 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
             remaining -= A.total(A.head_terms(cfg, d))
         for _ in last.mtp:
             remaining -= A.total(A.mtp_extra_terms(cfg, d))
-        g_new = b_p * (prm.head + cfg.model.hidden_size) if (lazy and last.has_loss) else 0.0
+        g_new = grad_per_param * (prm.head + cfg.model.hidden_size) if (lazy and last.has_loss) else 0.0
         L = cfg.model.num_layers
         grads_mode = "lazy" if lazy else ("hook" if separate_grads else "none")
         tuning, first_step = tuning_bytes(cfg, device), 0.0
@@ -337,12 +350,12 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
             recomputed = max(A.total(full) - A.total(saved), 0.0)  # rebuilt in this block's backward
             extra = A.block_backward_extra(cfg, d, moe, win, grads_mode, b_p, full)
             moments.append((f"backward of block {gid}", g_new if lazy else g0, remaining + recomputed,
-                            WORKSPACE + extra))
+                            WORKSPACE + extra + gathered_bwd))
             if moe and tuning:  # the first step also holds a tuning candidate's weight gradient here
                 first_step = max(first_step, sum(moments[-1][1:]) + tuning)
             remaining -= A.total(saved)
             if lazy:
-                g_new += b_p * prm.by_block.get(gid, 0.0)
+                g_new += grad_per_param * prm.by_block.get(gid, 0.0)
         moments.append(("end of backward", grads_full if not separate_grads else g0, 0.0, WORKSPACE))
         moments.append(("optimizer step", grads_full, 0.0, WORKSPACE + optimizer_temp(cfg, largest_shard)))
 

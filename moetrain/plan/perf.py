@@ -10,8 +10,9 @@ and backward), CP ring exchange of K/V (overlapped with attention; only the exce
 The main-grad hooks add (param bytes + 2 x grad bytes) per parameter per micro-batch to W.
 
 step = pipeline makespan (simulator, p2p per boundary) + exposed DP communication
-       ((1 - dp_overlap) x [grad reduce-scatter (ZeRO-1) or all-reduce] and, with ZeRO-1, the
-       parameter all-gather) + optimizer step (memory traffic of grad-norm, clipping, AdamW and
+       ((1 - dp_overlap) x the data-parallel traffic: with more than one rank FSDP2's (``plan.fsdp``:
+       parameter all-gathers in forward and backward per micro-batch, one gradient reduce-scatter), else
+       nothing) + optimizer step (memory traffic of grad-norm, clipping, AdamW and
        master->param copy at the copy bandwidth; the fused multi-tensor AdamW at FUSED_ADAMW of
        it, floored by hardware.measured.fused_adamw_gelem_per_s) + zero_grad.
 
@@ -30,8 +31,8 @@ from dataclasses import dataclass, field
 from moetrain.config.schema import Config
 from moetrain.distributed.layout import RankLayout
 from moetrain.models import accounting as acc
-from moetrain.plan import comm
-from moetrain.plan.activations import resolve_dims
+from moetrain.plan import comm, fsdp
+from moetrain.plan.activations import expert_rows, resolve_dims
 from moetrain.plan.costs import BlockCost, Cost, Roofline, block_cost, embedding_cost, head_cost, mtp_extra_cost
 from moetrain.plan.layout import parse_layout
 from moetrain.plan.memory import DTYPE_BYTES, block_mode, stage_params, StageParams, _window
@@ -162,7 +163,7 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
                 b += 2 * one
                 cm += 4 * one
             if moe and p.ep > 1:
-                a2a = comm.all_to_all(d.b * d.Th * cfg.moe.topk * H, p.ep, ranks.stride("ep"), hw, d.moe_imbalance)
+                a2a = ep_all_to_all(cfg, d, hw, ranks)
                 f += 2 * a2a
                 b += 2 * a2a
                 cm += 4 * a2a
@@ -219,6 +220,16 @@ def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str,
     return out
 
 
+def ep_all_to_all(cfg: Config, d, hw, ranks: RankLayout) -> float:
+    """One expert-parallel all-to-all (dispatch or combine, either direction): T x K rows of H (the slowest rank's
+    share scaled by the imbalance), or the sync-free dispatcher's fixed ep x C rows (equal splits)."""
+    p, H = cfg.parallel, cfg.model.hidden_size
+    if cfg.moe.dispatcher == "sync_free":
+        rows = expert_rows(cfg, d)
+        return comm.all_to_all(d.b * rows * H, p.ep, ranks.stride("ep"), hw)
+    return comm.all_to_all(d.b * d.Th * cfg.moe.topk * H, p.ep, ranks.stride("ep"), hw, d.moe_imbalance)
+
+
 def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: float = 1.0, dp_overlap: float = 0.5,
                  measured: dict | None = None, measured_hooks: bool = False) -> PerfReport:
     p, t = cfg.parallel, cfg.train
@@ -248,23 +259,16 @@ def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: flo
     bubbles = [tl.bubble_fraction(r) for r in range(layout.pp)]
 
     # data parallel + optimizer, per pipeline rank
-    b_g, b_p = DTYPE_BYTES[cfg.optim.main_grads_dtype], DTYPE_BYTES[cfg.precision.dtype]
-    dp_dense = p.dp * p.cp
-    dp_expert = max(p.dp * p.cp * p.tp // (p.ep * p.etp), 1)
-    dense_link = comm.group_link(hw, dp_dense, ranks.stride("cp"))  # dp x cp ranks, spaced as cp's
-    expert_link = comm.group_link(hw, dp_expert, ranks.stride("efsdp"))
+    replicate_link = comm.group_link(hw, p.dp_replicate, ranks.stride("dp_replicate"))
     per_rank, tails = [], []
     for r, sp in enumerate(ranks_params):
-        if cfg.optim.distributed:
-            g = comm.reduce_scatter(b_g * sp.dense, dp_dense, dense_link) + \
-                comm.reduce_scatter(b_g * sp.expert, dp_expert, expert_link)
-            g += comm.all_gather(b_p * sp.dense, dp_dense, dense_link) + \
-                comm.all_gather(b_p * sp.expert, dp_expert, expert_link)
-            n_opt = sp.dense / dp_dense + sp.expert / dp_expert
-        else:
-            g = comm.all_reduce(b_g * sp.dense, dp_dense, dense_link) + \
-                comm.all_reduce(b_g * sp.expert, dp_expert, expert_link)
-            n_opt = sp.total
+        g, n_opt = 0.0, sp.total  # one rank: nothing to reduce
+        if fsdp.applies(cfg):
+            sd, se = fsdp.shard_degrees(cfg)
+            links = (comm.group_link(hw, sd, ranks.stride("cp")), comm.group_link(hw, se, ranks.stride("efsdp")),
+                     replicate_link)
+            g = fsdp.comm_seconds(cfg, comm, hw, sp.dense, sp.expert, m_mb, links)
+            n_opt = sp.dense / sd + sp.expert / se
         exposed = (1.0 - dp_overlap) * g
         n_tensors = TENSORS_PER_BLOCK * max(len(sp.by_block), 1) + 3
         opt = optimizer_time(cfg, hw, n_opt, n_tensors)

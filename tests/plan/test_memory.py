@@ -68,15 +68,44 @@ def test_recompute_orders_memory():
     assert peak["full"] < ids < peak["none"]
 
 
-def test_zero1_shards_optimizer_state():
-    base = ["model.num_layers=4", "parallel.dp=8", "parallel.ep=8", "train.global_batch_size=64"]
-    c0 = cfg("qwen3-30b-a3b", *base)
-    c1 = cfg("qwen3-30b-a3b", *base, "optim.distributed=true")
-    r0, r1 = project_memory(c0, H200).ranks[0], project_memory(c1, H200).ranks[0]
-    sp = stage_params(c0, parse_layout(c0).stages[0])
-    assert r0.optimizer == pytest.approx(12 * sp.total)
-    # dense parameters shard over dp (8); experts over dp*cp*tp/(ep*etp) = 1
-    assert r1.optimizer == pytest.approx(12 * (sp.dense / 8 + sp.expert / 1))
+def test_fsdp_shards_params_grads_and_optimizer_state():
+    base = ["model.num_layers=4", "parallel.dp=8", "parallel.ep=8", "train.global_batch_size=8",
+            "train.micro_batch_size=1", "train.seq_length=1024"]
+    c = cfg("qwen3-30b-a3b", *base)
+    r = project_memory(c, H200).ranks[0]
+    sp = stage_params(c, parse_layout(c).stages[0])
+    shard = sp.dense / 8 + sp.expert / 1  # dense over dp_shard = 8, experts (split over ep = 8) over efsdp = 1
+    assert r.params == pytest.approx(4 * shard)  # fp32 shards: the master weights themselves
+    assert r.optimizer == pytest.approx(8 * shard)  # fp32 moments, no separate master copy
+    assert r.grads_full == pytest.approx(4 * shard)
+    one = project_memory(cfg("qwen3-30b-a3b", *base[:1], "train.micro_batch_size=1", "train.seq_length=1024",
+                             "train.global_batch_size=1"), H200).ranks[0]
+    assert r.params + r.optimizer < (one.params + one.optimizer) / 8
+
+
+def test_fsdp_accumulation_keeps_unsharded_gradients():
+    base = ["model.num_layers=4", "parallel.dp=8", "parallel.ep=8", "train.micro_batch_size=1",
+            "train.seq_length=1024"]
+    c1, c4 = cfg("qwen3-30b-a3b", *base, "train.global_batch_size=8"), cfg("qwen3-30b-a3b", *base,
+                                                                          "train.global_batch_size=32")
+    sp = stage_params(c1, parse_layout(c1).stages[0])
+    r1, r4 = project_memory(c1, H200).ranks[0], project_memory(c4, H200).ranks[0]
+    assert r4.grads - r1.grads >= 0.9 * 4 * sp.total  # fp32 reduce dtype, every local parameter
+
+
+def test_sync_free_buffers_cost_ep_times_min_k_el_and_capacity_bounds_them():
+    base = ["model.num_layers=2", "parallel.dp=8", "parallel.ep=8", "train.global_batch_size=8",
+            "train.micro_batch_size=1", "train.seq_length=1024"]
+    c_a2a, c_free = cfg("qwen3-30b-a3b", *base), cfg("qwen3-30b-a3b", *base, "moe.dispatcher=sync_free")
+    c_cap = cfg("qwen3-30b-a3b", *base, "moe.dispatcher=sync_free", "moe.dispatcher_capacity=1.25")
+    d = A.resolve_dims(c_a2a)
+    T, K, El = 1024, 8, 128 // 8
+    assert A.expert_rows(c_a2a, d) == T * K
+    assert A.expert_rows(c_free, d) == 8 * T * min(K, El)
+    assert A.expert_rows(c_cap, d) == 8 * -(-1.25 * T * K // 8)
+    act = {name: project_memory(c, H200).ranks[0].activations for name, c in
+           (("a2a", c_a2a), ("free", c_free), ("cap", c_cap))}
+    assert act["a2a"] < act["cap"] < act["free"]
 
 
 def test_1f1b_in_flight_per_rank():
