@@ -1,7 +1,6 @@
 """The sync-free dispatcher on one GPU (a one-rank NCCL group in this process): a MoE layer using it runs forward +
-backward under ``torch.cuda.set_sync_debug_mode("error")``; and ``torchrun``-style single-rank training (the
-distributed trainer) trains. (Capturing that layer's forward + backward in a CUDA graph succeeded in a standalone
-script on the H200 but failed under pytest with a legacy-stream dependency in the collective's backward: open.)"""
+backward under ``torch.cuda.set_sync_debug_mode("error")``, eagerly and captured in a CUDA graph (the replay
+matching the eager result); and ``torchrun``-style single-rank training (the distributed trainer) trains."""
 
 import socket
 
@@ -51,6 +50,43 @@ def test_sync_free_layer_reads_nothing_on_the_host(nccl_group, backend):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert torch.isfinite(eager).all() and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_sync_free_layer_captures_in_a_cuda_graph(nccl_group, backend):
+    from moetrain.distributed.sync_free import SyncFreeDispatcher
+    from moetrain.models import build_model
+
+    cfg = load_config(overrides=[f"moe.backend={backend}", "model.hidden_size=128", "moe.moe_ffn_hidden_size=64"])
+    with torch.device("cuda"):
+        model = build_model(cfg)
+    model.to(torch.bfloat16)
+    layer = model.moe_layers()[0]
+    layer.dispatcher = SyncFreeDispatcher(nccl_group, 1, cfg.moe.num_experts)
+    x = torch.randn(4, 64, cfg.model.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    stream = torch.cuda.Stream()  # warm-up and capture on one side stream, as the trainer's graphed step does
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            layer(x).float().sum().backward()
+        x.grad = None
+        for p in layer.parameters():
+            p.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            y = layer(x)
+            y.float().sum().backward()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    x_eager = x.detach().clone().requires_grad_(True)
+    ref = layer(x_eager)
+    ref.float().sum().backward()
+    assert torch.allclose(y.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    assert torch.allclose(x.grad.float(), x_eager.grad.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_one_rank_distributed_training_on_gpu(tmp_path, monkeypatch):
