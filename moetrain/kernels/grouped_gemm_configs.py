@@ -225,5 +225,32 @@ def interpreter_numpy_shim() -> None:
     itp._patch_lang_tensor = patched
 
 
+def interpreter_fp8_shim() -> None:
+    # Triton 3.6's interpreter casts float32 -> e4m3 by dropping mantissa bits (no rounding, no carry into the
+    # exponent), so an interpreted quantizer differs from the GPU's round-to-nearest-even. Cast through torch
+    # instead (interpreter only; other conversions untouched).
+    global _FP8_SHIM_DONE
+    if _FP8_SHIM_DONE:
+        return
+    _FP8_SHIM_DONE = True
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter as itp
+
+    original = itp._convert_float
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):
+        if output_dtype == tl.float8e4nv and input_dtype == tl.float32:
+            t = torch.from_numpy(np.ascontiguousarray(input).view(np.float32).copy())
+            return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(input.shape)
+        return original(input, input_dtype, output_dtype, rounding_mode)
+
+    itp._convert_float = convert
+
+
+_FP8_SHIM_DONE = False
+
+
 # The "auto" backend's extra candidate beside the configs: torch._grouped_mm's form of the op (torch_grouped_mm.py).
 TORCH = "torch"

@@ -1,5 +1,6 @@
 """Blockwise FP8 Triton kernels against their references (``ops.fp8_quant``, ``ops.grouped_gemm_fp8``): the 1 x 128
-quantizer bit for bit (on a GPU), the grouped GEMM to fp32 rounding on the same quantized operands (forward, and the data
+quantizers bit for bit (rows; rows and transposed columns in one pass; weight blocks and their transpose), the
+grouped GEMM to fp32 rounding on the same quantized operands (forward, and the data
 gradient through the transposed weight blocks), uneven, empty and one-row groups, partial K and N tiles, rows of no
 group. On the CPU the kernels run in Triton's interpreter."""
 
@@ -11,8 +12,13 @@ from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton 
 
 ON_GPU = use_gpu_or_interpreter()
 
-from moetrain.kernels.fp8_blockwise import grouped_gemm_blockwise, quantize_rows_1x128  # noqa: E402
-from moetrain.ops.fp8_quant import quantize  # noqa: E402
+from moetrain.kernels.fp8_blockwise import grouped_gemm_blockwise  # noqa: E402
+from moetrain.kernels.fp8_quantize import (  # noqa: E402
+    quantize_rows_1x128,
+    quantize_rows_and_cols,
+    quantize_weight_blocks,
+)
+from moetrain.ops.fp8_quant import quantize, quantize_tiles  # noqa: E402
 from moetrain.ops.grouped_gemm_fp8 import grouped_dgrad_fp8_reference, grouped_gemm_fp8_reference  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -32,37 +38,57 @@ def _offs():
     return torch.tensor(SIZES).cumsum(0).to(torch.int32).to(DEVICE)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="Triton 3.6's interpreter rounds some float32 -> e4m3 casts a binade low")
+def _same_bits(a, b):
+    return torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+
+
 def test_row_quantizer_matches_the_reference_bit_for_bit():
     x, _ = _data(37, 1, 200)
     x = x.to(torch.bfloat16)
     q, s = quantize_rows_1x128(x)
     ref = quantize(x, "blockwise", "activation")
-    assert torch.equal(s.cpu(), ref.scale.cpu())
-    assert torch.equal(q.cpu().view(torch.uint8), ref.data.cpu().view(torch.uint8))
+    assert torch.equal(s.cpu(), ref.scale.cpu()) and _same_bits(q, ref.data)
 
 
-@pytest.mark.parametrize("block_n", [64, 128])
-def test_forward_matches_fp32_math_on_the_quantized_values(block_n):
+def test_rows_and_cols_quantizer_writes_both_copies_in_one_pass():
+    x, _ = _data(300, 1, 200, seed=4)  # partial tiles both ways
+    q, s, qt, st = quantize_rows_and_cols(x.to(torch.bfloat16))
+    rows = quantize(x.to(torch.bfloat16), "blockwise", "activation")
+    cols = quantize_tiles(x.to(torch.bfloat16).T.contiguous(), (1, 128))  # x^T along M, 128 rows of x a tile
+    assert torch.equal(s.cpu(), rows.scale.cpu()) and _same_bits(q, rows.data)
+    assert qt.shape == (200, 300) and st.shape == (200, 3)
+    assert torch.equal(st.cpu(), cols.scale.cpu()) and _same_bits(qt, cols.data)
+
+
+def test_weight_block_quantizer_writes_the_blocks_and_their_transpose():
+    _, w = _data(4, 300, 200, seed=5)
+    q, qt, s = quantize_weight_blocks(w)
+    ref = quantize(w, "blockwise", "weight")
+    assert torch.equal(s.cpu(), ref.scale.cpu()) and _same_bits(q, ref.data)
+    assert _same_bits(qt, ref.data.transpose(1, 2).contiguous())
+
+
+@pytest.mark.parametrize("block_n,pair,group_m", [(64, False, 2), (128, True, 1), (32, True, 4)])
+def test_forward_matches_fp32_math_on_the_quantized_values(block_n, pair, group_m):
     M, N, K = sum(SIZES) + 6, 160, 200
     x, w = _data(M, N, K, seed=1)
     offs = _offs()
     xq, wq = quantize(x, "blockwise"), quantize(w, "blockwise", "weight")
     y = grouped_gemm_blockwise(xq.data, xq.scale, wq.data, wq.scale, offs, out_dtype=torch.float32, block_m=32,
-                               block_n=block_n, num_warps=4, num_stages=2)
+                               block_n=block_n, num_warps=4, num_stages=2, group_m=group_m, pair=pair)
     ref = grouped_gemm_fp8_reference(x, w, offs, "blockwise")
     assert torch.all(y[sum(SIZES):] == 0)
     assert rel_err(y, ref) < BOUND
 
 
 def test_data_gradient_runs_on_the_transposed_weight_blocks():
-    M, N, K = sum(SIZES) + 6, 256, 160
+    M, N, K = sum(SIZES) + 6, 300, 160  # 3 slices of 128 along the reduction over N: an odd count for pair
     x, w = _data(M, N, K, seed=2)
     dy = torch.randn(M, N, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     offs = _offs()
     gq, wq = quantize(dy, "blockwise"), quantize(w, "blockwise", "weight")  # dy along N
     wt = wq.data.transpose(1, 2).contiguous()  # [G, K, N]: the same blocks, K-major for the reduction over N
     dx = grouped_gemm_blockwise(gq.data, gq.scale, wt, wq.scale.transpose(1, 2).contiguous(), offs, out_dtype=torch.float32,
-                                block_m=32, block_n=64, num_warps=4, num_stages=2)
+                                block_m=32, block_n=64, num_warps=4, num_stages=2, pair=True)
     ref = grouped_dgrad_fp8_reference(dy, w, offs, "blockwise")
     assert rel_err(dx, ref) < BOUND

@@ -1,0 +1,132 @@
+"""FP8 quantization kernels of the blockwise recipe (1 x 128 activation tiles, 128 x 128 weight blocks, fp32
+scales; reference: ``moetrain.ops.fp8_quant``, whose rule each reproduces bit for bit on a GPU): one pass over the
+input writes the data and the scales, and the transposed copies the backward needs in the same pass.
+
+Shapes and dtypes (legend in ``ops.fp8_quant``):
+    quantize_rows_1x128:      x [M, C] float -> (q [M, C] float8_e4m3fn, s [M, ceil(C / 128)] float32)
+    quantize_rows_and_cols:   x [M, C] float -> the above, and (qt [C, M] float8_e4m3fn, st [C, ceil(M / 128)] float32):
+                              x^T quantized along M in tiles of 128 rows of x, the weight gradient's operand. Its
+                              tiles respect group boundaries when every group starts on a multiple of 128 rows
+                              (``ops.permute(align=128)``).
+    quantize_weight_blocks:   w [G, N, K] float -> (q [G, N, K], qt [G, K, N] float8_e4m3fn, s [G, ceil(N / 128),
+                              ceil(K / 128)] float32): the blocks and their transpose (the data gradient's operand,
+                              same scales transposed).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from moetrain.kernels.grouped_gemm_configs import interpreter_fp8_shim, interpreter_numpy_shim, interpreting
+
+BLOCK = 128
+E4M3_MAX = 448.0
+
+
+def _prepare() -> None:
+    if interpreting():
+        interpreter_numpy_shim()
+        interpreter_fp8_shim()
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm,
+                          BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr):
+    pid_m, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_k * BLOCK + tl.arange(0, BLOCK)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+    q = tl.clamp(x / scale[:, None], -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_qm + cols[None, :], q, mask=mask)
+    tl.store(s_ptr + rows * stride_sm + pid_k, scale, mask=rows < M)
+
+
+def quantize_rows_1x128(x: torch.Tensor, block_m: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K] float8_e4m3fn, s [M, ceil(K / 128)] float32): one pass over x."""
+    M, K = x.shape
+    q = torch.empty(M, K, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(M, triton.cdiv(K, BLOCK), dtype=torch.float32, device=x.device)
+    if M == 0 or K == 0:
+        return q, s
+    x = x if x.stride(1) == 1 else x.contiguous()
+    _prepare()
+    grid = (triton.cdiv(M, block_m), triton.cdiv(K, BLOCK))
+    _quantize_rows_kernel[grid](x, q, s, M, K, x.stride(0), q.stride(0), s.stride(0),
+                                BLOCK_M=block_m, BLOCK=BLOCK, FP8_MAX=E4M3_MAX)
+    return q, s
+
+
+@triton.jit
+def _quantize_tile_2d_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xb, stride_xr, stride_qb, stride_qr,
+                             stride_sb, stride_sr, stride_qtb, stride_qtc, stride_stb, stride_stc,
+                             BLOCK: tl.constexpr, FP8_MAX: tl.constexpr, SQUARE: tl.constexpr):
+    """One 128 x 128 tile of x[b] [R, C]. SQUARE: one scale for the tile (weight blocks) -> q, s [.., R/128, C/128],
+    and qt (the tile transposed, same scale). Else: per row over the tile's columns -> q, s [.., R, C/128]; per column
+    over its rows -> qt [.., C, R], st [.., C, R/128]."""
+    pid_r, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    rows = pid_r * BLOCK + tl.arange(0, BLOCK)
+    cols = pid_c * BLOCK + tl.arange(0, BLOCK)
+    r_ok, c_ok = rows < R, cols < C
+    mask = r_ok[:, None] & c_ok[None, :]
+    x = tl.load(x_ptr + b * stride_xb + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    ax = tl.abs(x)
+    q_at = q_ptr + b * stride_qb + rows[:, None].to(tl.int64) * stride_qr + cols[None, :]
+    qt_at = qt_ptr + b * stride_qtb + cols[:, None].to(tl.int64) * stride_qtc + rows[None, :]  # [C tile, R tile]
+    mask_t = c_ok[:, None] & r_ok[None, :]
+    if SQUARE:
+        amax = tl.max(tl.max(ax, axis=1), axis=0)
+        scale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+        q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
+        tl.store(q_at, q, mask=mask)
+        tl.store(qt_at, tl.trans(q), mask=mask_t)
+        tl.store(s_ptr + b * stride_sb + pid_r * stride_sr + pid_c, scale)
+    else:
+        row_amax = tl.max(ax, axis=1)
+        row_scale = tl.where(row_amax > 0, row_amax / FP8_MAX, 1.0)
+        tl.store(q_at, tl.clamp(x / row_scale[:, None], -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + b * stride_sb + rows.to(tl.int64) * stride_sr + pid_c, row_scale, mask=r_ok)
+        col_amax = tl.max(ax, axis=0)
+        col_scale = tl.where(col_amax > 0, col_amax / FP8_MAX, 1.0)
+        qt = tl.clamp(x / col_scale[None, :], -FP8_MAX, FP8_MAX).to(qt_ptr.dtype.element_ty)
+        tl.store(qt_at, tl.trans(qt), mask=mask_t)
+        tl.store(st_ptr + b * stride_stb + cols.to(tl.int64) * stride_stc + pid_r, col_scale, mask=c_ok)
+
+
+def quantize_rows_and_cols(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, C] -> (q, s, qt, st) as the module doc says: one read of x."""
+    M, C = x.shape
+    fp8, dev = torch.float8_e4m3fn, x.device
+    q, qt = torch.empty(M, C, dtype=fp8, device=dev), torch.empty(C, M, dtype=fp8, device=dev)
+    s = torch.empty(M, triton.cdiv(C, BLOCK), dtype=torch.float32, device=dev)
+    st = torch.empty(C, triton.cdiv(M, BLOCK), dtype=torch.float32, device=dev)
+    if M == 0 or C == 0:
+        return q, s, qt, st
+    x = x if x.stride(1) == 1 else x.contiguous()
+    _prepare()
+    grid = (triton.cdiv(M, BLOCK), triton.cdiv(C, BLOCK), 1)
+    _quantize_tile_2d_kernel[grid](x, q, s, qt, st, M, C, 0, x.stride(0), 0, q.stride(0), 0, s.stride(0), 0,
+                                   qt.stride(0), 0, st.stride(0), BLOCK=BLOCK, FP8_MAX=E4M3_MAX, SQUARE=False)
+    return q, s, qt, st
+
+
+def quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [G, N, K] -> (q [G, N, K], qt [G, K, N], s [G, ceil(N / 128), ceil(K / 128)]): one read of w."""
+    G, N, K = w.shape
+    fp8, dev = torch.float8_e4m3fn, w.device
+    q, qt = torch.empty(G, N, K, dtype=fp8, device=dev), torch.empty(G, K, N, dtype=fp8, device=dev)
+    s = torch.empty(G, triton.cdiv(N, BLOCK), triton.cdiv(K, BLOCK), dtype=torch.float32, device=dev)
+    if G == 0 or N == 0 or K == 0:
+        return q, qt, s
+    w = w if w.is_contiguous() else w.contiguous()
+    _prepare()
+    grid = (triton.cdiv(N, BLOCK), triton.cdiv(K, BLOCK), G)
+    _quantize_tile_2d_kernel[grid](w, q, s, qt, s, N, K, w.stride(0), w.stride(1), q.stride(0), q.stride(1),
+                                   s.stride(0), s.stride(1), qt.stride(0), qt.stride(1), 0, 0,
+                                   BLOCK=BLOCK, FP8_MAX=E4M3_MAX, SQUARE=True)
+    return q, qt, s
