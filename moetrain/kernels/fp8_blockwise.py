@@ -111,3 +111,55 @@ def grouped_gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, s
         BLOCK_G=triton.next_power_of_2(G), GROUP_M=group_m, PAIR=int(pair), num_warps=num_warps,
         num_stages=num_stages)
     return y
+
+
+@triton.jit
+def _grouped_wgrad_blockwise_kernel(at_ptr, sat_ptr, bt_ptr, sbt_ptr, dw_ptr, offs_ptr, M, N, K,
+                                    stride_atn, stride_satn, stride_btk, stride_sbtk, stride_dwg, stride_dwn,
+                                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+    pid_n, pid_k, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    end = tl.minimum(tl.load(offs_ptr + g), M)
+    start = tl.minimum(tl.load(offs_ptr + tl.maximum(g - 1, 0), mask=g > 0, other=0), end)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    n_ok, k_ok = n < N, k < K
+    a_rows = at_ptr + n[:, None].to(tl.int64) * stride_atn
+    b_rows = bt_ptr + k[:, None].to(tl.int64) * stride_btk
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    # the 128-row tiles of the quantization that meet the group; partial ones are masked to its rows
+    for t in range(start // BLOCK_R, (end + BLOCK_R - 1) // BLOCK_R):
+        r = t * BLOCK_R + tl.arange(0, BLOCK_R)
+        r_ok = (r >= start) & (r < end)
+        a = tl.load(a_rows + r[None, :], mask=n_ok[:, None] & r_ok[None, :], other=0.0)
+        b = tl.load(b_rows + r[None, :], mask=k_ok[:, None] & r_ok[None, :], other=0.0)
+        sa = tl.load(sat_ptr + n.to(tl.int64) * stride_satn + t, mask=n_ok, other=0.0)
+        sb = tl.load(sbt_ptr + k.to(tl.int64) * stride_sbtk + t, mask=k_ok, other=0.0)
+        acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * (sa[:, None] * sb[None, :])
+    dw = acc.to(dw_ptr.dtype.element_ty)
+    tl.store(dw_ptr + g.to(tl.int64) * stride_dwg + n[:, None].to(tl.int64) * stride_dwn + k[None, :], dw,
+             mask=n_ok[:, None] & k_ok[None, :])
+
+
+def grouped_wgrad_blockwise(at: torch.Tensor, sat: torch.Tensor, bt: torch.Tensor, sbt: torch.Tensor,
+                            offs: torch.Tensor, out_dtype: torch.dtype = torch.float32, block_n: int = 128,
+                            block_k: int = 128, num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
+    """dw [G, N, K] = the blockwise FP8 weight gradient: dw_g = dequant(at[:, rows of g]) @ dequant(bt[:, rows of
+    g])^T, with at = dy^T [N, M] and bt = x^T [K, M] quantized along M in tiles of 128 rows
+    (``fp8_quantize.quantize_rows_and_cols``), sat [N, ceil(M / 128)], sbt [K, ceil(M / 128)]. An empty group's
+    gradient is 0."""
+    N, M = at.shape
+    K = bt.shape[0]
+    G = offs.shape[0]
+    if bt.shape[1] != M:
+        raise ValueError(f"grouped_wgrad_blockwise: at {tuple(at.shape)} and bt {tuple(bt.shape)} do not match")
+    dw = torch.empty(G, N, K, dtype=out_dtype, device=at.device)
+    if G == 0 or N == 0 or K == 0:
+        return dw
+    if interpreting():
+        interpreter_numpy_shim()
+    grid = (triton.cdiv(N, block_n), triton.cdiv(K, block_k), G)
+    _grouped_wgrad_blockwise_kernel[grid](at, sat, bt, sbt, dw, offs, M, N, K, at.stride(0), sat.stride(0),
+                                          bt.stride(0), sbt.stride(0), dw.stride(0), dw.stride(1),
+                                          BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_R=BLOCK_K, num_warps=num_warps,
+                                          num_stages=num_stages)
+    return dw

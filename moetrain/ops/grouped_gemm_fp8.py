@@ -8,7 +8,9 @@ Outputs are float32: forward y [M, N], data gradient dx [M, K], weight gradient 
 Each operand is quantized the way the recipe's kernels quantize it (``fp8_quant``):
     forward  y_g  = x_g  @ w_g^T    x along K (activation tiles), w in weight tiles
     dgrad    dx_g = dy_g @ w_g      dy along N, w^T along N (the weight's own blocks, transposed, for blockwise)
-    wgrad    dw_g = dy_g^T @ x_g    dy^T and x^T along the group's rows M_g (tiles never straddle two groups)
+    wgrad    dw_g = dy_g^T @ x_g    dy^T and x^T along M, in the recipe's tiles of consecutive rows of the whole
+                                    tensor (a tile may meet two groups: it is one scale for both; with groups
+                                    padded to the tile, ``permute(align=128)``, none does)
 Rows past offs[-1] belong to no group: their y and dx are 0.
 """
 
@@ -44,10 +46,9 @@ def grouped_dgrad_fp8_reference(dy: torch.Tensor, w: torch.Tensor, offs: torch.T
 
 def grouped_wgrad_fp8_reference(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, recipe: str) -> torch.Tensor:
     G = offs.shape[0]
+    a = round_trip(dy.T, recipe, "activation")  # [N, M] along M
+    b = round_trip(x.T, recipe, "activation")  # [K, M]
     dw = torch.zeros(G, dy.shape[1], x.shape[1], dtype=torch.float32, device=dy.device)
     for g, (s, e) in enumerate(_bounds(offs)):
-        if e > s:
-            a = round_trip(dy[s:e].T, recipe, "activation")  # [N, M_g] along the group's rows
-            b = round_trip(x[s:e].T, recipe, "activation")  # [K, M_g]
-            dw[g] = a @ b.T
+        dw[g] = a[:, s:e] @ b[:, s:e].T
     return dw

@@ -12,14 +12,18 @@ from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton 
 
 ON_GPU = use_gpu_or_interpreter()
 
-from moetrain.kernels.fp8_blockwise import grouped_gemm_blockwise  # noqa: E402
+from moetrain.kernels.fp8_blockwise import grouped_gemm_blockwise, grouped_wgrad_blockwise  # noqa: E402
 from moetrain.kernels.fp8_quantize import (  # noqa: E402
     quantize_rows_1x128,
     quantize_rows_and_cols,
     quantize_weight_blocks,
 )
 from moetrain.ops.fp8_quant import quantize, quantize_tiles  # noqa: E402
-from moetrain.ops.grouped_gemm_fp8 import grouped_dgrad_fp8_reference, grouped_gemm_fp8_reference  # noqa: E402
+from moetrain.ops.grouped_gemm_fp8 import (  # noqa: E402
+    grouped_dgrad_fp8_reference,
+    grouped_gemm_fp8_reference,
+    grouped_wgrad_fp8_reference,
+)
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 SIZES = [70, 0, 50, 1, 29]  # uneven, empty, one row; M = 150 + 6 rows of no group
@@ -92,3 +96,16 @@ def test_data_gradient_runs_on_the_transposed_weight_blocks():
                                 block_m=32, block_n=64, num_warps=4, num_stages=2, pair=True)
     ref = grouped_dgrad_fp8_reference(dy, w, offs, "blockwise")
     assert rel_err(dx, ref) < BOUND
+
+
+def test_weight_gradient_over_each_groups_rows_from_the_transposed_copies(poisoned_empty):
+    M, N, K = sum(SIZES) + 6, 160, 200  # groups meet the 128-row tiles anywhere; 6 rows of no group
+    x, _ = _data(M, N, K, seed=6)
+    dy = torch.randn(M, N, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    offs = _offs()
+    _, _, dyt, sdyt = quantize_rows_and_cols(dy)
+    _, _, xt, sxt = quantize_rows_and_cols(x)
+    dw = grouped_wgrad_blockwise(dyt, sdyt, xt, sxt, offs, block_n=32, block_k=64, num_warps=4, num_stages=2)
+    ref = grouped_wgrad_fp8_reference(dy, x, offs, "blockwise")
+    assert torch.all(dw[1] == 0)  # the empty group
+    assert rel_err(dw, ref) < BOUND
