@@ -52,3 +52,66 @@ def grouped_wgrad_fp8_reference(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
     for g, (s, e) in enumerate(_bounds(offs)):
         dw[g] = a[:, s:e] @ b[:, s:e].T
     return dw
+
+
+# ---- the op --------------------------------------------------------------------------------------------------
+
+class WeightCache:
+    """Each weight's blockwise FP8 copies (blocks, transposed blocks, scales), made again only when the weight
+    changed (its in-place version counter moved: the optimizer step), so the micro-batches of one step quantize it
+    once. Kept on the weight tensor itself (an attribute): they live and die with it."""
+
+    ATTR = "_moetrain_fp8_blocks"
+
+    def get(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from moetrain.kernels.fp8_quantize import quantize_weight_blocks
+
+        entry = getattr(w, self.ATTR, None)
+        if entry is None or entry[0] != w._version:
+            entry = (w._version, quantize_weight_blocks(w.detach()))
+            setattr(w, self.ATTR, entry)
+        return entry[1]
+
+
+WEIGHTS = WeightCache()
+
+
+class _BlockwiseGroupedGemm(torch.autograd.Function):
+    """y = x_g @ w_g^T in blockwise FP8 (Triton kernels); backward: dx through the transposed weight blocks, dw from
+    the column-quantized copies of x (kept from the forward, FP8: half of x's bf16 bytes) and dy."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs):
+        from moetrain.kernels.fp8_blockwise import grouped_gemm_blockwise
+        from moetrain.kernels.fp8_quantize import quantize_rows_and_cols
+
+        q, s, qt, st = quantize_rows_and_cols(x)
+        wq, wqt, ws = WEIGHTS.get(w)
+        ctx.save_for_backward(qt, st, offs)
+        ctx.w = w
+        ctx.x_dtype = x.dtype
+        return grouped_gemm_blockwise(q, s, wq, ws, offs, out_dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        from moetrain.kernels.fp8_blockwise import grouped_gemm_blockwise, grouped_wgrad_blockwise
+        from moetrain.kernels.fp8_quantize import quantize_rows_and_cols
+
+        qt, st, offs = ctx.saved_tensors
+        w = ctx.w
+        g, sg, gt, sgt = quantize_rows_and_cols(dy)
+        _, wqt, ws = WEIGHTS.get(w)
+        dx = grouped_gemm_blockwise(g, sg, wqt, ws.transpose(1, 2).contiguous(), offs, out_dtype=ctx.x_dtype)
+        dw = grouped_wgrad_blockwise(gt, sgt, qt, st, offs, out_dtype=w.dtype)
+        return dx, dw, None
+
+
+def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, recipe: str = "blockwise") -> torch.Tensor:
+    """y [M, N] = x_g @ w_g^T for each group g in FP8 ``recipe`` (shapes in the module doc; y in x's dtype), with
+    autograd. Blockwise runs our Triton kernels (CUDA, or the interpreter on CPU tensors)."""
+    if recipe != "blockwise":
+        raise NotImplementedError(f"grouped_gemm_fp8: recipe {recipe!r} has no kernels yet (blockwise has)")
+    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2] or offs.shape != (w.shape[0],):
+        raise ValueError(f"grouped_gemm_fp8: x {tuple(x.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} do "
+                         "not match ([M, K], [G, N, K], [G])")
+    return _BlockwiseGroupedGemm.apply(x, w, offs)

@@ -109,3 +109,24 @@ def test_weight_gradient_over_each_groups_rows_from_the_transposed_copies(poison
     ref = grouped_wgrad_fp8_reference(dy, x, offs, "blockwise")
     assert torch.all(dw[1] == 0)  # the empty group
     assert rel_err(dw, ref) < BOUND
+
+
+def test_autograd_op_matches_the_references_and_requantizes_a_changed_weight():
+    from moetrain.ops.grouped_gemm_fp8 import WEIGHTS, grouped_gemm_fp8
+
+    M, N, K = sum(SIZES) + 6, 160, 200
+    x, w = _data(M, N, K, seed=8)
+    dy = torch.randn(M, N, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    offs = _offs()
+    xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    y = grouped_gemm_fp8(xg, wg, offs)
+    y.backward(dy)
+    assert rel_err(y, grouped_gemm_fp8_reference(x, w, offs, "blockwise")) < BOUND
+    assert rel_err(xg.grad, grouped_dgrad_fp8_reference(dy, w, offs, "blockwise")) < BOUND
+    assert rel_err(wg.grad, grouped_wgrad_fp8_reference(dy, x, offs, "blockwise")) < BOUND
+    first = WEIGHTS.get(wg)
+    assert WEIGHTS.get(wg) is first  # the same step: cached
+    with torch.no_grad():
+        wg.mul_(2.0)  # what an optimizer step does: in place
+    assert WEIGHTS.get(wg) is not first
+    torch.testing.assert_close(WEIGHTS.get(wg)[2], first[2] * 2.0)
