@@ -59,8 +59,14 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: str = "auto") -> torch.Tensor:
-    """y_g = x_g @ w_g^T for each group g (see module docstring for shapes)."""
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, backend: str = "auto",
+                 recipe: str = "none") -> torch.Tensor:
+    """y_g = x_g @ w_g^T for each group g (see module docstring for shapes). ``recipe`` other than "none": in FP8
+    (``ops.grouped_gemm_fp8``: the recipe decides the kernels; ``backend`` applies to the 16/32-bit GEMMs)."""
+    if recipe != "none":
+        from moetrain.ops.grouped_gemm_fp8 import grouped_gemm_fp8
+
+        return grouped_gemm_fp8(x, w, offs, recipe)
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2]:
         raise ValueError(f"grouped_gemm: x {tuple(x.shape)} and w {tuple(w.shape)} do not match ([M,K], [G,N,K])")
     if offs.shape != (w.shape[0],):

@@ -106,12 +106,46 @@ class _BlockwiseGroupedGemm(torch.autograd.Function):
         return dx, dw, None
 
 
+class _ReferenceGroupedGemm(torch.autograd.Function):
+    """The references with autograd (any recipe, any device): fp32 math on the quantized operands, forward and
+    backward alike, results in the inputs' dtypes."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs, recipe):
+        ctx.save_for_backward(x, w, offs)
+        ctx.recipe = recipe
+        return grouped_gemm_fp8_reference(x, w, offs, recipe).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, offs = ctx.saved_tensors
+        dx = grouped_dgrad_fp8_reference(dy, w, offs, ctx.recipe).to(x.dtype)
+        dw = grouped_wgrad_fp8_reference(dy, x, offs, ctx.recipe).to(w.dtype)
+        return dx, dw, None, None
+
+
+def _kernels_run_here(x: torch.Tensor) -> bool:
+    if x.device.type == "cuda":
+        return True
+    from moetrain.runtime.packages import triton_available
+
+    if x.device.type != "cpu" or not triton_available():
+        return False
+    from moetrain.kernels.grouped_gemm_configs import interpreting
+
+    return interpreting()
+
+
 def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, recipe: str = "blockwise") -> torch.Tensor:
     """y [M, N] = x_g @ w_g^T for each group g in FP8 ``recipe`` (shapes in the module doc; y in x's dtype), with
-    autograd. Blockwise runs our Triton kernels (CUDA, or the interpreter on CPU tensors)."""
-    if recipe != "blockwise":
-        raise NotImplementedError(f"grouped_gemm_fp8: recipe {recipe!r} has no kernels yet (blockwise has)")
+    autograd. Blockwise runs our Triton kernels on CUDA (and on CPU tensors in Triton's interpreter); elsewhere,
+    and for the recipes without kernels yet on the CPU, the references compute the same function in fp32."""
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2] or offs.shape != (w.shape[0],):
         raise ValueError(f"grouped_gemm_fp8: x {tuple(x.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} do "
                          "not match ([M, K], [G, N, K], [G])")
-    return _BlockwiseGroupedGemm.apply(x, w, offs)
+    offs = offs.to(torch.int32)
+    if recipe == "blockwise" and _kernels_run_here(x):
+        return _BlockwiseGroupedGemm.apply(x, w, offs)
+    if x.device.type == "cuda":
+        raise NotImplementedError(f"grouped_gemm_fp8: recipe {recipe!r} has no GPU kernels yet (blockwise has)")
+    return _ReferenceGroupedGemm.apply(x, w, offs, recipe)

@@ -31,6 +31,7 @@ class Experts(nn.Module):
         e, H = cfg.moe, cfg.model.hidden_size
         E, I = e.num_experts, e.moe_ffn_hidden_size
         self.activation, self.backend = e.activation, e.backend
+        self.fp8_recipe = cfg.precision.fp8_recipe  # "none": the GEMMs in the compute dtype
         self.w1 = nn.Parameter(torch.empty(E, 2 * I, H))
         self.w2 = nn.Parameter(torch.empty(E, H, I))
         self.b1 = nn.Parameter(torch.empty(E, 2 * I)) if e.expert_linear_bias else None
@@ -42,7 +43,8 @@ class Experts(nn.Module):
         return _local(self.w1).shape[0]
 
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
-        """The fused path: x [T, H], topk_idx [T, K] int64, topk_weight [T, K] fp32 -> [T, H] in x.dtype."""
+        """The fused path: x [T, H], topk_idx [T, K] int64, topk_weight [T, K] fp32 -> [T, H] in x.dtype (16/32-bit
+        GEMMs; with an FP8 recipe the layer takes ``compute_rows``)."""
         return ops.moe_experts(x, topk_idx, topk_weight, self.w1, self.w2, b1=self.b1, b2=self.b2,
                                activation=self.activation, backend=self.backend)
 
@@ -53,11 +55,11 @@ class Experts(nn.Module):
         impl = plan_for(rows, self.backend).rows
         w1, w2, b1, b2 = (_local(p) for p in (self.w1, self.w2, self.b1, self.b2))
         expert = None if b1 is None and b2 is None else expert_of_rows(offs, rows.shape[0])
-        h = ops.grouped_gemm(rows, w1, offs, gemm)
+        h = ops.grouped_gemm(rows, w1, offs, gemm, recipe=self.fp8_recipe)
         if b1 is not None:
             h = h + b1.index_select(0, expert)
         a = ops.swiglu(h, self.activation, probs=probs, impl=impl)
-        y = ops.grouped_gemm(a, w2, offs, gemm)
+        y = ops.grouped_gemm(a, w2, offs, gemm, recipe=self.fp8_recipe)
         if b2 is not None:
             y = y + b2.index_select(0, expert)
         return y
