@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moetrain.kernels.launch import launch
 from moetrain.kernels.grouped_gemm_configs import interpreter_numpy_shim, interpreting
 
 BLOCK_K = 128  # the recipe's tile: one scale per 128 values along K
@@ -105,11 +106,10 @@ def grouped_gemm_blockwise(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, s
         interpreter_numpy_shim()
     row_tiles = triton.cdiv(M, block_m) + G  # each group adds at most one partial tile
     grid = (row_tiles * triton.cdiv(N, block_n),)
-    _grouped_blockwise_kernel[grid](
-        a, sa, b, sb, y, offs, M, N, K, G, row_tiles, a.stride(0), sa.stride(0), b.stride(0), b.stride(1),
-        sb.stride(0), sb.stride(1), y.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-        BLOCK_G=triton.next_power_of_2(G), GROUP_M=group_m, PAIR=int(pair), num_warps=num_warps,
-        num_stages=num_stages)
+    launch(_grouped_blockwise_kernel, grid, a, sa, b, sb, y, offs, M, N, K, G, row_tiles, a.stride(0), sa.stride(0),
+           b.stride(0), b.stride(1), sb.stride(0), sb.stride(1), y.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
+           BLOCK_K=BLOCK_K, BLOCK_G=triton.next_power_of_2(G), GROUP_M=group_m, PAIR=int(pair), num_warps=num_warps,
+           num_stages=num_stages)
     return y
 
 
@@ -158,7 +158,7 @@ def grouped_wgrad_blockwise(at: torch.Tensor, sat: torch.Tensor, bt: torch.Tenso
     if interpreting():
         interpreter_numpy_shim()
     grid = (triton.cdiv(N, block_n), triton.cdiv(K, block_k), G)
-    _grouped_wgrad_blockwise_kernel[grid](at, sat, bt, sbt, dw, offs, M, N, K, at.stride(0), sat.stride(0),
+    launch(_grouped_wgrad_blockwise_kernel, grid, at, sat, bt, sbt, dw, offs, M, N, K, at.stride(0), sat.stride(0),
                                           bt.stride(0), sbt.stride(0), dw.stride(0), dw.stride(1),
                                           BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_R=BLOCK_K, num_warps=num_warps,
                                           num_stages=num_stages)

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moetrain.kernels.launch import launch
 from moetrain.kernels.grouped_gemm_configs import interpreter_fp8_shim, interpreter_numpy_shim, interpreting
 
 BLOCK = 128
@@ -57,7 +58,7 @@ def quantize_rows_1x128(x: torch.Tensor, block_m: int = 32) -> tuple[torch.Tenso
     x = x if x.stride(1) == 1 else x.contiguous()
     _prepare()
     grid = (triton.cdiv(M, block_m), triton.cdiv(K, BLOCK))
-    _quantize_rows_kernel[grid](x, q, s, M, K, x.stride(0), q.stride(0), s.stride(0),
+    launch(_quantize_rows_kernel, grid, x, q, s, M, K, x.stride(0), q.stride(0), s.stride(0),
                                 BLOCK_M=block_m, BLOCK=BLOCK, FP8_MAX=E4M3_MAX)
     return q, s
 
@@ -112,7 +113,7 @@ def quantize_rows_and_cols(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     x = x if x.stride(1) == 1 else x.contiguous()
     _prepare()
     grid = (triton.cdiv(M, BLOCK), triton.cdiv(C, BLOCK), 1)
-    _quantize_tile_2d_kernel[grid](x, q, s, qt, st, M, C, 0, x.stride(0), 0, q.stride(0), 0, s.stride(0), 0,
+    launch(_quantize_tile_2d_kernel, grid, x, q, s, qt, st, M, C, 0, x.stride(0), 0, q.stride(0), 0, s.stride(0), 0,
                                    qt.stride(0), 0, st.stride(0), BLOCK=BLOCK, FP8_MAX=E4M3_MAX, SQUARE=False)
     return q, s, qt, st
 
@@ -128,7 +129,7 @@ def quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     w = w if w.is_contiguous() else w.contiguous()
     _prepare()
     grid = (triton.cdiv(N, BLOCK), triton.cdiv(K, BLOCK), G)
-    _quantize_tile_2d_kernel[grid](w, q, s, qt, s, N, K, w.stride(0), w.stride(1), q.stride(0), q.stride(1),
+    launch(_quantize_tile_2d_kernel, grid, w, q, s, qt, s, N, K, w.stride(0), w.stride(1), q.stride(0), q.stride(1),
                                    s.stride(0), s.stride(1), qt.stride(0), qt.stride(1), 0, 0,
                                    BLOCK=BLOCK, FP8_MAX=E4M3_MAX, SQUARE=True)
     return q, qt, s
