@@ -111,13 +111,13 @@ def _norm(c: Cost, rf: Roofline, name: str, elems: float, b: int) -> None:
 
 
 def _linear(fw: Cost, bi: Cost, bw: Cost, rf: Roofline, name: str, M: float, N: float, K: float, b: int,
-            rows_pe: float | None = None, factor: float = 1.0) -> None:
+            rows_pe: float | None = None, factor: float = 1.0, dtype: str | None = None) -> None:
     """y [M, N] = x [M, K] w^T and its two gradients, each GEMM at the efficiency of its own output and
     reduction sizes. Grouped (rows_pe = rows per expert): each expert's GEMM has rows_pe rows, and
     the weight gradient reduces over them (DeepSeek-V3's 256 rows per expert: its slowest GEMM)."""
     r = M if rows_pe is None else rows_pe
     for cost, shape in ((fw, (r, N, K)), (bi, (r, K, N)), (bw, (N, K, r))):  # fwd, dgrad dx [M, K], wgrad dw [N, K]
-        t, fl = rf.gemm(M, N, K, b, eff_shape=shape, factor=factor)
+        t, fl = rf.gemm(M, N, K, b, dtype=dtype, eff_shape=shape, factor=factor)
         cost.add(name, t, 1, fl)
 
 
@@ -196,7 +196,8 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
             fw.add("router", t + rf.mem((b + 4) * Th * H + 40 * Th * E, 25), 30, fl)
             bi.add("router", t + rf.mem(route_bytes, route_kernels), route_kernels, fl)
             bw.add("router", t, 1, fl)
-        fused = plan.fused
+        fp8 = cfg.precision.fp8_recipe != "none"
+        fused = plan.fused and not fp8  # FP8 GEMMs run on dispatched rows
         if fused:  # the sort; FC1's forward reads the token rows through an index ("gather")...
             fw.add("permute", rf.mem(40 * M, 7), 8)
             x_rows = rf.mem(b * (M + Th) * H, 1, ROW_COPY)  # x_perm written token by token
@@ -207,7 +208,11 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         else:  # sort and a permuted copy of x
             fw.add("permute", rf.mem(2 * b * M * H + 40 * M, 8), 10)
         for name, N, Kd in (("experts fc1", 2 * I, H), ("experts fc2", H, I)):
-            _linear(fw, bi, bw, rf, name, M, N, Kd, b, rows_pe=rpe, factor=GROUPED_FACTOR)
+            _linear(fw, bi, bw, rf, name, M, N, Kd, 1 if fp8 else b, rows_pe=rpe, factor=GROUPED_FACTOR,
+                    dtype="fp8" if fp8 else None)
+            if fp8:  # the GEMM's input quantized (rows + transposed columns, one pass) forward, its gradient backward
+                fw.add("fp8 quantize", rf.mem(M * Kd * (b + 2), 1), 1)
+                bi.add("fp8 quantize", rf.mem(M * N * (b + 2), 1), 1)
         if fused:  # SwiGLU and the combine are one kernel each
             fw.add("swiglu", rf.mem(3 * b * M * I, 1), 1)
             fw.add("combine", rf.mem(b * M * H + b * Th * H + 16 * M, 2), 3)

@@ -282,3 +282,22 @@ def test_the_fused_path_pays_for_x_perm_written_token_by_token():
     # not scaled again as forward elementwise traffic: the backward's elementwise part is the same for both
     elementwise = [costs[b].bwd_input.parts["elementwise"] for b in ("auto", "triton")]
     assert elementwise[0] == pytest.approx(elementwise[1])
+
+
+def test_fp8_experts_project_faster_expert_gemms_and_count_the_quantization():
+    from moetrain.config.load import load_config
+    from moetrain.plan.activations import resolve_dims
+    from moetrain.plan.costs import Roofline, block_cost
+    from moetrain.plan.hardware import load_hardware
+    from moetrain.plan.perf import project_perf
+
+    base = ["model.num_layers=4", "train.seq_length=4096", "train.micro_batch_size=2", "train.global_batch_size=2"]
+    hw = load_hardware("h200")
+    cfgs = {r: load_config(preset="qwen3-30b-a3b", overrides=[*base, f"precision.fp8_recipe={r}"])
+            for r in ("none", "blockwise")}
+    moe = {r: project_perf(c, hw).breakdown["compute:moe"] for r, c in cfgs.items()}
+    assert moe["blockwise"] != moe["none"]
+    parts = {r: block_cost(c, resolve_dims(c), Roofline(hw, "bf16"), True, None, "none").fwd.parts
+             for r, c in cfgs.items()}
+    assert parts["blockwise"]["experts fc1"] < 0.7 * parts["none"]["experts fc1"]
+    assert parts["blockwise"]["fp8 quantize"] > 0 and "fp8 quantize" not in parts["none"]
