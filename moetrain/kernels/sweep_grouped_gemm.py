@@ -297,8 +297,28 @@ def run_case(label, m, g, n, k, ops, gg, t0, results, routing="balanced"):
         want = out = None  # free this op's outputs before the next op allocates its own
 
 
+def _split_precision(argv: list[str]) -> tuple[str, list[str]]:
+    """(--precision's value, the other arguments): bf16 (this sweep) or fp8 (``moetrain.bench.fp8_gemm``)."""
+    for i, arg in enumerate(argv):
+        if arg == "--precision" or arg.startswith("--precision="):
+            value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            rest = argv[:i] + argv[i + (1 if "=" in arg else 2):]
+            if value not in ("bf16", "fp8"):
+                raise UserError(f"--precision {value!r}: valid: bf16, fp8")
+            return value, rest
+    return "bf16", argv
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="moetrain bench gemm", description=__doc__.split("\n\n")[0])
+    import sys
+
+    precision, argv = _split_precision(list(sys.argv[1:] if argv is None else argv))
+    if precision == "fp8":
+        from moetrain.bench import fp8_gemm
+
+        return fp8_gemm.main(argv)
+    parser = argparse.ArgumentParser(prog="moetrain bench gemm", description=__doc__.split("\n\n")[0] +
+                                     " (--precision fp8: the FP8 expert MLP against bf16, bench/fp8_gemm.md)")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
     parser.add_argument("--ops", default=",".join(OPS), help="comma list of fwd, dgrad, wgrad, fwd_gather, wgrad_gather")
     parser.add_argument("--json", default=None, help="write every config's numbers here")

@@ -151,3 +151,16 @@ def test_kernel_rows_put_the_largest_eager_graph_difference_first():
     rows = kernel_rows(totals)
     assert [r[0] for r in rows] == ["graph-only", "gemm", "sort"]
     assert rows[0] == ("graph-only", 0.0, 0.2, 1.0) and rows[1][1:] == pytest.approx((3.0, 2.9, 6.0))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals without a GPU")
+def test_fp8_gemm_bench_checks_its_arguments_then_refuses_without_gpu():
+    def run(*argv):
+        proc = subprocess.run([sys.executable, "-m", "moetrain", "bench", "gemm", *argv], capture_output=True,
+                              text=True, timeout=120, check=False)
+        return proc.returncode, proc.stderr.strip()
+
+    assert run("--precision", "fp4") == (2, "error: --precision 'fp4': valid: bf16, fp8")
+    assert run("--precision=fp8", "--shapes", "nope")[1].startswith("error: unknown shape 'nope'")
+    assert run("--precision", "fp8") == (2, "error: moetrain bench gemm --precision fp8 needs a CUDA GPU (none is "
+                                            "visible)")
