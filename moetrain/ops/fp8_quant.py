@@ -84,7 +84,8 @@ def quantize_tiles(x: torch.Tensor, tile: tuple[int, int], power_of_two: bool = 
     padded = torch.nn.functional.pad(xf, (0, tc * c - C, 0, tr * r - R))
     tiles = padded.reshape(*lead, tr, r, tc, c)
     amax = tiles.abs().amax(dim=(-3, -1))  # [..., tr, tc]
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    # IEEE divisions by tensors: torch on CUDA divides by a Python scalar through its reciprocal, the kernels do not
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, E4M3_MAX), torch.ones_like(amax))
     if power_of_two:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
     scaled = tiles / scale[..., :, None, :, None]

@@ -31,3 +31,16 @@ def test_blockwise_fp8_experts_train_like_the_32_bit_run(tmp_path):
     assert fp8 != full  # the experts really ran in FP8
     for step, (a, b) in enumerate(zip(fp8, full), start=1):
         assert a == pytest.approx(b, rel=0.01), f"step {step}"
+
+
+def test_a_cuda_run_with_fp8_is_refused_until_the_kernels_are_validated_on_gpus(tmp_path):
+    import torch
+
+    from moetrain.errors import UserError
+    from moetrain.train.trainer import refuse_unvalidated_fp8
+
+    cfg = _cfg(tmp_path, "precision.fp8_recipe=blockwise")
+    refuse_unvalidated_fp8(cfg, torch.device("cpu"))
+    refuse_unvalidated_fp8(_cfg(tmp_path), torch.device("cuda"))
+    with pytest.raises(UserError, match="not yet validated on GPUs"):
+        refuse_unvalidated_fp8(cfg, torch.device("cuda"))
