@@ -1,6 +1,6 @@
 """FP8 quantization kernels of the blockwise recipe (1 x 128 activation tiles, 128 x 128 weight blocks, fp32
-scales; reference: ``moetrain.ops.fp8_quant``, whose rule each reproduces bit for bit: IEEE divisions, ``div_rn``, as
-torch's; the GPU's default division is approximate): one pass over the
+scales; reference: ``moetrain.ops.fp8_quant``, whose rule each reproduces bit for bit: one IEEE division, ``div_rn``, per
+scale and its inverse (the GPU's default division is approximate), the elements multiplied by the inverse): one pass over the
 input writes the data and the scales, and the transposed copies the backward needs in the same pass.
 
 Shapes and dtypes (legend in ``ops.fp8_quant``):
@@ -43,7 +43,8 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, strid
     x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.where(amax > 0, tl.div_rn(amax, FP8_MAX), 1.0)
-    q = tl.clamp(tl.div_rn(x, scale[:, None]), -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
+    inverse = tl.where(amax > 0, tl.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), amax), 1.0)
+    q = tl.clamp(x * inverse[:, None], -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
     tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_qm + cols[None, :], q, mask=mask)
     tl.store(s_ptr + rows * stride_sm + pid_k, scale, mask=rows < M)
 
@@ -84,19 +85,22 @@ def _quantize_tile_2d_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_x
     if SQUARE:
         amax = tl.max(tl.max(ax, axis=1), axis=0)
         scale = tl.where(amax > 0, tl.div_rn(amax, FP8_MAX), 1.0)
-        q = tl.clamp(tl.div_rn(x, scale), -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
+        inverse = tl.where(amax > 0, tl.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), amax), 1.0)
+        q = tl.clamp(x * inverse, -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
         tl.store(q_at, q, mask=mask)
         tl.store(qt_at, tl.trans(q), mask=mask_t)
         tl.store(s_ptr + b * stride_sb + pid_r * stride_sr + pid_c, scale)
     else:
         row_amax = tl.max(ax, axis=1)
         row_scale = tl.where(row_amax > 0, tl.div_rn(row_amax, FP8_MAX), 1.0)
-        q = tl.clamp(tl.div_rn(x, row_scale[:, None]), -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
+        row_inverse = tl.where(row_amax > 0, tl.div_rn(tl.full(row_amax.shape, FP8_MAX, tl.float32), row_amax), 1.0)
+        q = tl.clamp(x * row_inverse[:, None], -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
         tl.store(q_at, q, mask=mask)
         tl.store(s_ptr + b * stride_sb + rows.to(tl.int64) * stride_sr + pid_c, row_scale, mask=r_ok)
         col_amax = tl.max(ax, axis=0)
         col_scale = tl.where(col_amax > 0, tl.div_rn(col_amax, FP8_MAX), 1.0)
-        qt = tl.clamp(tl.div_rn(x, col_scale[None, :]), -FP8_MAX, FP8_MAX).to(qt_ptr.dtype.element_ty)
+        col_inverse = tl.where(col_amax > 0, tl.div_rn(tl.full(col_amax.shape, FP8_MAX, tl.float32), col_amax), 1.0)
+        qt = tl.clamp(x * col_inverse[None, :], -FP8_MAX, FP8_MAX).to(qt_ptr.dtype.element_ty)
         tl.store(qt_at, tl.trans(qt), mask=mask_t)
         tl.store(st_ptr + b * stride_stb + cols.to(tl.int64) * stride_stc + pid_r, col_scale, mask=c_ok)
 

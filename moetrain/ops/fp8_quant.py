@@ -12,8 +12,8 @@ elements that share one scale:
 
 Data is E4M3 (largest finite 448) for every tensor, gradients included: with per-tile scales E4M3's extra
 mantissa bit is worth more than E5M2's range, the choice DeepSeek-V3 made for its 1 x 128 / 128 x 128 recipe.
-A tile's scale is amax / 448, so its largest value lands on 448 (fp32 scales); MX scales are rounded up to
-the next power of two (amax / scale <= 448: nothing saturates). An all-zero tile keeps scale 1. Dimensions that
+A tile's scale is amax / 448 and its values are multiplied by 448 / amax (one division per tile), so its largest
+value lands on 448 (fp32 scales); MX scales are rounded up to the next power of two (nothing saturates). An all-zero tile keeps scale 1. Dimensions that
 are not a multiple of the tile are covered by a last partial tile (scaled by its own values).
 
 Square weight blocks serve both orientations: the data gradient reads the same blocks transposed. The other
@@ -84,11 +84,15 @@ def quantize_tiles(x: torch.Tensor, tile: tuple[int, int], power_of_two: bool = 
     padded = torch.nn.functional.pad(xf, (0, tc * c - C, 0, tr * r - R))
     tiles = padded.reshape(*lead, tr, r, tc, c)
     amax = tiles.abs().amax(dim=(-3, -1))  # [..., tr, tc]
-    # IEEE divisions by tensors: torch on CUDA divides by a Python scalar through its reciprocal, the kernels do not
-    scale = torch.where(amax > 0, amax / torch.full_like(amax, E4M3_MAX), torch.ones_like(amax))
+    # One IEEE division per tile, by a tensor (torch on CUDA divides by a Python scalar through its reciprocal), and
+    # the elements multiplied by its inverse, as the kernels do (an elementwise division costs them registers)
+    full = torch.full_like(amax, E4M3_MAX)
+    scale = torch.where(amax > 0, amax / full, torch.ones_like(amax))
+    inverse = torch.where(amax > 0, full / amax, torch.ones_like(amax))
     if power_of_two:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
-    scaled = tiles / scale[..., :, None, :, None]
+        inverse = 1.0 / scale  # exact: a power of two
+    scaled = tiles * inverse[..., :, None, :, None]
     data = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).reshape(*lead, tr * r, tc * c)[..., :R, :C]
     return Quantized(data.contiguous(), scale, (r, c))
 
