@@ -24,6 +24,7 @@ from moetrain.kernels.launch import launch
 from moetrain.kernels.grouped_gemm_configs import interpreter_fp8_shim, interpreter_numpy_shim, interpreting
 
 BLOCK = 128
+CHUNK = 16  # rows of a tile in registers at a time
 E4M3_MAX = 448.0
 
 
@@ -65,44 +66,57 @@ def quantize_rows_1x128(x: torch.Tensor, block_m: int = 32) -> tuple[torch.Tenso
 
 
 @triton.jit
+def _scale_and_inverse(amax, FP8_MAX: tl.constexpr):
+    """(amax / 448, 448 / amax) by IEEE divisions; (1, 1) where amax is 0."""
+    scale = tl.where(amax > 0, tl.div_rn(amax, FP8_MAX), 1.0)
+    inverse = tl.where(amax > 0, tl.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), amax), 1.0)
+    return scale, inverse
+
+
+@triton.jit
 def _quantize_tile_2d_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xb, stride_xr, stride_qb, stride_qr,
                              stride_sb, stride_sr, stride_qtb, stride_qtc, stride_stb, stride_stc,
-                             BLOCK: tl.constexpr, FP8_MAX: tl.constexpr, SQUARE: tl.constexpr):
-    """One 128 x 128 tile of x[b] [R, C]. SQUARE: one scale for the tile (weight blocks) -> q, s [.., R/128, C/128],
-    and qt (the tile transposed, same scale). Else: per row over the tile's columns -> q, s [.., R, C/128]; per column
-    over its rows -> qt [.., C, R], st [.., C, R/128]."""
+                             BLOCK: tl.constexpr, CHUNK: tl.constexpr, FP8_MAX: tl.constexpr, SQUARE: tl.constexpr):
+    """One 128 x 128 tile of x[b] [R, C], in chunks of CHUNK rows (a whole tile's pointers in registers spill).
+    SQUARE: one scale for the tile (weight blocks) -> q, s [.., R/128, C/128], and qt (the tile transposed, same
+    scale). Else: per row over the tile's columns -> q, s [.., R, C/128]; per column over its rows -> qt [.., C, R],
+    st [.., C, R/128]. Pass 1 finds the column (or tile) amax, quantizing the rows on the way where they have their
+    own scales; pass 2 reads the chunks again (from cache) for what needs the tile's amax."""
     pid_r, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    rows = pid_r * BLOCK + tl.arange(0, BLOCK)
     cols = pid_c * BLOCK + tl.arange(0, BLOCK)
-    r_ok, c_ok = rows < R, cols < C
-    mask = r_ok[:, None] & c_ok[None, :]
-    x = tl.load(x_ptr + b * stride_xb + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=mask,
-                other=0.0).to(tl.float32)
-    ax = tl.abs(x)
-    q_at = q_ptr + b * stride_qb + rows[:, None].to(tl.int64) * stride_qr + cols[None, :]
-    qt_at = qt_ptr + b * stride_qtb + cols[:, None].to(tl.int64) * stride_qtc + rows[None, :]  # [C tile, R tile]
-    mask_t = c_ok[:, None] & r_ok[None, :]
+    c_ok = cols < C
+    x_tile = x_ptr + b * stride_xb + (pid_r * BLOCK).to(tl.int64) * stride_xr
+    col_amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for r0 in range(0, BLOCK, CHUNK):
+        rows = pid_r * BLOCK + r0 + tl.arange(0, CHUNK)
+        r_ok = rows < R
+        mask = r_ok[:, None] & c_ok[None, :]
+        x = tl.load(x_tile + (r0 + tl.arange(0, CHUNK))[:, None] * stride_xr + cols[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        col_amax = tl.maximum(col_amax, tl.max(tl.abs(x), axis=0))
+        if not SQUARE:
+            row_scale, row_inverse = _scale_and_inverse(tl.max(tl.abs(x), axis=1), FP8_MAX)
+            q = tl.clamp(x * row_inverse[:, None], -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
+            tl.store(q_ptr + b * stride_qb + rows[:, None].to(tl.int64) * stride_qr + cols[None, :], q, mask=mask)
+            tl.store(s_ptr + b * stride_sb + rows.to(tl.int64) * stride_sr + pid_c, row_scale, mask=r_ok)
     if SQUARE:
-        amax = tl.max(tl.max(ax, axis=1), axis=0)
-        scale = tl.where(amax > 0, tl.div_rn(amax, FP8_MAX), 1.0)
-        inverse = tl.where(amax > 0, tl.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), amax), 1.0)
-        q = tl.clamp(x * inverse, -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
-        tl.store(q_at, q, mask=mask)
-        tl.store(qt_at, tl.trans(q), mask=mask_t)
+        scale, inverse = _scale_and_inverse(tl.max(col_amax, axis=0), FP8_MAX)
         tl.store(s_ptr + b * stride_sb + pid_r * stride_sr + pid_c, scale)
+        col_inverse = tl.zeros((BLOCK,), dtype=tl.float32) + inverse
     else:
-        row_amax = tl.max(ax, axis=1)
-        row_scale = tl.where(row_amax > 0, tl.div_rn(row_amax, FP8_MAX), 1.0)
-        row_inverse = tl.where(row_amax > 0, tl.div_rn(tl.full(row_amax.shape, FP8_MAX, tl.float32), row_amax), 1.0)
-        q = tl.clamp(x * row_inverse[:, None], -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
-        tl.store(q_at, q, mask=mask)
-        tl.store(s_ptr + b * stride_sb + rows.to(tl.int64) * stride_sr + pid_c, row_scale, mask=r_ok)
-        col_amax = tl.max(ax, axis=0)
-        col_scale = tl.where(col_amax > 0, tl.div_rn(col_amax, FP8_MAX), 1.0)
-        col_inverse = tl.where(col_amax > 0, tl.div_rn(tl.full(col_amax.shape, FP8_MAX, tl.float32), col_amax), 1.0)
-        qt = tl.clamp(x * col_inverse[None, :], -FP8_MAX, FP8_MAX).to(qt_ptr.dtype.element_ty)
-        tl.store(qt_at, tl.trans(qt), mask=mask_t)
+        col_scale, col_inverse = _scale_and_inverse(col_amax, FP8_MAX)
         tl.store(st_ptr + b * stride_stb + cols.to(tl.int64) * stride_stc + pid_r, col_scale, mask=c_ok)
+    for r0 in range(0, BLOCK, CHUNK):
+        rows = pid_r * BLOCK + r0 + tl.arange(0, CHUNK)
+        r_ok = rows < R
+        mask = r_ok[:, None] & c_ok[None, :]
+        x = tl.load(x_tile + (r0 + tl.arange(0, CHUNK))[:, None] * stride_xr + cols[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        q = tl.clamp(x * col_inverse[None, :], -FP8_MAX, FP8_MAX).to(qt_ptr.dtype.element_ty)
+        if SQUARE:
+            tl.store(q_ptr + b * stride_qb + rows[:, None].to(tl.int64) * stride_qr + cols[None, :], q, mask=mask)
+        qt_at = qt_ptr + b * stride_qtb + cols[:, None].to(tl.int64) * stride_qtc + rows[None, :]  # [C tile, rows]
+        tl.store(qt_at, tl.trans(q), mask=c_ok[:, None] & r_ok[None, :])
 
 
 def quantize_rows_and_cols(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -118,7 +132,7 @@ def quantize_rows_and_cols(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     _prepare()
     grid = (triton.cdiv(M, BLOCK), triton.cdiv(C, BLOCK), 1)
     launch(_quantize_tile_2d_kernel, grid, x, q, s, qt, st, M, C, 0, x.stride(0), 0, q.stride(0), 0, s.stride(0), 0,
-                                   qt.stride(0), 0, st.stride(0), BLOCK=BLOCK, FP8_MAX=E4M3_MAX, SQUARE=False)
+           qt.stride(0), 0, st.stride(0), BLOCK=BLOCK, CHUNK=CHUNK, FP8_MAX=E4M3_MAX, SQUARE=False)
     return q, s, qt, st
 
 
@@ -134,6 +148,6 @@ def quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     _prepare()
     grid = (triton.cdiv(N, BLOCK), triton.cdiv(K, BLOCK), G)
     launch(_quantize_tile_2d_kernel, grid, w, q, s, qt, s, N, K, w.stride(0), w.stride(1), q.stride(0), q.stride(1),
-                                   s.stride(0), s.stride(1), qt.stride(0), qt.stride(1), 0, 0,
-                                   BLOCK=BLOCK, FP8_MAX=E4M3_MAX, SQUARE=True)
+           s.stride(0), s.stride(1), qt.stride(0), qt.stride(1), 0, 0, BLOCK=BLOCK, CHUNK=CHUNK, FP8_MAX=E4M3_MAX,
+           SQUARE=True)
     return q, qt, s

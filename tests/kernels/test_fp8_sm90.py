@@ -1,5 +1,5 @@
 """The FP8 blockwise kernels compiled for Hopper (sm_90a) without a GPU: each compiles, fits a block's shared
-memory and, for the GEMMs, issues FP8 wgmma (e4m3 operands). Runs in a subprocess: a process that set
+memory; the GEMMs issue FP8 wgmma (e4m3 operands); the quantizers spill no registers. Runs in a subprocess: a process that set
 TRITON_INTERPRET has no compiled kernels."""
 
 import json
@@ -16,6 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from moetrain.kernels import fp8_blockwise as fb, fp8_quantize as fq
+from moetrain.kernels.grouped_gemm_aot import spill_bytes
 
 P = "*fp8e4nv"
 def build(fn, ints, ptrs, consts, warps, stages):
@@ -23,7 +24,8 @@ def build(fn, ints, ptrs, consts, warps, stages):
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": warps, "num_stages": stages})
     ptx = ck.asm["ptx"]
-    return dict(shared=ck.metadata.shared, wgmma_fp8="wgmma.mma_async" in ptx and ".e4m3.e4m3" in ptx)
+    return dict(shared=ck.metadata.shared, wgmma_fp8="wgmma.mma_async" in ptx and ".e4m3.e4m3" in ptx,
+                spill=spill_bytes(ptx))
 
 rows = {}
 gemm_ptrs = {"a_ptr": P, "sa_ptr": "*fp32", "b_ptr": P, "sb_ptr": "*fp32", "y_ptr": "*bf16", "offs_ptr": "*i32"}
@@ -40,7 +42,7 @@ q_ints = ["R", "C", "stride_xb", "stride_xr", "stride_qb", "stride_qr", "stride_
           "stride_qtc", "stride_stb", "stride_stc"]
 for square in (True, False):
     rows[f"quantize square={square}"] = build(fq._quantize_tile_2d_kernel, q_ints, q_ptrs,
-                                              dict(BLOCK=128, FP8_MAX=448.0, SQUARE=square), 4, 1)
+                                              dict(BLOCK=128, CHUNK=16, FP8_MAX=448.0, SQUARE=square), 4, 1)
 rows["quantize rows"] = build(fq._quantize_rows_kernel, ["M", "K", "stride_xm", "stride_qm", "stride_sm"],
                               {"x_ptr": "*bf16", "q_ptr": P, "s_ptr": "*fp32"}, dict(BLOCK_M=32, BLOCK=128,
                               FP8_MAX=448.0), 4, 1)
@@ -53,3 +55,5 @@ def test_fp8_kernels_compile_for_sm90_fit_and_the_gemms_issue_fp8_wgmma():
     for name, row in rows.items():
         assert row["shared"] <= SMEM_BLOCK, (name, row)
     assert rows["gemm"]["wgmma_fp8"] and rows["wgrad"]["wgmma_fp8"], rows
+    for name in ("quantize square=True", "quantize square=False", "quantize rows"):  # tiles walked in row chunks
+        assert rows[name]["spill"] in (0, None), (name, rows[name])
