@@ -67,7 +67,8 @@ def measure(shape, names, reps_ms: int, torch) -> dict:
     dy = torch.randn_like(x)
     runs = contenders()
     result = {}
-    reference = runs["bf16 torch"](x, w1, w2, offs).float()
+    bf16 = runs["bf16 torch"]
+    reference = bf16(x, w1, w2, offs).float()
     for name in names:
         run = runs[name]
 
