@@ -74,6 +74,17 @@ def _scale_and_inverse(amax, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
+def _load_chunk(x_tile, r0, row0, R, cols, c_ok, stride_xr, CHUNK: tl.constexpr):
+    """Rows r0 .. r0 + CHUNK of a tile starting at global row row0 (x_tile points there), fp32, zero past R and C;
+    with the rows, their validity and the chunk's mask."""
+    rows = row0 + r0 + tl.arange(0, CHUNK)
+    r_ok = rows < R
+    mask = r_ok[:, None] & c_ok[None, :]
+    x = tl.load(x_tile + (r0 + tl.arange(0, CHUNK))[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0)
+    return x.to(tl.float32), rows, r_ok, mask
+
+
+@triton.jit
 def _quantize_tile_2d_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_xb, stride_xr, stride_qb, stride_qr,
                              stride_sb, stride_sr, stride_qtb, stride_qtc, stride_stb, stride_stc,
                              BLOCK: tl.constexpr, CHUNK: tl.constexpr, FP8_MAX: tl.constexpr, SQUARE: tl.constexpr):
@@ -88,11 +99,7 @@ def _quantize_tile_2d_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_x
     x_tile = x_ptr + b * stride_xb + (pid_r * BLOCK).to(tl.int64) * stride_xr
     col_amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for r0 in range(0, BLOCK, CHUNK):
-        rows = pid_r * BLOCK + r0 + tl.arange(0, CHUNK)
-        r_ok = rows < R
-        mask = r_ok[:, None] & c_ok[None, :]
-        x = tl.load(x_tile + (r0 + tl.arange(0, CHUNK))[:, None] * stride_xr + cols[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
+        x, rows, r_ok, mask = _load_chunk(x_tile, r0, pid_r * BLOCK, R, cols, c_ok, stride_xr, CHUNK)
         col_amax = tl.maximum(col_amax, tl.max(tl.abs(x), axis=0))
         if not SQUARE:
             row_scale, row_inverse = _scale_and_inverse(tl.max(tl.abs(x), axis=1), FP8_MAX)
@@ -107,11 +114,7 @@ def _quantize_tile_2d_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_x
         col_scale, col_inverse = _scale_and_inverse(col_amax, FP8_MAX)
         tl.store(st_ptr + b * stride_stb + cols.to(tl.int64) * stride_stc + pid_r, col_scale, mask=c_ok)
     for r0 in range(0, BLOCK, CHUNK):
-        rows = pid_r * BLOCK + r0 + tl.arange(0, CHUNK)
-        r_ok = rows < R
-        mask = r_ok[:, None] & c_ok[None, :]
-        x = tl.load(x_tile + (r0 + tl.arange(0, CHUNK))[:, None] * stride_xr + cols[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
+        x, rows, r_ok, mask = _load_chunk(x_tile, r0, pid_r * BLOCK, R, cols, c_ok, stride_xr, CHUNK)
         q = tl.clamp(x * col_inverse[None, :], -FP8_MAX, FP8_MAX).to(qt_ptr.dtype.element_ty)
         if SQUARE:
             tl.store(q_ptr + b * stride_qb + rows[:, None].to(tl.int64) * stride_qr + cols[None, :], q, mask=mask)

@@ -170,14 +170,9 @@ def save_checkpoint(out_dir: str | Path, step: int, *, model_state: dict, optimi
     needed = state_bytes(model_state) + state_bytes(optimizer_state) + state_bytes(trainer_state) + len(config_yaml)
     doing = f"saving checkpoint {final}"
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob("*.partial"):
-            shutil.rmtree(stale, ignore_errors=True)
-        free = free_bytes(root)
-        if free is not None and free < needed:
-            raise UserError(f"{doing}: not enough disk space: needs about {format_bytes(needed)}, "
-                            f"{format_bytes(free)} free; {intact_before(out_dir, step)}")
-        tmp.mkdir()
+        no_room = begin_save(root, tmp, needed)
+        if no_room is not None:
+            raise UserError(f"{doing}: {no_room}; {intact_before(out_dir, step)}")
         files = {
             "model.pt": write_file(tmp / "model.pt", model_state),
             "optimizer.pt": write_file(tmp / "optimizer.pt", optimizer_state),
@@ -200,6 +195,19 @@ def save_checkpoint(out_dir: str | Path, step: int, *, model_state: dict, optimi
         prune(out_dir, run_id, keep_last)
     total = sum(entry["bytes"] for entry in files.values())
     return Saved(final, total, time.perf_counter() - started)
+
+
+def begin_save(root: Path, tmp: Path, needed: int) -> str | None:
+    """The checkpoints directory made, stale partial saves removed and, when ``needed`` bytes fit, the partial
+    directory ``tmp`` made; else what is short ("not enough disk space: ..."). OSError as the file system raises."""
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob("*.partial"):
+        shutil.rmtree(stale, ignore_errors=True)
+    free = free_bytes(root)
+    if free is not None and free < needed:
+        return f"not enough disk space: needs about {format_bytes(needed)}, {format_bytes(free)} free"
+    tmp.mkdir()
+    return None
 
 
 def install(tmp: Path, final: Path) -> None:

@@ -176,12 +176,12 @@ class DistributedTrainer(Trainer):
 
         state = sc.checkpoint_state(self.model, self.optimizer)
         local = sc.local_view(state)
-        errors = []
+        mine = None
         try:
             refuse_non_finite(local["model"], local["optimizer"], step, self.out_dir)
         except UserError as err:
-            errors.append(str(err))
-        message = sc.first_error(sc.gather(errors[0] if errors else None))
+            mine = str(err)
+        message = sc.first_error(sc.gather(mine))
         if message is not None:
             raise UserError(message)
         saved = sc.save_sharded(self.out_dir, step, state=state, trainer_state=self.trainer_state(step),

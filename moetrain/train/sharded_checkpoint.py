@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from moetrain.errors import UserError, format_bytes, free_bytes, os_error
+from moetrain.errors import UserError, os_error
 from moetrain.train import checkpoint as ckpt
 
 STATE_DIR = "state"
@@ -176,13 +176,9 @@ def _prepare(root: Path, tmp: Path, needed: int) -> str | None:
     """Rank 0: the checkpoints directory, stale partial saves removed, room checked, the partial directory made;
     the error's text, or None."""
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob("*.partial"):
-            shutil.rmtree(stale, ignore_errors=True)
-        free = free_bytes(root)
-        if free is not None and free < needed:
-            return f"not enough disk space: needs about {format_bytes(needed)}, {format_bytes(free)} free"
-        tmp.mkdir()
+        no_room = ckpt.begin_save(root, tmp, needed)
+        if no_room is not None:
+            return no_room
         (tmp / TRAINER_DIR).mkdir()
     except OSError as e:
         return str(os_error(e, "preparing the directory", needed_bytes=needed))

@@ -26,8 +26,8 @@ def nccl_group():
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("backend", ["torch", "auto"])
-def test_sync_free_layer_reads_nothing_on_the_host(nccl_group, backend):
+def _sync_free_layer(group, backend):
+    """A bf16 MoE layer on the GPU whose dispatcher is the sync-free one over ``group``, and an input for it."""
     from moetrain.distributed.sync_free import SyncFreeDispatcher
     from moetrain.models import build_model
 
@@ -36,8 +36,14 @@ def test_sync_free_layer_reads_nothing_on_the_host(nccl_group, backend):
         model = build_model(cfg)
     model.to(torch.bfloat16)
     layer = model.moe_layers()[0]
-    layer.dispatcher = SyncFreeDispatcher(nccl_group, 1, cfg.moe.num_experts)
+    layer.dispatcher = SyncFreeDispatcher(group, 1, cfg.moe.num_experts)
     x = torch.randn(4, 64, cfg.model.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    return layer, x
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_sync_free_layer_reads_nothing_on_the_host(nccl_group, backend):
+    layer, x = _sync_free_layer(nccl_group, backend)
     for _ in range(2):  # warm-up: lazy initialisation, autotuning, the tuner's timing
         layer(x).float().sum().backward()
     x.grad = None
@@ -54,16 +60,7 @@ def test_sync_free_layer_reads_nothing_on_the_host(nccl_group, backend):
 
 @pytest.mark.parametrize("backend", ["torch", "auto"])
 def test_sync_free_layer_captures_in_a_cuda_graph(nccl_group, backend):
-    from moetrain.distributed.sync_free import SyncFreeDispatcher
-    from moetrain.models import build_model
-
-    cfg = load_config(overrides=[f"moe.backend={backend}", "model.hidden_size=128", "moe.moe_ffn_hidden_size=64"])
-    with torch.device("cuda"):
-        model = build_model(cfg)
-    model.to(torch.bfloat16)
-    layer = model.moe_layers()[0]
-    layer.dispatcher = SyncFreeDispatcher(nccl_group, 1, cfg.moe.num_experts)
-    x = torch.randn(4, 64, cfg.model.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    layer, x = _sync_free_layer(nccl_group, backend)
     stream = torch.cuda.Stream()  # warm-up and capture on one side stream, as the trainer's graphed step does
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
