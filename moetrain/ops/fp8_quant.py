@@ -17,8 +17,9 @@ value lands on 448 (fp32 scales); MX scales are rounded up to the next power of 
 are not a multiple of the tile are covered by a last partial tile (scaled by its own values).
 
 Square weight blocks serve both orientations: the data gradient reads the same blocks transposed. The other
-recipes need a second copy of the weight scaled along N for it (``quantize(w.transpose(-1, -2), ...)``), and the
-weight gradient quantizes dY and X along M (per group: tiles never straddle two groups).
+recipes need a second copy of the weight scaled along N for it (``quantize(w.transpose(-1, -2), ...)``). The
+weight gradient quantizes dY and X along M: rowwise per group (one scale per column of each group's rows),
+tensorwise over the whole tensor, blockwise and mxfp8 in tiles of consecutive rows (``ops.grouped_gemm_fp8``).
 """
 
 from __future__ import annotations
@@ -84,17 +85,24 @@ def quantize_tiles(x: torch.Tensor, tile: tuple[int, int], power_of_two: bool = 
     padded = torch.nn.functional.pad(xf, (0, tc * c - C, 0, tr * r - R))
     tiles = padded.reshape(*lead, tr, r, tc, c)
     amax = tiles.abs().amax(dim=(-3, -1))  # [..., tr, tc]
-    # One IEEE division per tile, by a tensor (torch on CUDA divides by a Python scalar through its reciprocal), and
-    # the elements multiplied by its inverse, as the kernels do (an elementwise division costs them registers)
-    full = torch.full_like(amax, E4M3_MAX)
-    scale = torch.where(amax > 0, amax / full, torch.ones_like(amax))
-    inverse = torch.where(amax > 0, full / amax, torch.ones_like(amax))
+    # the elements multiplied by the tile's inverse, as the kernels do (an elementwise division costs them registers)
+    scale, inverse = scale_and_inverse(amax)
     if power_of_two:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
         inverse = 1.0 / scale  # exact: a power of two
     scaled = tiles * inverse[..., :, None, :, None]
     data = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).reshape(*lead, tr * r, tc * c)[..., :R, :C]
     return Quantized(data.contiguous(), scale, (r, c))
+
+
+def scale_and_inverse(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 amax (any shape) -> (amax / 448, 448 / amax), (1, 1) where amax is 0: one IEEE division each, by a
+    tensor (torch on CUDA divides by a Python scalar through its reciprocal), the kernels' rule bit for bit."""
+    amax = amax.float()
+    full = torch.full_like(amax, E4M3_MAX)
+    scale = torch.where(amax > 0, amax / full, torch.ones_like(amax))
+    inverse = torch.where(amax > 0, full / amax, torch.ones_like(amax))
+    return scale, inverse
 
 
 def round_trip(x: torch.Tensor, recipe: str, role: str = "activation") -> torch.Tensor:
