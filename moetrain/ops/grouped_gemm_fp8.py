@@ -8,7 +8,8 @@ Outputs are float32: forward y [M, N], data gradient dx [M, K], weight gradient 
 Each operand is quantized the way the recipe's kernels quantize it (``fp8_quant``):
     forward  y_g  = x_g  @ w_g^T    x along K (activation tiles), w in weight tiles
     dgrad    dx_g = dy_g @ w_g      dy along N, w^T along N (the weight's own blocks, transposed, for blockwise)
-    wgrad    dw_g = dy_g^T @ x_g    dy^T and x^T along M, in the recipe's tiles of consecutive rows of the whole
+    wgrad    dw_g = dy_g^T @ x_g    dy^T and x^T along M: rowwise over each group's rows; tensorwise over the
+                                    whole tensor; blockwise and mxfp8 in tiles of consecutive rows of the whole
                                     tensor (a tile may meet two groups: it is one scale for both; with groups
                                     padded to the tile, ``permute(align=128)``, none does)
 Rows past offs[-1] belong to no group: their y and dx are 0.
@@ -46,9 +47,14 @@ def grouped_dgrad_fp8_reference(dy: torch.Tensor, w: torch.Tensor, offs: torch.T
 
 def grouped_wgrad_fp8_reference(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, recipe: str) -> torch.Tensor:
     G = offs.shape[0]
+    dw = torch.zeros(G, dy.shape[1], x.shape[1], dtype=torch.float32, device=dy.device)
+    if recipe == "rowwise":  # each group's columns scaled over its own rows
+        for g, (s, e) in enumerate(_bounds(offs)):
+            if e > s:
+                dw[g] = round_trip(dy[s:e].T, recipe) @ round_trip(x[s:e].T, recipe).T
+        return dw
     a = round_trip(dy.T, recipe, "activation")  # [N, M] along M
     b = round_trip(x.T, recipe, "activation")  # [K, M]
-    dw = torch.zeros(G, dy.shape[1], x.shape[1], dtype=torch.float32, device=dy.device)
     for g, (s, e) in enumerate(_bounds(offs)):
         dw[g] = a[:, s:e] @ b[:, s:e].T
     return dw
@@ -57,20 +63,30 @@ def grouped_wgrad_fp8_reference(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
 # ---- the op --------------------------------------------------------------------------------------------------
 
 class WeightCache:
-    """Each weight's blockwise FP8 copies (blocks, transposed blocks, scales), made again only when the weight
-    changed (its in-place version counter moved: the optimizer step), so the micro-batches of one step quantize it
-    once. Kept on the weight tensor itself (an attribute): they live and die with it."""
+    """Each weight's FP8 copies under a recipe (blockwise: blocks, transposed blocks, scales; rowwise and
+    tensorwise: ``grouped_gemm_fp8_scaled.quantize_weight``), made again only when the weight changed (its in-place
+    version counter moved: the optimizer step), so the micro-batches of one step quantize it once. Kept on the
+    weight tensor itself (an attribute per recipe): they live and die with it."""
 
-    ATTR = "_moetrain_fp8_blocks"
+    ATTR = "_moetrain_fp8_"
 
-    def get(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        from moetrain.kernels.fp8_quantize import quantize_weight_blocks
-
-        entry = getattr(w, self.ATTR, None)
+    def get(self, w: torch.Tensor, recipe: str = "blockwise") -> tuple[torch.Tensor, ...]:
+        attr = self.ATTR + recipe
+        entry = getattr(w, attr, None)
         if entry is None or entry[0] != w._version:
-            entry = (w._version, quantize_weight_blocks(w.detach()))
-            setattr(w, self.ATTR, entry)
+            entry = (w._version, self._quantize(w.detach(), recipe))
+            setattr(w, attr, entry)
         return entry[1]
+
+    @staticmethod
+    def _quantize(w: torch.Tensor, recipe: str) -> tuple[torch.Tensor, ...]:
+        if recipe == "blockwise":
+            from moetrain.kernels.fp8_quantize import quantize_weight_blocks
+
+            return quantize_weight_blocks(w)
+        from moetrain.ops.grouped_gemm_fp8_scaled import quantize_weight
+
+        return quantize_weight(w, recipe)
 
 
 WEIGHTS = WeightCache()
@@ -138,14 +154,20 @@ def _kernels_run_here(x: torch.Tensor) -> bool:
 
 def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, recipe: str = "blockwise") -> torch.Tensor:
     """y [M, N] = x_g @ w_g^T for each group g in FP8 ``recipe`` (shapes in the module doc; y in x's dtype), with
-    autograd. Blockwise runs our Triton kernels on CUDA (and on CPU tensors in Triton's interpreter); elsewhere,
-    and for the recipes without kernels yet on the CPU, the references compute the same function in fp32."""
+    autograd. Blockwise runs our Triton kernels, rowwise and tensorwise our quantizers and torch._scaled_grouped_mm
+    (CUTLASS), on CUDA and on CPU tensors in Triton's interpreter (the GEMM emulated there); elsewhere, and for
+    mxfp8, the references compute the same function in fp32."""
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2] or offs.shape != (w.shape[0],):
         raise ValueError(f"grouped_gemm_fp8: x {tuple(x.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} do "
                          "not match ([M, K], [G, N, K], [G])")
     offs = offs.to(torch.int32)
     if recipe == "blockwise" and _kernels_run_here(x):
         return _BlockwiseGroupedGemm.apply(x, w, offs)
+    if recipe in ("rowwise", "tensorwise") and _kernels_run_here(x):
+        from moetrain.ops.grouped_gemm_fp8_scaled import grouped_gemm_fp8_scaled
+
+        return grouped_gemm_fp8_scaled(x, w, offs, recipe)
     if x.device.type == "cuda":
-        raise NotImplementedError(f"grouped_gemm_fp8: recipe {recipe!r} has no GPU kernels yet (blockwise has)")
+        raise NotImplementedError(f"grouped_gemm_fp8: recipe {recipe!r} has no GPU kernels yet (blockwise, rowwise "
+                                  "and tensorwise have)")
     return _ReferenceGroupedGemm.apply(x, w, offs, recipe)
