@@ -1,7 +1,7 @@
 """FP8 quantization kernels of the blockwise recipe (1 x 128 activation tiles, 128 x 128 weight blocks, fp32
 scales; reference: ``moetrain.ops.fp8_quant``, whose rule each reproduces bit for bit: one IEEE division, ``div_rn``, per
 scale and its inverse (the GPU's default division is approximate), the elements multiplied by the inverse): one pass over the
-input writes the data and the scales, and the transposed copies the backward needs in the same pass.
+input writes the data and the scales, and the activations' transposed copies the backward needs in the same pass.
 
 Shapes and dtypes (legend in ``ops.fp8_quant``):
     quantize_rows_1x128:      x [M, C] float -> (q [M, C] float8_e4m3fn, s [M, ceil(C / 128)] float32)
@@ -11,7 +11,7 @@ Shapes and dtypes (legend in ``ops.fp8_quant``):
                               (``ops.permute(align=128)``).
     quantize_weight_blocks:   w [G, N, K] float -> (q [G, N, K], qt [G, K, N] float8_e4m3fn, s [G, ceil(N / 128),
                               ceil(K / 128)] float32): the blocks and their transpose (the data gradient's operand,
-                              same scales transposed).
+                              same scales transposed; a copy of q).
 """
 
 from __future__ import annotations
@@ -89,8 +89,7 @@ def _quantize_tile_2d_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_x
                              stride_sb, stride_sr, stride_qtb, stride_qtc, stride_stb, stride_stc,
                              BLOCK: tl.constexpr, CHUNK: tl.constexpr, FP8_MAX: tl.constexpr, SQUARE: tl.constexpr):
     """One 128 x 128 tile of x[b] [R, C], in chunks of CHUNK rows (a whole tile's pointers in registers spill).
-    SQUARE: one scale for the tile (weight blocks) -> q, s [.., R/128, C/128], and qt (the tile transposed, same
-    scale). Else: per row over the tile's columns -> q, s [.., R, C/128]; per column over its rows -> qt [.., C, R],
+    SQUARE: one scale for the tile (weight blocks) -> q, s [.., R/128, C/128] (qt unused). Else: per row over the tile's columns -> q, s [.., R, C/128]; per column over its rows -> qt [.., C, R],
     st [.., C, R/128]. Pass 1 finds the column (or tile) amax, quantizing the rows on the way where they have their
     own scales; pass 2 reads the chunks again (from cache) for what needs the tile's amax."""
     pid_r, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -113,13 +112,16 @@ def _quantize_tile_2d_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, R, C, stride_x
     else:
         col_scale, col_inverse = _scale_and_inverse(col_amax, FP8_MAX)
         tl.store(st_ptr + b * stride_stb + cols.to(tl.int64) * stride_stc + pid_r, col_scale, mask=c_ok)
+    # One store of each quantized chunk: storing a chunk both as is and transposed wrote wrong q values on sm_90a
+    # (Triton 3.6), so the weight blocks' transpose is a copy of q (``quantize_weight_blocks``).
     for r0 in range(0, BLOCK, CHUNK):
         x, rows, r_ok, mask = _load_chunk(x_tile, r0, pid_r * BLOCK, R, cols, c_ok, stride_xr, CHUNK)
-        q = tl.clamp(x * col_inverse[None, :], -FP8_MAX, FP8_MAX).to(qt_ptr.dtype.element_ty)
+        q = tl.clamp(x * col_inverse[None, :], -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
         if SQUARE:
             tl.store(q_ptr + b * stride_qb + rows[:, None].to(tl.int64) * stride_qr + cols[None, :], q, mask=mask)
-        qt_at = qt_ptr + b * stride_qtb + cols[:, None].to(tl.int64) * stride_qtc + rows[None, :]  # [C tile, rows]
-        tl.store(qt_at, tl.trans(q), mask=c_ok[:, None] & r_ok[None, :])
+        else:
+            qt_at = qt_ptr + b * stride_qtb + cols[:, None].to(tl.int64) * stride_qtc + rows[None, :]  # [C, rows]
+            tl.store(qt_at, tl.trans(q), mask=c_ok[:, None] & r_ok[None, :])
 
 
 def quantize_rows_and_cols(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -140,17 +142,17 @@ def quantize_rows_and_cols(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w [G, N, K] -> (q [G, N, K], qt [G, K, N], s [G, ceil(N / 128), ceil(K / 128)]): one read of w."""
+    """w [G, N, K] -> (q [G, N, K], qt [G, K, N], s [G, ceil(N / 128), ceil(K / 128)]): one read of w; qt is q
+    transposed by a copy (once per optimizer step: the weights' FP8 bytes once more)."""
     G, N, K = w.shape
     fp8, dev = torch.float8_e4m3fn, w.device
-    q, qt = torch.empty(G, N, K, dtype=fp8, device=dev), torch.empty(G, K, N, dtype=fp8, device=dev)
+    q = torch.empty(G, N, K, dtype=fp8, device=dev)
     s = torch.empty(G, triton.cdiv(N, BLOCK), triton.cdiv(K, BLOCK), dtype=torch.float32, device=dev)
     if G == 0 or N == 0 or K == 0:
-        return q, qt, s
+        return q, q.transpose(1, 2).contiguous(), s
     w = w if w.is_contiguous() else w.contiguous()
     _prepare()
     grid = (triton.cdiv(N, BLOCK), triton.cdiv(K, BLOCK), G)
-    launch(_quantize_tile_2d_kernel, grid, w, q, s, qt, s, N, K, w.stride(0), w.stride(1), q.stride(0), q.stride(1),
-           s.stride(0), s.stride(1), qt.stride(0), qt.stride(1), 0, 0, BLOCK=BLOCK, CHUNK=CHUNK, FP8_MAX=E4M3_MAX,
-           SQUARE=True)
-    return q, qt, s
+    launch(_quantize_tile_2d_kernel, grid, w, q, s, q, s, N, K, w.stride(0), w.stride(1), q.stride(0), q.stride(1),
+           s.stride(0), s.stride(1), 0, 0, 0, 0, BLOCK=BLOCK, CHUNK=CHUNK, FP8_MAX=E4M3_MAX, SQUARE=True)
+    return q, q.transpose(1, 2).contiguous(), s

@@ -27,7 +27,9 @@ from moetrain.ops.grouped_gemm_fp8 import (  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 SIZES = [70, 0, 50, 1, 29]  # uneven, empty, one row; M = 150 + 6 rows of no group
-BOUND = 1e-5  # fp32 accumulation of exact FP8 products, in another order
+# fp32 accumulation of exact FP8 products in another order; on Hopper, tiles of 64 rows or more run on wgmma, whose
+# FP8 products accumulate with fewer mantissa bits within each 128-wide K slice (the kernels promote per slice)
+BOUND = 5e-4 if ON_GPU else 1e-5
 
 
 def _data(M, N, K, seed=0):
@@ -64,8 +66,9 @@ def test_rows_and_cols_quantizer_writes_both_copies_in_one_pass():
     assert torch.equal(st.cpu(), cols.scale.cpu()) and _same_bits(qt, cols.data)
 
 
-def test_weight_block_quantizer_writes_the_blocks_and_their_transpose():
-    _, w = _data(4, 300, 200, seed=5)
+@pytest.mark.parametrize("G,N,K", [(4, 300, 200), (5, 160, 200), (3, 256, 384)])
+def test_weight_block_quantizer_writes_the_blocks_and_their_transpose(G, N, K):
+    w = (torch.randn(G, N, K, generator=torch.Generator().manual_seed(5)) * 0.05).to(DEVICE)
     q, qt, s = quantize_weight_blocks(w)
     ref = quantize(w, "blockwise", "weight")
     assert torch.equal(s.cpu(), ref.scale.cpu()) and _same_bits(q, ref.data)
