@@ -6,7 +6,10 @@ quantizes them outside it, as training does across the micro-batches of a step; 
     bf16 torch      torch._grouped_mm (CUTLASS) for the six GEMMs
     our bf16        moetrain's grouped GEMMs as moe.backend=auto picks them (the tuner; first call measures)
     our blockwise   ops.grouped_gemm_fp8 (1 x 128 / 128 x 128 E4M3, fused quantization, cached weight blocks)
-    torchao rowwise torchao's _to_fp8_rowwise_then_scaled_grouped_mm, where torchao is installed
+    our rowwise     ops.grouped_gemm_fp8 (per-row E4M3, our quantizers + torch._scaled_grouped_mm, cached weights)
+    our tensorwise  the same with one scale per tensor (per expert for the weights)
+    torchao rowwise torchao's _to_fp8_rowwise_then_scaled_grouped_mm (the MoE FP8 path of torchtitan), where
+                    torchao >= 0.18 is installed
 Rows: the issue's shapes (balanced routing, uniform groups). Before timing, each FP8 contender's forward is checked
 against the bf16 result (SNR in dB); a contender that fails to run is reported, not timed.
 """
@@ -37,13 +40,24 @@ def contenders() -> dict:
         "bf16 torch": _mlp(lambda x, w, o: ops.grouped_gemm(x, w, o, backend="torch")),
         "our bf16": _mlp(lambda x, w, o: ops.grouped_gemm(x, w, o, backend="auto")),
         "our blockwise": _mlp(lambda x, w, o: ops.grouped_gemm(x, w, o, recipe="blockwise")),
+        "our rowwise": _mlp(lambda x, w, o: ops.grouped_gemm(x, w, o, recipe="rowwise")),
+        "our tensorwise": _mlp(lambda x, w, o: ops.grouped_gemm(x, w, o, recipe="tensorwise")),
     }
-    try:
-        from torchao.prototype.moe_training.scaled_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
-    except ImportError:
-        return out
-    out["torchao rowwise"] = _mlp(lambda x, w, o: _to_fp8_rowwise_then_scaled_grouped_mm(x, w.transpose(-2, -1), o))
+    rowwise = _torchao_rowwise()
+    if rowwise is not None:  # groups here are multiples of 16: torchao's padding pass is not needed
+        out["torchao rowwise"] = _mlp(lambda x, w, o: rowwise(x, w.transpose(-2, -1), o,
+                                                              pad_token_groups_for_grouped_mm=False))
     return out
+
+
+def _torchao_rowwise():
+    """torchao's rowwise FP8 grouped GEMM (torchao >= 0.18), or None without it."""
+    try:
+        from torchao.prototype.moe_training import _to_fp8_rowwise_then_scaled_grouped_mm
+    except ImportError as err:
+        print(f"bench: torchao's rowwise FP8 column is left out (torchao >= 0.18 does not import: {err})")
+        return None
+    return _to_fp8_rowwise_then_scaled_grouped_mm
 
 
 def _inputs(shape, torch):

@@ -8,6 +8,7 @@ Runs in one process on one GPU, same model shape, same synthetic batches, same F
 Contenders:
   moetrain (fp32 master)   bf16 params, fp32 master weights, fp32 main grads and Adam moments
   moetrain (bf16 state)    bf16 params updated in place, bf16 grads and Adam moments
+  moetrain (bf16 state, fp8 R)   with --fp8 R: the bf16-state contender with precision.fp8_recipe=R
   moetrain (..., cuda graph)   with --cuda-graph: the fp32-master contender with train.cuda_graph (forward +
                            backward replayed from one CUDA graph after two eager steps)
   moetrain (..., torchrun world 1)   with --distributed: the fp32-master and bf16-state contenders through the
@@ -192,6 +193,8 @@ def main(argv=None) -> None:
                         help="add the fp32-master contender with train.cuda_graph=true")
     parser.add_argument("--distributed", action="store_true",
                         help="add both moetrain contenders through the distributed trainer (world size 1)")
+    parser.add_argument("--fp8", default="", help="comma list of FP8 recipes (precision.fp8_recipe): add the "
+                        "bf16-state contender with the experts' GEMMs in each")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -205,6 +208,9 @@ def main(argv=None) -> None:
                   "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"]
     rows = [moetrain_run(args.preset, base, "moetrain (fp32 master)", args.steps, args.warmup, [], args.profile),
             moetrain_run(args.preset, base, "moetrain (bf16 state)", args.steps, args.warmup, bf16_state)]
+    for recipe in filter(None, args.fp8.split(",")):
+        rows.append(moetrain_run(args.preset, base, f"moetrain (bf16 state, fp8 {recipe})", args.steps, args.warmup,
+                                 [*bf16_state, f"precision.fp8_recipe={recipe}"], args.profile))
     if args.distributed:
         rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, torchrun world 1)", args.steps, args.warmup,
                                  [], distributed=True))

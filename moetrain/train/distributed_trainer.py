@@ -24,7 +24,7 @@ import torch
 
 from moetrain.errors import UserError
 from moetrain.train.steps import LossTerms
-from moetrain.train.trainer import Trainer, refuse_unvalidated_fp8
+from moetrain.train.trainer import Trainer
 
 NOT_YET = {"pp": "pipeline", "tp": "tensor", "cp": "context", "etp": "expert tensor"}
 
@@ -43,7 +43,6 @@ class DistributedTrainer(Trainer):
             raise UserError(str(err)) from None
         self._refuse_unbuilt(cfg)
         device = device_for(cfg, launch)
-        refuse_unvalidated_fp8(cfg, device)  # before any process group exists
         self.made_group = init_process_group(cfg, device, launch)
         self.meshes = build_meshes(self.ranks, device.type)
         self._device = device
