@@ -1,6 +1,7 @@
 """MoE layer forward + backward, route to combine: moetrain's ops against the peers.
 
-    moetrain bench moe [--shapes deepseek-v3,qwen3-30b-a3b] [--backends torch,triton,auto] [--json FILE]
+    moetrain bench moe [--shapes deepseek-v3,qwen3-30b-a3b] [--backends torch,triton,auto] [--fp8 rowwise]
+                       [--json FILE]
 
 Every contender runs in this process on the same inputs, weights and routing, with
 repetitions interleaved (contender A, B, C, A, B, C, ...), timed with CUDA events; medians, and "+-%"
@@ -14,6 +15,8 @@ Contenders:
                          torch (torch._grouped_mm), triton (the fused path: FC1 gathers token rows,
                          our Triton grouped GEMMs), auto (per-shape choice measured on first use
                          and cached on disk, see moetrain.tuning), reference (loop)
+  ours (fp8 R[, unfused]) (--fp8) the expert GEMMs in FP8 recipe R: fused (ops.moe_experts_fp8) or on rows
+                         permuted in 16 bits (ops.grouped_gemm_fp8); weights quantized once, as in one step
   reference eager        torchtitan-style: fp32 router + top-k, argsort permutation,
                          torch._grouped_mm FC1/FC2, SwiGLU, index_add_ combine
   reference compiled     the same function under torch.compile
@@ -110,6 +113,40 @@ def ours(backend: str):
         r = ops.route(logits, K, impl=plan.routing)
         return ops.moe_experts(x, r.topk_idx, r.topk_weight, w1, w2, backend=backend)
     return layer
+
+
+def ours_fp8(recipe: str, fused: bool):
+    """Our layer with the expert GEMMs in FP8 ``recipe`` (--fp8): routing as ``ours("auto")``, then the fused FP8
+    path (ops.moe_experts_fp8: token rows quantized into their permuted rows, FC2 with the combine) or, unfused,
+    the rows permuted in 16 bits and ops.grouped_gemm_fp8 on them (what expert parallelism and blockwise run).
+    Weights are quantized on the first call and cached, as within one optimizer step."""
+    from moetrain.ops.dispatch import combine_rows, permute_tokens
+    from moetrain.ops.moe_fp8 import moe_experts_fp8
+    from moetrain.runtime.expert_plan import plan_for
+
+    def layer(x, router_w, forcing, w1, w2, K):
+        plan = plan_for(x, "auto")
+        logits = ops.router_logits(x, router_w, impl=plan.logits) + forcing
+        r = ops.route(logits, K, impl=plan.routing)
+        if fused:
+            return moe_experts_fp8(x, r.topk_idx, r.topk_weight, w1, w2, recipe=recipe)
+        p = permute_tokens(x, r.topk_idx, r.topk_weight, w1.shape[0], "triton")
+        h = ops.grouped_gemm(p.rows, w1, p.offs, recipe=recipe)
+        y = ops.grouped_gemm(ops.swiglu(h, "swiglu", probs=p.probs, impl="triton"), w2, p.offs, recipe=recipe)
+        return combine_rows(y, p.inverse, K, None, "triton")
+    return layer
+
+
+def fp8_contenders(recipes: list[str]) -> dict:
+    """--fp8's contenders: each recipe unfused, and fused where ops.moe_experts_fp8 runs it."""
+    from moetrain.config.schema import FP8_FUSED
+
+    out = {}
+    for recipe in recipes:
+        if recipe in FP8_FUSED:
+            out[f"ours (fp8 {recipe})"] = ours_fp8(recipe, fused=True)
+        out[f"ours (fp8 {recipe}, unfused)"] = ours_fp8(recipe, fused=False)
+    return out
 
 
 def reference_layer(x, router_w, forcing, w1, w2, K, per_expert_loop: bool = False):
@@ -385,7 +422,8 @@ def check_correct(contenders: dict, make_args) -> dict:
 
 
 def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: int, compile_ref: bool,
-              profile: bool = False, graphs: bool = False, host_ahead: bool = False) -> list[dict]:
+              profile: bool = False, graphs: bool = False, host_ahead: bool = False,
+              fp8: list[str] | None = None) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def make_args():
@@ -407,6 +445,7 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
             print(f"    reference compiled failed on {s.name}: {type(err).__name__}: {err}"[:300], flush=True)
     for backend in backends:
         contenders[f"ours ({backend})"] = ours(backend)
+    contenders.update(fp8_contenders(fp8 or []))
     contenders["per-expert loop"] = lambda *a: reference_layer(*a, per_expert_loop=True)
     if host_ahead:  # the same eager layers, each call behind queued GPU work (see HostAhead)
         for name in [n for n in contenders if n.startswith(("ours", "reference"))]:
@@ -530,6 +569,16 @@ def parse_backends(text: str, device: torch.device) -> list[str]:
     return names
 
 
+def parse_fp8_recipes(text: str) -> list[str]:
+    """--fp8's comma list -> recipes with GPU kernels; another name is a UserError naming the valid ones."""
+    valid = ("rowwise", "tensorwise", "blockwise")
+    names = [r.strip() for r in text.split(",") if r.strip()]
+    bad = [r for r in names if r not in valid]
+    if bad:
+        raise UserError(f"--fp8 {', '.join(bad)}: not an FP8 recipe with GPU kernels; valid: {', '.join(valid)}")
+    return names
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="moetrain bench moe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
@@ -549,7 +598,10 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", type=int, default=None,
                         help="tokens per layer call for every shape instead of its own T (e.g. your micro-batch's "
                              "tokens per GPU: with fewer, the GPU's time shrinks and the host's does not)")
+    parser.add_argument("--fp8", default="", help="also our layer with the expert GEMMs in these FP8 recipes, "
+                        "comma-separated (rowwise, tensorwise: fused and unfused; blockwise: unfused)")
     args = parser.parse_args(argv)
+    fp8 = parse_fp8_recipes(args.fp8)
     names = parse_shapes(args.shapes)  # the arguments first: a typo is reported on a machine without a GPU too
     routings = parse_routings(args.routing)
     at_least("--tokens", args.tokens, 1, "token per layer call")
@@ -566,7 +618,7 @@ def main(argv=None) -> None:
             unevenness = routing_stats(shape, routing)
             print(routing_line(shape, routing, unevenness), flush=True)
             new = run_shape(shape, routing, backends, args.warmup, args.reps,
-                            not args.no_compile, args.profile, args.graphs, args.host_ahead)
+                            not args.no_compile, args.profile, args.graphs, args.host_ahead, fp8)
             for r in new:  # printed and saved per shape, so a run cut short keeps what it measured
                 r.update(unevenness)
                 print(table_line(r), flush=True)

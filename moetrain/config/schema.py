@@ -627,6 +627,11 @@ def check_precision(cfg: Config) -> None:
                               f"GEMM's 16-byte strides); {', '.join(odd)} is not: use blockwise or resize")
 
 
+# The FP8 recipes whose GEMM is torch._scaled_grouped_mm: they keep the fused expert path (ops.moe_experts_fp8)
+# where the experts have no biases; the others run on dispatched rows.
+FP8_FUSED = ("rowwise", "tensorwise")
+
+
 def check_optim(cfg: Config) -> None:
     """The decayed learning rate's floor below its peak; the retired ZeRO-1 switch off."""
     o = cfg.optim

@@ -5,7 +5,8 @@ division per scale and its inverse, the elements multiplied by the inverse; bit 
 Shapes and dtypes (legend in ``ops.fp8_quant``):
     quantize_rows:        x [R, C] float -> (q [R, C] float8_e4m3fn, s [R] float32): each row scaled over its C
                           values; or, given ``inverse`` [R] (a tensorwise scale repeated; stride 0 is fine), each
-                          row multiplied by it (s is then the caller's).
+                          row multiplied by it (s is then the caller's). Given ``scatter`` [R * K] (the
+                          routing's inverse), each token row lands at its K permuted rows: q [R * K, C], s [R * K].
     quantize_group_cols:  x [M, C] float, offs [G] int32 group ends -> (qt, s [G, C] float32): each column of each
                           group's rows scaled over those rows, written transposed, K-major for the GEMM that
                           reduces over the rows:
@@ -14,7 +15,8 @@ Shapes and dtypes (legend in ``ops.fp8_quant``):
                                   TMA alignment), out_offs [G] int32 the padded group ends; columns past
                                   out_offs[-1] belong to no group and stay unwritten (nothing reads them);
                           stacked (weights, every group N rows, M = G * N): qt [G, C, N], the transpose of each.
-                          Given ``inverse`` [G], each group is multiplied by its value instead.
+                          Given ``inverse`` [G], each group is multiplied by its value instead. Given
+                          ``gather`` [M] (each sorted row's token), x is the token rows and row r reads x[gather[r]].
     zero_rows_past:       y [M, N] -> y with the rows at and past offs[-1] zeroed (what torch's grouped GEMM
                           leaves unwritten), touching only those rows.
 """
@@ -41,9 +43,11 @@ def _prepare() -> None:
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, inv_ptr, R, C, stride_xr, stride_qr, stride_inv,
-                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, FP8_MAX: tl.constexpr, GIVEN: tl.constexpr):
-    """BLOCK_R rows: pass 1 finds each row's amax over all C (unless GIVEN), pass 2 scales and stores."""
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, inv_ptr, dest_ptr, R, C, TOPK, stride_xr, stride_qr, stride_inv,
+                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, FP8_MAX: tl.constexpr, GIVEN: tl.constexpr,
+                          SCATTER: tl.constexpr):
+    """BLOCK_R rows: pass 1 finds each row's amax over all C (unless GIVEN), pass 2 scales and stores, each row at
+    its own place or (SCATTER) at the TOPK places dest[row * TOPK + k], its scale beside each."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < R
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xr
@@ -56,38 +60,67 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, inv_ptr, R, C, stride_xr, stride_
             x = tl.load(x_rows + cols[None, :], mask=r_ok[:, None] & (cols[None, :] < C), other=0.0)
             amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
         scale, inverse = _scale_and_inverse(amax, FP8_MAX)
-        tl.store(s_ptr + rows, scale, mask=r_ok)
+        if SCATTER:
+            for k in range(TOPK):
+                dest = tl.load(dest_ptr + rows.to(tl.int64) * TOPK + k, mask=r_ok, other=0)
+                tl.store(s_ptr + dest, scale, mask=r_ok)
+        else:
+            tl.store(s_ptr + rows, scale, mask=r_ok)
     for c0 in range(0, C, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         mask = r_ok[:, None] & (cols[None, :] < C)
         x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         q = tl.clamp(x * inverse[:, None], -FP8_MAX, FP8_MAX).to(q_ptr.dtype.element_ty)
-        tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_qr + cols[None, :], q, mask=mask)
+        if SCATTER:
+            for k in range(TOPK):
+                dest = tl.load(dest_ptr + rows.to(tl.int64) * TOPK + k, mask=r_ok, other=0)
+                tl.store(q_ptr + dest[:, None] * stride_qr + cols[None, :], q, mask=mask)
+        else:
+            tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_qr + cols[None, :], q, mask=mask)
 
 
-def quantize_rows(x: torch.Tensor, inverse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def quantize_rows(x: torch.Tensor, inverse: torch.Tensor | None = None, scatter: torch.Tensor | None = None,
+                  topk: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x [R, C] -> (q [R, C] float8_e4m3fn, s [R] float32), each row over its own amax; with ``inverse`` [R], every
-    row multiplied by it, and s None (the caller holds the scales)."""
+    row multiplied by it, and s None (the caller holds the scales). With ``scatter`` [R * topk] int64 (the routing's
+    inverse: the row of each assignment t * topk + k), q [R * topk, C] and s [R * topk] hold row t at each of its
+    topk rows: the permuted rows quantized from the token rows, read once."""
     R, C = x.shape
-    q = torch.empty(R, C, dtype=torch.float8_e4m3fn, device=x.device)
-    s = None if inverse is not None else torch.empty(R, dtype=torch.float32, device=x.device)
+    out_rows = R if scatter is None else scatter.shape[0]
+    if scatter is not None and out_rows != R * topk:
+        raise ValueError(f"quantize_rows: scatter has {out_rows} rows, not {R} x topk {topk}")
+    q = torch.empty(out_rows, C, dtype=torch.float8_e4m3fn, device=x.device)
+    s = None if inverse is not None else torch.empty(out_rows, dtype=torch.float32, device=x.device)
     if R == 0 or C == 0:
         return q, s
     x = x if x.stride(1) == 1 else x.contiguous()
     _prepare()
     inv = inverse if inverse is not None else q  # unused when not GIVEN
-    launch(_quantize_rows_kernel, (triton.cdiv(R, BLOCK_R),), x, q, s if s is not None else q, inv, R, C,
-           x.stride(0), q.stride(0), inverse.stride(0) if inverse is not None else 0,
-           BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, FP8_MAX=E4M3_MAX, GIVEN=inverse is not None)
+    launch(_quantize_rows_kernel, (triton.cdiv(R, BLOCK_R),), x, q, s if s is not None else q, inv,
+           scatter if scatter is not None else q, R, C, topk, x.stride(0), q.stride(0),
+           inverse.stride(0) if inverse is not None else 0, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, FP8_MAX=E4M3_MAX,
+           GIVEN=inverse is not None, SCATTER=scatter is not None)
     return q, s
 
 
 @triton.jit
-def _quantize_group_cols_kernel(x_ptr, offs_ptr, out_ends_ptr, qt_ptr, s_ptr, inv_ptr, M, C, stride_xm, stride_qg,
-                                stride_qc, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, FP8_MAX: tl.constexpr,
-                                PADDED: tl.constexpr, GIVEN: tl.constexpr):
+def _row_ptrs(x_ptr, src_ptr, rows, end, stride_xm, GATHER: tl.constexpr):
+    """[BLOCK_R, 1] pointers to the rows' starts: x's rows, or (GATHER) x's rows src[rows] (rows past end: row 0)."""
+    if GATHER:
+        src = tl.load(src_ptr + rows, mask=rows < end, other=0).to(tl.int64)
+    else:
+        src = rows.to(tl.int64)
+    return x_ptr + src[:, None] * stride_xm
+
+
+@triton.jit
+def _quantize_group_cols_kernel(x_ptr, src_ptr, offs_ptr, out_ends_ptr, qt_ptr, s_ptr, inv_ptr, M, C, stride_xm,
+                                stride_qg, stride_qc, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                                FP8_MAX: tl.constexpr, PADDED: tl.constexpr, GIVEN: tl.constexpr,
+                                GATHER: tl.constexpr):
     """BLOCK_C columns of group g's rows: pass 1 their amax over the group (unless GIVEN), pass 2 scales them and
-    stores them transposed at the group's place (its padded start, or its own [C, N] slab), padding zeroed."""
+    stores them transposed at the group's place (its padded start, or its own [C, N] slab), padding zeroed. Row r
+    is x's row r, or (GATHER) x's row src[r]."""
     pid_c, g = tl.program_id(0), tl.program_id(1)
     end = tl.minimum(tl.load(offs_ptr + g), M)
     start = tl.minimum(tl.load(offs_ptr + tl.maximum(g - 1, 0), mask=g > 0, other=0), end)
@@ -105,7 +138,7 @@ def _quantize_group_cols_kernel(x_ptr, offs_ptr, out_ends_ptr, qt_ptr, s_ptr, in
         amax = tl.zeros((BLOCK_C,), dtype=tl.float32)
         for r0 in range(start, end, BLOCK_R):
             rows = r0 + tl.arange(0, BLOCK_R)
-            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :],
+            x = tl.load(_row_ptrs(x_ptr, src_ptr, rows, end, stride_xm, GATHER) + cols[None, :],
                         mask=(rows[:, None] < end) & c_ok[None, :], other=0.0)
             amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=0))
         scale, inverse = _scale_and_inverse(amax, FP8_MAX)
@@ -114,7 +147,7 @@ def _quantize_group_cols_kernel(x_ptr, offs_ptr, out_ends_ptr, qt_ptr, s_ptr, in
     for r0 in range(0, out_end - out_start, BLOCK_R):  # the group's rows, then its zero padding
         at = r0 + tl.arange(0, BLOCK_R)
         rows = start + at
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :],
+        x = tl.load(_row_ptrs(x_ptr, src_ptr, rows, end, stride_xm, GATHER) + cols[None, :],
                     mask=(rows[:, None] < end) & c_ok[None, :], other=0.0).to(tl.float32)
         q = tl.clamp(x * inverse[None, :], -FP8_MAX, FP8_MAX).to(qt_ptr.dtype.element_ty)
         tl.store(qt_group + (out_start + at)[None, :], tl.trans(q),
@@ -129,11 +162,13 @@ def padded_group_ends(offs: torch.Tensor, align: int) -> torch.Tensor:
 
 
 def quantize_group_cols(x: torch.Tensor, offs: torch.Tensor, align: int = 16, stacked: bool = False,
-                        inverse: torch.Tensor | None = None
+                        inverse: torch.Tensor | None = None, gather: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """x [M, C], offs [G] -> (qt, s, out_offs) as the module doc says: padded to ``align`` (activations), or
-    ``stacked`` (weights: [G, C, N], out_offs = offs). ``inverse`` [G]: the groups' given multipliers (s None)."""
-    M, C = x.shape
+    ``stacked`` (weights: [G, C, N], out_offs = offs). ``inverse`` [G]: the groups' given multipliers (s None).
+    ``gather`` [M] int32 (each sorted row's token): x is the token rows [T, C] and row r is x[gather[r]], so the
+    permuted rows are never written."""
+    M, C = x.shape if gather is None else (gather.shape[0], x.shape[1])
     G = offs.shape[0]
     fp8, dev = torch.float8_e4m3fn, x.device
     if stacked:
@@ -153,10 +188,11 @@ def quantize_group_cols(x: torch.Tensor, offs: torch.Tensor, align: int = 16, st
         return qt, s, out_offs
     x = x if x.stride(1) == 1 else x.contiguous()
     _prepare()
-    launch(_quantize_group_cols_kernel, (triton.cdiv(C, BLOCK_C), G), x, offs, out_offs, qt,
+    launch(_quantize_group_cols_kernel, (triton.cdiv(C, BLOCK_C), G), x, gather if gather is not None else offs,
+           offs, out_offs, qt,
            s if s is not None else qt, inverse if inverse is not None else qt, M, C, x.stride(0), stride_qg,
            stride_qc, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, FP8_MAX=E4M3_MAX, PADDED=not stacked,
-           GIVEN=inverse is not None)
+           GIVEN=inverse is not None, GATHER=gather is not None)
     return qt, s, out_offs
 
 

@@ -140,7 +140,8 @@ class _ReferenceGroupedGemm(torch.autograd.Function):
         return dx, dw, None, None
 
 
-def _kernels_run_here(x: torch.Tensor) -> bool:
+def kernels_run_here(x: torch.Tensor) -> bool:
+    """Whether the FP8 kernels run on x: CUDA tensors, or CPU tensors in Triton's interpreter."""
     if x.device.type == "cuda":
         return True
     from moetrain.runtime.packages import triton_available
@@ -161,9 +162,9 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, recip
         raise ValueError(f"grouped_gemm_fp8: x {tuple(x.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} do "
                          "not match ([M, K], [G, N, K], [G])")
     offs = offs.to(torch.int32)
-    if recipe == "blockwise" and _kernels_run_here(x):
+    if recipe == "blockwise" and kernels_run_here(x):
         return _BlockwiseGroupedGemm.apply(x, w, offs)
-    if recipe in ("rowwise", "tensorwise") and _kernels_run_here(x):
+    if recipe in ("rowwise", "tensorwise") and kernels_run_here(x):
         from moetrain.ops.grouped_gemm_fp8_scaled import grouped_gemm_fp8_scaled
 
         return grouped_gemm_fp8_scaled(x, w, offs, recipe)

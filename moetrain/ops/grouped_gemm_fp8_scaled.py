@@ -64,28 +64,31 @@ def _tensor_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scale_and_inverse(x.detach().abs().amax().float())
 
 
-def quantize_rows_for(x: torch.Tensor, recipe: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [R, C] -> (q [R, C] fp8, s [R] fp32): per row (rowwise) or one scale repeated (tensorwise)."""
+def quantize_rows_for(x: torch.Tensor, recipe: str, scatter: torch.Tensor | None = None, topk: int = 1
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, C] -> (q [R, C] fp8, s [R] fp32): per row (rowwise) or one scale repeated (tensorwise). With
+    ``scatter`` [R * topk] (the routing's inverse), the token rows x land at their permuted rows: [R * topk]."""
     from moetrain.kernels.fp8_rowwise import quantize_rows
 
     if recipe == "rowwise":
-        return quantize_rows(x)
+        return quantize_rows(x, scatter=scatter, topk=topk)
     scale, inverse = _tensor_scale(x)
-    q, _ = quantize_rows(x, inverse=inverse.expand(x.shape[0]))
-    return q, scale.expand(x.shape[0]).contiguous()
+    q, _ = quantize_rows(x, inverse=inverse.expand(x.shape[0]), scatter=scatter, topk=topk)
+    return q, scale.expand(q.shape[0]).contiguous()
 
 
-def quantize_group_cols_for(x: torch.Tensor, offs: torch.Tensor, recipe: str
+def quantize_group_cols_for(x: torch.Tensor, offs: torch.Tensor, recipe: str, gather: torch.Tensor | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, C] -> (qt [C, M'] fp8 padded per group, s [G * C] fp32 group-major, padded offs [G] int32)."""
+    """x [M, C] -> (qt [C, M'] fp8 padded per group, s [G * C] fp32 group-major, padded offs [G] int32). With
+    ``gather`` [M] int32 (each sorted row's token), x is the token rows [T, C] and row r is x[gather[r]]."""
     from moetrain.kernels.fp8_rowwise import quantize_group_cols
 
     G, C = offs.shape[0], x.shape[1]
     if recipe == "rowwise":
-        qt, s, padded = quantize_group_cols(x, offs, align=ALIGN)
+        qt, s, padded = quantize_group_cols(x, offs, align=ALIGN, gather=gather)
         return qt, s.view(G * C), padded
-    scale, inverse = _tensor_scale(x)
-    qt, _, padded = quantize_group_cols(x, offs, align=ALIGN, inverse=inverse.expand(G).contiguous())
+    scale, inverse = _tensor_scale(x)  # over the token rows: the permuted rows hold the same values
+    qt, _, padded = quantize_group_cols(x, offs, align=ALIGN, inverse=inverse.expand(G).contiguous(), gather=gather)
     return qt, scale.expand(G * C).contiguous(), padded
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moetrain.config.schema import Config
+from moetrain.config.schema import FP8_FUSED, Config
 from moetrain.plan.activations import Dims, attention_kernel, moe_plan, routed_rows
 
 GROUPED_FACTOR = 0.90  # bench gemm on the H200: auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
@@ -108,6 +108,15 @@ class Roofline:
 def _norm(c: Cost, rf: Roofline, name: str, elems: float, b: int) -> None:
     # to fp32, pow, mean, add+rsqrt, mul, weight mul, cast back
     c.add(name, rf.mem((36 + 2 * b) * elems, 7), 8)
+
+
+def _fp8_quantize_bytes(rf, M: float, T: float, C: float, b: int, from_tokens: bool) -> float:
+    """Time of quantizing an [M, C] GEMM operand to FP8 rows and transposed columns: one pass over the rows, or
+    (from_tokens, the fused FP8 path) the T token rows read once for the rows and the M rows gathered for the
+    columns, 1 byte written per value each."""
+    if from_tokens:
+        return rf.mem(T * C * b + M * C * (b + 2), 2)
+    return rf.mem(M * C * (b + 2), 1)
 
 
 def _linear(fw: Cost, bi: Cost, bw: Cost, rf: Roofline, name: str, M: float, N: float, K: float, b: int,
@@ -197,8 +206,13 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
             bi.add("router", t + rf.mem(route_bytes, route_kernels), route_kernels, fl)
             bw.add("router", t, 1, fl)
         fp8 = cfg.precision.fp8_recipe != "none"
-        fused = plan.fused and not fp8  # FP8 GEMMs run on dispatched rows
-        if fused:  # the sort; FC1's forward reads the token rows through an index ("gather")...
+        # rowwise / tensorwise FP8 without expert biases keeps the fused path (ops.moe_experts_fp8: the token rows
+        # quantized straight into their permuted rows); the other recipes run on dispatched rows
+        fused_fp8 = fp8 and cfg.precision.fp8_recipe in FP8_FUSED and not cfg.moe.expert_linear_bias
+        fused = plan.fused and (fused_fp8 or not fp8)
+        if fused and fused_fp8:  # the sort only: no 16-bit copy of x's rows, forward or backward
+            fw.add("permute", rf.mem(40 * M, 7), 8)
+        elif fused:  # the sort; FC1's forward reads the token rows through an index ("gather")...
             fw.add("permute", rf.mem(40 * M, 7), 8)
             x_rows = rf.mem(b * (M + Th) * H, 1, ROW_COPY)  # x_perm written token by token
             if cfg.moe.backend == "auto":  # ...or, as auto picks on the H200, from x_perm
@@ -210,9 +224,9 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         for name, N, Kd in (("experts fc1", 2 * I, H), ("experts fc2", H, I)):
             _linear(fw, bi, bw, rf, name, M, N, Kd, 1 if fp8 else b, rows_pe=rpe, factor=GROUPED_FACTOR,
                     dtype="fp8" if fp8 else None)
-            if fp8:  # the GEMM's input quantized (rows + transposed columns, one pass) forward, its gradient backward
-                fw.add("fp8 quantize", rf.mem(M * Kd * (b + 2), 1), 1)
-                bi.add("fp8 quantize", rf.mem(M * N * (b + 2), 1), 1)
+            if fp8:  # the GEMM's input quantized (rows + transposed columns) forward, its gradient backward
+                fw.add("fp8 quantize", _fp8_quantize_bytes(rf, M, Th, Kd, b, fused_fp8 and name == "experts fc1"), 1)
+                bi.add("fp8 quantize", _fp8_quantize_bytes(rf, M, Th, N, b, fused_fp8 and name == "experts fc2"), 1)
         if fused:  # SwiGLU and the combine are one kernel each
             fw.add("swiglu", rf.mem(3 * b * M * I, 1), 1)
             fw.add("combine", rf.mem(b * M * H + b * Th * H + 16 * M, 2), 3)

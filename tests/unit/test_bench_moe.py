@@ -75,7 +75,8 @@ def test_skewed_routing_is_the_same_on_every_call():
                                          (["--routing", "balanced,uniform"], "unknown routing 'uniform'"),
                                          (["--routing", "skewed:0"], "unknown routing 'skewed:0'"),
                                          (["--routing", "skewed:x"], "unknown routing 'skewed:x'"),
-                                         (["--routing", "skewed:inf"], "unknown routing 'skewed:inf'")])
+                                         (["--routing", "skewed:inf"], "unknown routing 'skewed:inf'"),
+                                         (["--fp8", "rowwise,mx"], "--fp8 mx: not an FP8 recipe")])
 def test_bad_arguments_are_one_line_errors_before_any_gpu_check(argv, match):
     from moetrain.bench.moe_layer import main
     from moetrain.errors import UserError

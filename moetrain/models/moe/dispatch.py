@@ -68,15 +68,17 @@ class Dispatcher:
 
 
 class LocalDispatcher(Dispatcher):
-    """Expert parallelism 1: every expert is on this rank. ``fused`` (the default) runs ``ops.moe_experts``, which
-    never materialises the rows (FC1 gathers token rows inside its GEMM, FC2 is fused with the combine); otherwise
-    the unfused composition of the base class, whose rows are what an expert-parallel dispatcher sends."""
+    """Expert parallelism 1: every expert is on this rank. ``fused`` (the default) runs the experts' fused path
+    (``Experts.forward``: ``ops.moe_experts``, or ``ops.moe_experts_fp8``), which never materialises the 16-bit
+    rows (FC1 gathers token rows, FC2 is fused with the combine), where the experts say it runs
+    (``Experts.runs_fused``); otherwise the unfused composition of the base class, whose rows are what an
+    expert-parallel dispatcher sends."""
 
     def __init__(self, fused: bool = True):
         self.fused = fused
 
     def __call__(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, experts) -> torch.Tensor:
-        if self.fused:
+        if self.fused and experts.runs_fused(x):
             return experts(x, topk_idx, topk_weight)
         return super().__call__(x, topk_idx, topk_weight, experts)
 

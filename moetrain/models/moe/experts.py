@@ -16,6 +16,7 @@ from torch import nn
 from moetrain import ops
 from moetrain.ops.dispatch import expert_of_rows
 from moetrain.ops.moe import expert_gemm_backend
+from moetrain.config.schema import FP8_FUSED
 from moetrain.runtime.expert_plan import plan_for
 
 
@@ -37,6 +38,16 @@ class Experts(nn.Module):
         self.b1 = nn.Parameter(torch.empty(E, 2 * I)) if e.expert_linear_bias else None
         self.b2 = nn.Parameter(torch.empty(E, H)) if e.expert_linear_bias else None
 
+    def runs_fused(self, x: torch.Tensor) -> bool:
+        """Whether ``forward`` (the fused path: token rows never permuted in 16 bits) computes x [T, H]: the 16/32-bit
+        GEMMs, and rowwise / tensorwise FP8 without expert biases where the FP8 kernels run (``ops.moe_experts_fp8``).
+        Otherwise the dispatcher permutes the rows for ``compute_rows``."""
+        if self.fp8_recipe == "none":
+            return True
+        from moetrain.ops.grouped_gemm_fp8 import kernels_run_here
+
+        return self.fp8_recipe in FP8_FUSED and self.b1 is None and self.b2 is None and kernels_run_here(x)
+
     @property
     def num_experts(self) -> int:
         """Experts held here (all of them, or this rank's share under expert parallelism)."""
@@ -44,7 +55,15 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
         """The fused path: x [T, H], topk_idx [T, K] int64, topk_weight [T, K] fp32 -> [T, H] in x.dtype (16/32-bit
-        GEMMs; with an FP8 recipe the layer takes ``compute_rows``)."""
+        GEMMs, or the FP8 recipes of ``runs_fused``; the others take ``compute_rows``)."""
+        if self.fp8_recipe != "none":
+            if not self.runs_fused(x):
+                raise ValueError(f"Experts.forward: FP8 recipe {self.fp8_recipe} runs on dispatched rows here "
+                                 "(compute_rows), not the fused path (Experts.runs_fused)")
+            from moetrain.ops.moe_fp8 import moe_experts_fp8
+
+            return moe_experts_fp8(x, topk_idx, topk_weight, _local(self.w1), _local(self.w2),
+                                   activation=self.activation, recipe=self.fp8_recipe)
         return ops.moe_experts(x, topk_idx, topk_weight, self.w1, self.w2, b1=self.b1, b2=self.b2,
                                activation=self.activation, backend=self.backend)
 

@@ -50,8 +50,7 @@ class MoELayer(nn.Module):
         self.shared = MLP(cfg.model.hidden_size, shared, e.activation) if shared > 0 else None
         self.register_buffer("tokens_per_expert", torch.zeros(e.num_experts, dtype=torch.float32), persistent=False)
         self.recompute_experts = False
-        # FP8 GEMMs run on dispatched rows (the fused path's gather-in-FC1 and FC2+combine are 16/32-bit kernels)
-        self.dispatcher = LocalDispatcher(fused=cfg.precision.fp8_recipe == "none")
+        self.dispatcher = LocalDispatcher()
         self.aux_grad_scale = 1.0  # the factor on the final loss before backward (MoETransformer.set_aux_grad_scale)
         self.aux_value = None  # detached weighted losses of the last forward
 
