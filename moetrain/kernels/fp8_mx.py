@@ -21,6 +21,10 @@ Triton's emulation (the tiles upcast to bf16 and scaled, then a bf16 wgmma: exac
 Without it (Triton 3.6's interpreter has no dot_scaled): the tiles dequantized in the kernel (each [rows, BLOCK_K / 32,
 32] group times 2^(e - 127)) and an fp32 ``tl.dot``, in the same loop. The row tiles of each group are found on the
 device from offs (as ``fp8_blockwise``): no host sync.
+
+Not fast yet (tests/kernels/test_fp8_mx_sm100.py compiles them, Triton 3.6): on sm_100a the pointer loads are not
+software-pipelined (33280 bytes of shared memory at 128 x 128 x 128, num_stages=3: one stage of both FP8 tiles and
+their scales; TMA descriptors would be the next step); the sm_90a emulation spills (~1.4-1.9 KB at that tile).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def _cpu_tiles(x: torch.Tensor) -> dict:
-    """Smaller tiles in the interpreter (CPU tensors): its cost grows with the tile, not the program count."""
+    """Smaller tiles in the interpreter (CPU tensors), where the GEMMs are small (tests, the tiny model)."""
     return {} if x.is_cuda else dict(block_m=32, block_n=64, block_k=64)
 
 
