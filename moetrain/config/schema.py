@@ -233,10 +233,12 @@ class PrecisionConfig:
     master_weights: bool = doc(
         True, "Keep fp32 master weights for the optimizer when dtype is bf16/fp16.")
     fp8_recipe: Literal["none", "tensorwise", "rowwise", "blockwise", "mxfp8"] = doc(
-        "none", "FP8 (E4M3) for the routed experts' GEMMs, forward and backward, fp32 scales, weights quantized once "
-                "per optimizer step: blockwise = 1x128 activation tiles and 128x128 weight blocks; rowwise = one "
-                "scale per row (per column of each expert's rows in the weight gradient); tensorwise = one scale "
-                "per tensor (per expert for weights). mxfp8 is not built yet.")
+        "none", "FP8 (E4M3) for the routed experts' GEMMs, forward and backward, weights quantized once per "
+                "optimizer step: blockwise = 1x128 activation tiles and 128x128 weight blocks; rowwise = one scale "
+                "per row (per column of each expert's rows in the weight gradient); tensorwise = one scale per tensor "
+                "(per expert for weights), all with fp32 scales; mxfp8 = 1x32 tiles along each GEMM's reduction with "
+                "power-of-two (E8M0) scales, on Blackwell's block-scaled tensor cores (on Hopper the MX GEMM runs "
+                "Triton's emulation: correct, not fast).")
 
 
 @dataclass
@@ -611,20 +613,27 @@ def _check_cuda_graph(cfg: Config) -> None:
             "train.cuda_graph=false")
 
 
-FP8_BUILT = ("none", "tensorwise", "rowwise", "blockwise")
+FP8_BUILT = ("none", "tensorwise", "rowwise", "blockwise", "mxfp8")
 
 
 def check_precision(cfg: Config) -> None:
-    """FP8 recipes that have kernels; the per-row recipes' GEMM (torch._scaled_grouped_mm) needs 16-byte strides."""
+    """FP8 recipes that have kernels; the per-row recipes' GEMM (torch._scaled_grouped_mm) needs 16-byte strides,
+    mxfp8's GEMMs reductions in whole 1x32 scale tiles (each expert size is the reduction of one of them)."""
     r = cfg.precision.fp8_recipe
     if r not in FP8_BUILT:
         raise ConfigError(f"precision.fp8_recipe = {r} is not built yet; valid now: {', '.join(FP8_BUILT)}")
+    sizes = {"model.hidden_size": cfg.model.hidden_size, "moe.moe_ffn_hidden_size": cfg.moe.moe_ffn_hidden_size}
     if r in ("tensorwise", "rowwise"):
-        sizes = {"model.hidden_size": cfg.model.hidden_size, "moe.moe_ffn_hidden_size": cfg.moe.moe_ffn_hidden_size}
         odd = [f"{k} = {v}" for k, v in sizes.items() if v % 16]
         if odd:
             raise ConfigError(f"precision.fp8_recipe = {r} needs the experts' sizes to be multiples of 16 (its FP8 "
                               f"GEMM's 16-byte strides); {', '.join(odd)} is not: use blockwise or resize")
+    if r == "mxfp8":
+        odd = [f"{k} = {v}" for k, v in sizes.items() if v % 32]
+        if odd:
+            raise ConfigError(f"precision.fp8_recipe = mxfp8 needs the experts' sizes to be multiples of 32 (its "
+                              f"scales cover 1x32 tiles of each GEMM's reduction); {', '.join(odd)} "
+                              f"{'is' if len(odd) == 1 else 'are'} not: use blockwise or resize")
 
 
 # The FP8 recipes whose GEMM is torch._scaled_grouped_mm: they keep the fused expert path (ops.moe_experts_fp8)

@@ -88,7 +88,7 @@ def quantize_tiles(x: torch.Tensor, tile: tuple[int, int], power_of_two: bool = 
     # the elements multiplied by the tile's inverse, as the kernels do (an elementwise division costs them registers)
     scale, inverse = scale_and_inverse(amax)
     if power_of_two:
-        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+        scale = power_of_two_at_least(scale)
         inverse = 1.0 / scale  # exact: a power of two
     scaled = tiles * inverse[..., :, None, :, None]
     data = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).reshape(*lead, tr * r, tc * c)[..., :R, :C]
@@ -103,6 +103,15 @@ def scale_and_inverse(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.where(amax > 0, amax / full, torch.ones_like(amax))
     inverse = torch.where(amax > 0, full / amax, torch.ones_like(amax))
     return scale, inverse
+
+
+def power_of_two_at_least(s: torch.Tensor) -> torch.Tensor:
+    """fp32 s > 0 (any shape) -> the smallest power of two >= s, at least 2^-127 (E8M0's smallest scale), exactly:
+    from frexp's exponent (s = m 2^e, m in [0.5, 1)). ceil(log2(s)) in fp32 is not exact: log2 of s just above 2^k
+    rounds to k for |k| >= 2, which would round such a scale down and saturate the tile's amax."""
+    m, e = torch.frexp(s.float())
+    e = torch.where(m == 0.5, e - 1, e).clamp(-127, 127)
+    return torch.ldexp(torch.ones_like(s, dtype=torch.float32), e)
 
 
 def round_trip(x: torch.Tensor, recipe: str, role: str = "activation") -> torch.Tensor:

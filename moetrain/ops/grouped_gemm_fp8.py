@@ -64,7 +64,7 @@ def grouped_wgrad_fp8_reference(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
 
 class WeightCache:
     """Each weight's FP8 copies under a recipe (blockwise: blocks, transposed blocks, scales; rowwise and
-    tensorwise: ``grouped_gemm_fp8_scaled.quantize_weight``), made again only when the weight changed (its in-place
+    tensorwise: ``grouped_gemm_fp8_scaled.quantize_weight``; mxfp8: ``grouped_gemm_fp8_mx.quantize_weight``), made again only when the weight changed (its in-place
     version counter moved: the optimizer step), so the micro-batches of one step quantize it once. Kept on the
     weight tensor itself (an attribute per recipe): they live and die with it."""
 
@@ -84,6 +84,10 @@ class WeightCache:
             from moetrain.kernels.fp8_quantize import quantize_weight_blocks
 
             return quantize_weight_blocks(w)
+        if recipe == "mxfp8":
+            from moetrain.ops.grouped_gemm_fp8_mx import quantize_weight as quantize_mx_weight
+
+            return quantize_mx_weight(w)
         from moetrain.ops.grouped_gemm_fp8_scaled import quantize_weight
 
         return quantize_weight(w, recipe)
@@ -155,9 +159,10 @@ def kernels_run_here(x: torch.Tensor) -> bool:
 
 def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, recipe: str = "blockwise") -> torch.Tensor:
     """y [M, N] = x_g @ w_g^T for each group g in FP8 ``recipe`` (shapes in the module doc; y in x's dtype), with
-    autograd. Blockwise runs our Triton kernels, rowwise and tensorwise our quantizers and torch._scaled_grouped_mm
-    (CUTLASS), on CUDA and on CPU tensors in Triton's interpreter (the GEMM emulated there); elsewhere, and for
-    mxfp8, the references compute the same function in fp32."""
+    autograd. Blockwise and mxfp8 run our Triton kernels (mxfp8: tl.dot_scaled, Blackwell's block-scaled tensor
+    cores, Triton's emulation on Hopper), rowwise and tensorwise our quantizers and torch._scaled_grouped_mm (CUTLASS),
+    on CUDA and on CPU tensors in Triton's interpreter (the GEMM emulated there); elsewhere the references compute
+    the same function in fp32."""
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2] or offs.shape != (w.shape[0],):
         raise ValueError(f"grouped_gemm_fp8: x {tuple(x.shape)}, w {tuple(w.shape)}, offs {tuple(offs.shape)} do "
                          "not match ([M, K], [G, N, K], [G])")
@@ -168,7 +173,11 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, recip
         from moetrain.ops.grouped_gemm_fp8_scaled import grouped_gemm_fp8_scaled
 
         return grouped_gemm_fp8_scaled(x, w, offs, recipe)
+    if recipe == "mxfp8" and _kernels_run_here(x):
+        from moetrain.ops.grouped_gemm_fp8_mx import grouped_gemm_fp8_mx
+
+        return grouped_gemm_fp8_mx(x, w, offs)
     if x.device.type == "cuda":
-        raise NotImplementedError(f"grouped_gemm_fp8: recipe {recipe!r} has no GPU kernels yet (blockwise, rowwise "
-                                  "and tensorwise have)")
+        raise NotImplementedError(f"grouped_gemm_fp8: recipe {recipe!r} has no GPU kernels (blockwise, rowwise, "
+                                  "tensorwise and mxfp8 have)")
     return _ReferenceGroupedGemm.apply(x, w, offs, recipe)

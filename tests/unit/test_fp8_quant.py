@@ -74,6 +74,20 @@ def test_mx_scales_are_powers_of_two_and_nothing_saturates():
     assert snr_db(x, q.dequantize()) > MIN_SNR_DB
 
 
+def test_mx_scales_round_up_just_above_a_power_of_two_and_stay_on_one():
+    # amax / 448 one ulp above 2^k: the scale is 2^(k+1) (fp32 log2 would round it to k and saturate the amax)
+    k = torch.tensor([-20.0, -7.0, -3.0, 0.0, 3.0, 20.0])
+    just_above = torch.nextafter(torch.exp2(k), torch.tensor(math.inf))
+    x = torch.zeros(6, 64)
+    x[:, 0] = just_above * E4M3_MAX
+    x[:, 32] = torch.exp2(k) * E4M3_MAX  # exactly 448 * 2^k: scale 2^k, the amax on 448
+    q = quantize(x, "mxfp8")
+    assert torch.equal(q.scale[:, 0], torch.exp2(k + 1)) and torch.equal(q.scale[:, 1], torch.exp2(k))
+    assert torch.equal(q.data[:, 32].float(), torch.full((6,), E4M3_MAX))
+    assert torch.all(q.data[:, 0].float() < E4M3_MAX)
+    assert torch.equal(quantize(torch.zeros(2, 40), "mxfp8").scale, torch.ones(2, 2))
+
+
 def test_weight_blocks_cover_128_by_128_and_batch_over_experts():
     w = _normal(3, 256, 384, seed=4)
     w[1, :128, 128:256] *= 50.0

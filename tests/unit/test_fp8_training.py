@@ -1,4 +1,4 @@
-"""precision.fp8_recipe: the config accepts what is built and names what is not; the tiny model trains with FP8
+"""precision.fp8_recipe: the config accepts what is built and refuses sizes a recipe cannot tile; the tiny model trains with FP8
 expert GEMMs (on the CPU through the references: fp32 math on the quantized values) close to the 32-bit run."""
 
 import pytest
@@ -13,10 +13,21 @@ def _cfg(tmp_path, *overrides):
         f"train.out_dir={tmp_path}", "train.device=cpu", "checkpoint.save_final=false", *overrides])
 
 
-def test_recipes_without_kernels_are_refused_by_name(tmp_path):
-    with pytest.raises(ConfigError, match="precision.fp8_recipe = mxfp8 is not built yet; valid now: none, "
-                                          "tensorwise, rowwise, blockwise"):
-        _cfg(tmp_path, "precision.fp8_recipe=mxfp8")
+def test_every_recipe_the_schema_names_is_built():
+    from typing import get_args, get_type_hints
+
+    from moetrain.config.schema import FP8_BUILT, PrecisionConfig
+
+    assert set(get_args(get_type_hints(PrecisionConfig)["fp8_recipe"])) == set(FP8_BUILT)
+
+
+def test_mxfp8_refuses_expert_sizes_that_are_not_whole_scale_tiles(tmp_path):
+    with pytest.raises(ConfigError, match=r"precision.fp8_recipe = mxfp8 needs the experts' sizes to be multiples of "
+                                          r"32 .*; moe.moe_ffn_hidden_size = 48 is not: use blockwise or resize"):
+        _cfg(tmp_path, "precision.fp8_recipe=mxfp8", "moe.moe_ffn_hidden_size=48")
+    with pytest.raises(ConfigError, match=r"model.hidden_size = 80, moe.moe_ffn_hidden_size = 40 are not"):
+        _cfg(tmp_path, "precision.fp8_recipe=mxfp8", "model.hidden_size=80", "moe.moe_ffn_hidden_size=40")
+    assert _cfg(tmp_path, "precision.fp8_recipe=mxfp8", "moe.moe_ffn_hidden_size=96").precision.fp8_recipe == "mxfp8"
 
 
 def test_per_row_recipes_refuse_expert_sizes_their_gemm_cannot_stride(tmp_path):
@@ -25,7 +36,7 @@ def test_per_row_recipes_refuse_expert_sizes_their_gemm_cannot_stride(tmp_path):
     _cfg(tmp_path, "precision.fp8_recipe=blockwise", "moe.moe_ffn_hidden_size=40")
 
 
-@pytest.mark.parametrize("recipe", ["blockwise", "rowwise", "tensorwise"])
+@pytest.mark.parametrize("recipe", ["blockwise", "rowwise", "tensorwise", "mxfp8"])
 def test_fp8_experts_train_like_the_32_bit_run(recipe, tmp_path):
     from moetrain.train.trainer import run
 
