@@ -173,7 +173,7 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, recip
         from moetrain.ops.grouped_gemm_fp8_scaled import grouped_gemm_fp8_scaled
 
         return grouped_gemm_fp8_scaled(x, w, offs, recipe)
-    if recipe == "mxfp8" and _kernels_run_here(x):
+    if recipe == "mxfp8" and kernels_run_here(x):
         from moetrain.ops.grouped_gemm_fp8_mx import grouped_gemm_fp8_mx
 
         return grouped_gemm_fp8_mx(x, w, offs)

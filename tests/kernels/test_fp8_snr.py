@@ -1,8 +1,11 @@
 """The FP8 grouped-GEMM op (``ops.grouped_gemm_fp8``, kernels included: Triton's interpreter on the CPU) against
 fp32 math on the unquantized tensors: the SNR of y, dx and dw is >= 25 dB for every built recipe on normal and on
-heavy-tailed inputs, uneven and empty groups included, and no more than 1 dB below a plain round trip: the same
-GEMMs in fp32 on operands quantized to E4M3 with one scale per tensor. So a recipe's kernels lose nothing beyond
-what its quantization inherently costs (finer scales do better than the plain round trip on outliers)."""
+heavy-tailed inputs, uneven and empty groups included; no more than 1 dB below the recipe's own round trip (the
+references: fp32 math on the recipe's quantized operands), so the kernels lose nothing beyond the quantization; and
+no more than 1 dB below a plain round trip (one E4M3 scale per tensor), so finer scales cost nothing against it.
+mxfp8 is exempt from the last: its power-of-two scales map no tile's amax onto 448 exactly, which costs 0.8 dB per
+operand against the plain round trip on heavy-tailed inputs (their SNR is dominated by the outliers, which amax
+scaling represents exactly): dw 28.7 dB against 30.1."""
 
 import pytest
 import torch
@@ -13,7 +16,12 @@ ON_GPU = use_gpu_or_interpreter()
 
 from moetrain.config.schema import FP8_BUILT  # noqa: E402
 from moetrain.ops.fp8_quant import quantize_tiles, snr_db  # noqa: E402
-from moetrain.ops.grouped_gemm_fp8 import grouped_gemm_fp8  # noqa: E402
+from moetrain.ops.grouped_gemm_fp8 import (  # noqa: E402
+    grouped_dgrad_fp8_reference,
+    grouped_gemm_fp8,
+    grouped_gemm_fp8_reference,
+    grouped_wgrad_fp8_reference,
+)
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 RECIPES = [r for r in FP8_BUILT if r != "none"]
@@ -61,13 +69,17 @@ def test_op_snr_against_fp32_is_at_least_25_db_and_within_1_db_of_a_plain_round_
     x, w, dy = make(M, K, seed=1), make(G, N, K, seed=2) * 0.05, make(M, N, seed=3)
     exact = _grouped(x, w, dy, offs)
     plain = _grouped(_plain(x), _plain(w), _plain(dy), offs)
+    own = (grouped_gemm_fp8_reference(x, w, offs, recipe), grouped_dgrad_fp8_reference(dy, w, offs, recipe),
+           grouped_wgrad_fp8_reference(dy, x, offs, recipe))
 
     xg = x.to(DEVICE).requires_grad_(True)
     wg = w.to(DEVICE).requires_grad_(True)
     y = grouped_gemm_fp8(xg, wg, offs.to(DEVICE), recipe=recipe)
     y.backward(dy.to(DEVICE))
     got = (y.detach().float().cpu(), xg.grad.float().cpu(), wg.grad.float().cpu())
-    for name, want, ours, floor in zip(("y", "dx", "dw"), exact, got, plain):
-        snr, plain_snr = snr_db(want, ours), snr_db(want, floor)
+    for name, want, ours, floor, quantized in zip(("y", "dx", "dw"), exact, got, plain, own):
+        snr, plain_snr, own_snr = snr_db(want, ours), snr_db(want, floor), snr_db(want, quantized)
         assert snr >= MIN_SNR_DB, f"{recipe} {inputs} {name}: {snr:.1f} dB"
-        assert snr >= plain_snr - PLAIN_MARGIN_DB, f"{recipe} {inputs} {name}: {snr:.1f} dB, plain {plain_snr:.1f}"
+        assert snr >= own_snr - PLAIN_MARGIN_DB, f"{recipe} {inputs} {name}: {snr:.1f} dB, its own {own_snr:.1f}"
+        if recipe != "mxfp8":
+            assert snr >= plain_snr - PLAIN_MARGIN_DB, f"{recipe} {inputs} {name}: {snr:.1f} dB, plain {plain_snr:.1f}"
