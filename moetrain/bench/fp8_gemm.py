@@ -8,6 +8,8 @@ quantizes them outside it, as training does across the micro-batches of a step; 
     our blockwise   ops.grouped_gemm_fp8 (1 x 128 / 128 x 128 E4M3, fused quantization, cached weight blocks)
     our rowwise     ops.grouped_gemm_fp8 (per-row E4M3, our quantizers + torch._scaled_grouped_mm, cached weights)
     our tensorwise  the same with one scale per tensor (per expert for the weights)
+    our mxfp8 (emulated) ops.grouped_gemm_fp8 mxfp8 (1 x 32 E4M3, E8M0 scales, tl.dot_scaled): on Hopper Triton
+                    emulates the block-scaled dot in bf16, so its time is not an MXFP8 speed
     torchao rowwise torchao's _to_fp8_rowwise_then_scaled_grouped_mm (the MoE FP8 path of torchtitan), where
                     torchao >= 0.18 is installed
 Rows: the issue's shapes (balanced routing, uniform groups). Before timing, each FP8 contender's forward is checked
@@ -42,6 +44,7 @@ def contenders() -> dict:
         "our blockwise": _mlp(lambda x, w, o: ops.grouped_gemm(x, w, o, recipe="blockwise")),
         "our rowwise": _mlp(lambda x, w, o: ops.grouped_gemm(x, w, o, recipe="rowwise")),
         "our tensorwise": _mlp(lambda x, w, o: ops.grouped_gemm(x, w, o, recipe="tensorwise")),
+        "our mxfp8 (emulated)": _mlp(lambda x, w, o: ops.grouped_gemm(x, w, o, recipe="mxfp8")),
     }
     rowwise = _torchao_rowwise()
     if rowwise is not None:  # groups here are multiples of 16: torchao's padding pass is not needed
