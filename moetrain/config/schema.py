@@ -239,6 +239,13 @@ class PrecisionConfig:
                 "(per expert for weights), all with fp32 scales; mxfp8 = 1x32 tiles along each GEMM's reduction with "
                 "power-of-two (E8M0) scales, on Blackwell's block-scaled tensor cores (on Hopper the MX GEMM runs "
                 "Triton's emulation: correct, not fast).")
+    fp8_dense: Literal["none", "tensorwise", "rowwise"] = doc(
+        "none", "FP8 for the dense linears (attention projections, dense MLPs, shared experts), forward and backward, "
+                "through torchao's float8 training with this recipe (pip install torchao). The embedding, output "
+                "head, MTP's eh_proj, routers and routed experts (precision.fp8_recipe) stay in precision.dtype.")
+    fp8_dense_bf16_edges: bool = doc(
+        True, "With precision.fp8_dense: keep decoder layer 0 and the last decoder layer in precision.dtype (the "
+              "layers most sensitive to quantization); false converts every layer.")
 
 
 @dataclass
@@ -426,6 +433,19 @@ class Config:
             return False
         return (layer_id - m.first_k_dense) % m.layer_freq == 0
 
+    def fp8_dense_layers(self) -> list[int]:
+        """Global block ids (decoder layer i = i, MTP depth d = num_layers + d) whose dense linears run in FP8
+        (precision.fp8_dense): every block, less layers 0 and num_layers - 1 with fp8_dense_bf16_edges."""
+        m, p = self.model, self.precision
+        if p.fp8_dense == "none":
+            return []
+        edges = {0, m.num_layers - 1} if p.fp8_dense_bf16_edges else set()
+        return [i for i in range(m.num_layers + m.mtp_num_layers) if i not in edges]
+
+    def block_is_moe(self, block_id: int) -> bool:
+        """Whether global block ``block_id`` (a decoder layer, or an MTP depth past num_layers) has an MoE MLP."""
+        return self.is_moe if block_id >= self.model.num_layers else self.is_moe_layer(block_id)
+
     @property
     def kv_heads(self) -> int:
         m = self.model
@@ -467,7 +487,7 @@ class Config:
 
 # ---- relations between keys, one function per section ----------------------------------------------
 # Each raises ConfigError for the first relation broken. A relation between sections sits with the key
-# its message names first. precision.* and checkpoint.* have value ranges only (VALUE_RANGES).
+# its message names first. checkpoint.* has value ranges only (VALUE_RANGES).
 
 def check_model(cfg: Config) -> None:
     """Attention head sizes (divisibility, RoPE's even dimension) and YaRN's betas."""
@@ -618,7 +638,8 @@ FP8_BUILT = ("none", "tensorwise", "rowwise", "blockwise", "mxfp8")
 
 def check_precision(cfg: Config) -> None:
     """FP8 recipes that have kernels; the per-row recipes' GEMM (torch._scaled_grouped_mm) needs 16-byte strides,
-    mxfp8's GEMMs reductions in whole 1x32 scale tiles (each expert size is the reduction of one of them)."""
+    mxfp8's GEMMs reductions in whole 1x32 scale tiles (each expert size is the reduction of one of them);
+    precision.fp8_dense's linears (``_check_fp8_dense``)."""
     r = cfg.precision.fp8_recipe
     if r not in FP8_BUILT:
         raise ConfigError(f"precision.fp8_recipe = {r} is not built yet; valid now: {', '.join(FP8_BUILT)}")
@@ -634,6 +655,47 @@ def check_precision(cfg: Config) -> None:
             raise ConfigError(f"precision.fp8_recipe = mxfp8 needs the experts' sizes to be multiples of 32 (its "
                               f"scales cover 1x32 tiles of each GEMM's reduction); {', '.join(odd)} "
                               f"{'is' if len(odd) == 1 else 'are'} not: use blockwise or resize")
+    if cfg.precision.fp8_dense != "none":
+        _check_fp8_dense(cfg)
+
+
+def _check_fp8_dense(cfg: Config) -> None:
+    """Some linear to convert, and each converted linear's sizes (and the tokens its weight gradient reduces over)
+    multiples of 16, as torch._scaled_mm needs."""
+    r, m = cfg.precision.fp8_dense, cfg.model
+    if not cfg.fp8_dense_layers():
+        raise ConfigError(f"precision.fp8_dense = {r} converts nothing: precision.fp8_dense_bf16_edges keeps every "
+                          f"layer of model.num_layers = {m.num_layers} in bf16; set it to false")
+    odd = [f"{k} = {v}" for k, v in _fp8_dense_sizes(cfg).items() if v % 16]
+    if odd:
+        raise ConfigError(f"precision.fp8_dense = {r} needs the converted linears' sizes to be multiples of 16 "
+                          f"(torch._scaled_mm); {', '.join(odd)} is not: resize, or set precision.fp8_dense=none")
+
+
+def _fp8_dense_sizes(cfg: Config) -> dict[str, int]:
+    """The in/out sizes of the linears precision.fp8_dense converts, each named by the keys it comes from."""
+    m, t, ids = cfg.model, cfg.train, cfg.fp8_dense_layers()
+    nh = "model.num_attention_heads"
+    sizes = {"model.hidden_size": m.hidden_size,
+             "train.micro_batch_size x train.seq_length (tokens)": t.micro_batch_size * t.seq_length}
+    if m.attention_type == "mla":
+        if m.q_lora_rank:
+            sizes["model.q_lora_rank"] = m.q_lora_rank
+        sizes[f"{nh} x (model.qk_nope_head_dim + model.qk_rope_head_dim)"] = (
+            m.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim))
+        sizes["model.kv_lora_rank"] = m.kv_lora_rank
+        sizes["model.kv_lora_rank + model.qk_rope_head_dim"] = m.kv_lora_rank + m.qk_rope_head_dim
+        sizes[f"{nh} x (model.qk_nope_head_dim + model.v_head_dim)"] = (
+            m.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim))
+        sizes[f"{nh} x model.v_head_dim"] = m.num_attention_heads * m.v_head_dim
+    else:
+        sizes[f"{nh} x head dim"] = m.num_attention_heads * cfg.attn_head_dim
+        sizes["key/value heads x head dim"] = cfg.kv_heads * cfg.attn_head_dim
+    if any(not cfg.block_is_moe(i) for i in ids):
+        sizes["model.ffn_hidden_size"] = m.ffn_hidden_size
+    if cfg.shared_ffn_size and any(cfg.block_is_moe(i) for i in ids):
+        sizes["shared expert size (moe.shared_expert_ffn_hidden_size)"] = cfg.shared_ffn_size
+    return sizes
 
 
 # The FP8 recipes whose GEMM is torch._scaled_grouped_mm: they keep the fused expert path (ops.moe_experts_fp8)

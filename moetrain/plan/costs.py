@@ -130,39 +130,50 @@ def _linear(fw: Cost, bi: Cost, bw: Cost, rf: Roofline, name: str, M: float, N: 
         cost.add(name, t, 1, fl)
 
 
+def _fp8_linear(fw: Cost, bi: Cost, bw: Cost, rf: Roofline, name: str, M: float, N: float, K: float,
+                b: int) -> None:
+    """A dense linear under precision.fp8_dense (torchao's Float8Linear): its GEMMs at the FP8 rate on 1-byte
+    operands, plus the casts, each an amax pass and a cast pass (read 2b, write 1 byte per element): input and
+    weight forward; the output gradient, and input and weight again from their saved high-precision copies, backward."""
+    _linear(fw, bi, bw, rf, name, M, N, K, 1, dtype="fp8")
+    fw.add("fp8 cast", rf.mem((M + N) * K * (2 * b + 1), 4), 4)
+    bi.add("fp8 cast", rf.mem((M * N + (M + N) * K) * (2 * b + 1), 6), 6)
+
+
 def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None, mode: str,
-               ep: int = 1) -> BlockCost:
+               ep: int = 1, fp8_dense: bool = False) -> BlockCost:
     """Forward / backward cost of one decoder block on one rank (recompute ``mode`` adds the
-    recomputed forward part to the backward)."""
+    recomputed forward part to the backward; ``fp8_dense``: the block's dense linears in FP8, precision.fp8_dense)."""
     m, e = cfg.model, cfg.moe
     b, T, Th, H, B, S = d.b, d.T, d.Th, m.hidden_size, d.B, d.S
     nh = max(m.num_attention_heads / d.tp, 1)
     fw, bi, bw = Cost(), Cost(), Cost()
+    _dense = _fp8_linear if fp8_dense else _linear
     _norm(fw, rf, "norms", 2 * Th * H, b)
     fw.add("residual", rf.mem(2 * 3 * b * Th * H, 2), 2)
     # ---- attention
     if m.attention_type == "mla":
         qk, dv = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
         if m.q_lora_rank:
-            _linear(fw, bi, bw, rf, "attn proj", T, m.q_lora_rank, H, b)
+            _dense(fw, bi, bw, rf, "attn proj", T, m.q_lora_rank, H, b)
             _norm(fw, rf, "attn norms", T * m.q_lora_rank, b)
-            _linear(fw, bi, bw, rf, "attn proj", T, nh * qk, m.q_lora_rank, b)
+            _dense(fw, bi, bw, rf, "attn proj", T, nh * qk, m.q_lora_rank, b)
         else:
-            _linear(fw, bi, bw, rf, "attn proj", T, nh * qk, H, b)
-        _linear(fw, bi, bw, rf, "attn proj", T, m.kv_lora_rank + m.qk_rope_head_dim, H, b)
+            _dense(fw, bi, bw, rf, "attn proj", T, nh * qk, H, b)
+        _dense(fw, bi, bw, rf, "attn proj", T, m.kv_lora_rank + m.qk_rope_head_dim, H, b)
         _norm(fw, rf, "attn norms", T * m.kv_lora_rank, b)
-        _linear(fw, bi, bw, rf, "attn proj", T, nh * (m.qk_nope_head_dim + dv), m.kv_lora_rank, b)
-        _linear(fw, bi, bw, rf, "attn proj", T, H, nh * dv, b)
+        _dense(fw, bi, bw, rf, "attn proj", T, nh * (m.qk_nope_head_dim + dv), m.kv_lora_rank, b)
+        _dense(fw, bi, bw, rf, "attn proj", T, H, nh * dv, b)
         fw.add("rope+cat", rf.mem(10 * b * T * (nh + 1) * m.qk_rope_head_dim + 4 * b * T * nh * qk, 12), 16)
         kv, same = nh, qk == dv
     else:
         hd = cfg.attn_head_dim
         kvh = max(cfg.kv_heads / d.tp, 1)
         qk = dv = hd
-        _linear(fw, bi, bw, rf, "attn proj", T, (nh + 2 * kvh) * hd, H, b)
+        _dense(fw, bi, bw, rf, "attn proj", T, (nh + 2 * kvh) * hd, H, b)
         bi.add("attn proj", 0, 2)  # three projections in the model, one cost above
         fw.add("attn proj", 0, 2)
-        _linear(fw, bi, bw, rf, "attn proj", T, H, nh * hd, b)
+        _dense(fw, bi, bw, rf, "attn proj", T, H, nh * hd, b)
         if m.qk_norm:
             _norm(fw, rf, "attn norms", T * (nh + kvh) * hd, b)
         fw.add("rope", rf.mem(10 * b * T * (nh + kvh) * hd, 14), 16)
@@ -235,20 +246,20 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
             fw.add("combine", rf.mem(3 * b * M * H + b * Th * H + 16 * M, 6), 8)  # gather + batched [1,K]x[K,H]
         sh = cfg.shared_ffn_size / d.tp
         if sh > 0:
-            _linear(fw, bi, bw, rf, "shared fc1", T, 2 * sh, H, b)
-            _linear(fw, bi, bw, rf, "shared fc2", T, H, sh, b)
+            _dense(fw, bi, bw, rf, "shared fc1", T, 2 * sh, H, b)
+            _dense(fw, bi, bw, rf, "shared fc2", T, H, sh, b)
             fw.add("swiglu", rf.mem(5 * b * T * sh, 3), 4)
     else:
         F = m.ffn_hidden_size / d.tp
         rows = F if m.activation == "gelu" else 2 * F
-        _linear(fw, bi, bw, rf, "mlp fc1", T, rows, H, b)
-        _linear(fw, bi, bw, rf, "mlp fc2", T, H, F, b)
+        _dense(fw, bi, bw, rf, "mlp fc1", T, rows, H, b)
+        _dense(fw, bi, bw, rf, "mlp fc2", T, H, F, b)
         fw.add("act", rf.mem(5 * b * T * F, 3), 4)
     # elementwise backward ~ BWD_MEM x forward traffic (all non-GEMM, non-attention parts; the router's backward
     # is costed above, so its forward is not scaled again here)
     mem_fwd = sum(v for k, v in fw.parts.items() if not k.startswith(("attn proj", "attention", "mlp fc",
                                                                         "experts fc", "shared fc", "router",
-                                                                        "x rows")))
+                                                                        "x rows", "fp8 cast")))
     mem_kernels = fw.kernels
     bi.add("elementwise", BWD_MEM * mem_fwd, (BWD_KERNELS - 1) * mem_kernels)
     if mode == "full":

@@ -146,10 +146,11 @@ def stage_times(cfg: Config, hw, d, rf: Roofline, layout, measured: dict | None,
         if st.has_embedding:
             add("embedding", embedding_cost(cfg, d, rf))
         blocks = [(i, cfg.is_moe_layer(i), _window(cfg, i)) for i in st.layers]
+        fp8_blocks = set(cfg.fp8_dense_layers())
         blocks += [(m.num_layers + dep, cfg.is_moe, None) for dep in st.mtp]
         for gid, moe, win in blocks:
             mode = block_mode(cfg, gid)
-            bc = block_cost(cfg, d, rf, moe, win, mode, ep=p.ep)
+            bc = block_cost(cfg, d, rf, moe, win, mode, ep=p.ep, fp8_dense=gid in fp8_blocks)
             kind = "moe" if moe else "dense"
             if measured and kind in measured:
                 add_measured(kind, measured[kind], bc, dp_extra["block_params"].get(gid, 0.0), TENSORS_PER_BLOCK)

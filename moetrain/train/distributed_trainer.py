@@ -2,7 +2,8 @@
 
 Every rank runs the same loop. What differs from one device:
 - set-up: the process group and meshes from the rank order (``distributed.layout``, ``distributed.mesh``); the
-  model built on the meta device, its experts sharded over the ep mesh, FSDP2 applied (``distributed``'s order),
+  model built on the meta device, its experts sharded over the ep mesh, prepared as on one device (recompute, FP8
+  dense linears, compile: ``Trainer.prepare_model``), FSDP2 applied (``distributed``'s order),
   then materialised and initialised shard by shard (the single-device weights for the same seed, ``models.init``).
   A one-rank job (torchrun --nproc_per_node 1) keeps the single-device model and optimizer: nothing to shard;
 - data: data-parallel rank r of n reads micro-batch slices r, r + n, ... of the global batch, so a step trains on
@@ -97,17 +98,13 @@ class DistributedTrainer(Trainer):
         from moetrain.models import build_model
         from moetrain.train.optim import DTYPES
 
-        cfg, t = self.cfg, self.cfg.train
+        cfg = self.cfg
         model = build_model(cfg, device="meta")
         storage = torch.float32 if cfg.precision.master_weights or self.device.type != "cuda" else self.dtype
         model.to(storage)
-        model.set_recompute(t.recompute, t.recompute_layer_ids)
-        model.set_aux_grad_scale(1.0 / cfg.grad_accum_steps)
         if self.meshes.ep is not None:
             shard_experts(model, self.meshes.ep, cfg.moe)
-        if t.compile:
-            for layer in model.layers.values():
-                layer.compile()
+        self.prepare_model(model)
         reduce_dtype = DTYPES[cfg.optim.main_grads_dtype] if self.device.type == "cuda" else torch.float32
         apply_fsdp(model, self.meshes, self.dtype, reduce_dtype)
         model.to_empty(device=self.device)

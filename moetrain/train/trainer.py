@@ -25,7 +25,7 @@ import torch
 from moetrain.config.schema import Config
 from moetrain.errors import UserError, format_bytes
 from moetrain.train import checkpoint as ckpt
-from moetrain.train import graphed_step, memory_check, resume, run_dir, steps
+from moetrain.train import fp8_dense, graphed_step, memory_check, resume, run_dir, steps
 from moetrain.train.loop_support import (
     Profiler,
     StopFlag,
@@ -68,6 +68,7 @@ class Trainer:
     def __init__(self, cfg: Config, *, show_progress: bool | None = None):
         self.cfg = cfg
         self.check_layout()
+        fp8_dense.require_torchao(cfg)
         self.device = self.choose_device()
         self.dtype = compute_dtype(cfg, self.device)
         self.out_dir = Path(cfg.train.out_dir)
@@ -94,10 +95,10 @@ class Trainer:
 
     def build_model(self):
         """The model on the device in the compute dtype, with HF weights on a fresh run (``self.start`` has no
-        checkpoint to resume), recompute and compile as configured."""
+        checkpoint to resume), prepared for training (``prepare_model``)."""
         from moetrain.models import build_model
 
-        cfg, t = self.cfg, self.cfg.train
+        cfg = self.cfg
         with torch.device(self.device):
             model = build_model(cfg)
         model.to(self.dtype)
@@ -105,12 +106,20 @@ class Trainer:
             from moetrain.models.hf import load_hf_weights
 
             load_hf_weights(model, cfg.model.from_hf, progress=self.show_progress)
+        self.prepare_model(model)
+        return model
+
+    def prepare_model(self, model) -> None:
+        """Recompute, the aux-loss gradient scale, FP8 dense linears and compile, as configured: what every trainer
+        applies to the model as built, before any sharding wraps it (torchao's swap and compile must see the plain
+        modules, FSDP the converted ones)."""
+        cfg, t = self.cfg, self.cfg.train
         model.set_recompute(t.recompute, t.recompute_layer_ids)
         model.set_aux_grad_scale(1.0 / cfg.grad_accum_steps)  # the backward runs on loss / micro-batches
+        fp8_dense.apply_fp8_dense(model, cfg)
         if t.compile:
             for layer in model.layers.values():
                 layer.compile()
-        return model
 
     def build_optimizer(self) -> PrecisionAwareAdamW:
         """AdamW over the model's parameters with the configured precision of its state."""

@@ -301,3 +301,22 @@ def test_fp8_experts_project_faster_expert_gemms_and_count_the_quantization():
              for r, c in cfgs.items()}
     assert parts["blockwise"]["experts fc1"] < 0.7 * parts["none"]["experts fc1"]
     assert parts["blockwise"]["fp8 quantize"] > 0 and "fp8 quantize" not in parts["none"]
+
+
+def test_fp8_dense_projects_faster_projections_in_the_converted_blocks_only():
+    from moetrain.plan.activations import resolve_dims
+    from moetrain.plan.costs import Roofline, block_cost
+
+    base = ["model.num_layers=4", "train.seq_length=4096", "train.micro_batch_size=2", "train.global_batch_size=2"]
+    hw = load_hardware("h200")
+    cfgs = {r: load_config(preset="qwen3-30b-a3b", overrides=[*base, f"precision.fp8_dense={r}"])
+            for r in ("none", "tensorwise")}
+    assert cfgs["tensorwise"].fp8_dense_layers() == [1, 2]  # layers 0 and 3 kept in bf16
+    moe = {r: project_perf(c, hw).breakdown["compute:moe"] for r, c in cfgs.items()}
+    assert moe["tensorwise"] < moe["none"]
+    c = cfgs["tensorwise"]
+    parts = {fp8: block_cost(c, resolve_dims(c), Roofline(hw, "bf16"), True, None, "none", fp8_dense=fp8).fwd.parts
+             for fp8 in (False, True)}
+    assert parts[True]["attn proj"] < 0.7 * parts[False]["attn proj"]
+    assert parts[True]["fp8 cast"] > 0 and "fp8 cast" not in parts[False]
+    assert parts[True]["experts fc1"] == parts[False]["experts fc1"]  # the routed experts follow fp8_recipe
