@@ -29,6 +29,21 @@ def require_torchao(cfg) -> None:
                         "pip install torchao (or pip install 'moetrain[fp8]')")
 
 
+def require_scaled_mm(cfg, device) -> None:
+    """UserError up front when precision.fp8_dense = rowwise trains on the CPU and this torch's CPU torch._scaled_mm
+    scales per tensor only (torch 2.11's asserts inside the first step; 2.13's runs): probed on 16 x 16 operands."""
+    if cfg.precision.fp8_dense != "rowwise" or device.type != "cpu":
+        return
+    import torch
+
+    a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError:
+        raise UserError(f"precision.fp8_dense = rowwise: torch {torch.__version__}'s CPU torch._scaled_mm scales per "
+                        "tensor only; use precision.fp8_dense=tensorwise on the CPU (or a newer torch)") from None
+
+
 def block_of(fqn: str, num_layers: int) -> tuple[int, list[str]] | None:
     """(global block id, path inside the block) of a module name, or None outside the decoder blocks:
     ``layers.3.attn.q_proj`` -> (3, [attn, q_proj]); ``mtp.0.block.mlp.up_proj`` -> (num_layers, [mlp, up_proj])."""

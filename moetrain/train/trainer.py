@@ -70,6 +70,7 @@ class Trainer:
         self.check_layout()
         fp8_dense.require_torchao(cfg)
         self.device = self.choose_device()
+        fp8_dense.require_scaled_mm(cfg, self.device)
         self.dtype = compute_dtype(cfg, self.device)
         self.out_dir = Path(cfg.train.out_dir)
         self.show_progress = sys.stderr.isatty() if show_progress is None else show_progress

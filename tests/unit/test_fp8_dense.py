@@ -134,10 +134,23 @@ def test_conversion_on_meta_then_init_gives_the_unconverted_weights(tmp_path):
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
+def _cpu_rowwise_scaled_mm(tmp_path) -> bool:
+    import torch
+
+    try:
+        fp8_dense.require_scaled_mm(_cfg(tmp_path, "precision.fp8_dense=rowwise"), torch.device("cpu"))
+    except UserError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_fp8_dense_trains_like_the_32_bit_run(recipe, tmp_path):
     pytest.importorskip("torchao")
     from moetrain.train.trainer import run
+
+    if recipe == "rowwise" and not _cpu_rowwise_scaled_mm(tmp_path):
+        pytest.skip("this torch's CPU torch._scaled_mm scales per tensor only (the trainer refuses rowwise here)")
 
     def losses(out, *overrides):
         return [r["loss"] for r in run(_cfg(out, *overrides), show_progress=False).records]
