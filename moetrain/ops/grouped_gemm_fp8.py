@@ -64,19 +64,35 @@ def grouped_wgrad_fp8_reference(dy: torch.Tensor, x: torch.Tensor, offs: torch.T
 
 class WeightCache:
     """Each weight's FP8 copies under a recipe (blockwise: blocks, transposed blocks, scales; rowwise and
-    tensorwise: ``grouped_gemm_fp8_scaled.quantize_weight``; mxfp8: ``grouped_gemm_fp8_mx.quantize_weight``), made again only when the weight changed (its in-place
-    version counter moved: the optimizer step), so the micro-batches of one step quantize it once. Kept on the
-    weight tensor itself (an attribute per recipe): they live and die with it."""
+    tensorwise: ``grouped_gemm_fp8_scaled.quantize_weight``; mxfp8: ``grouped_gemm_fp8_mx.quantize_weight``), made
+    again only when the weight changed: after ``weights_changed`` (the optimizer's update or a load) or an in-place
+    change of the tensor itself (its version counter), so the micro-batches of one step quantize it once. Kept on the
+    weight tensor itself (an attribute per recipe): they live and die with it. Inside a CUDA graph capture
+    (train.cuda_graph) nothing is cached: the graph quantizes the weight on each replay."""
 
     ATTR = "_moetrain_fp8_"
 
+    def __init__(self):
+        self.epoch = 0  # moved by weights_changed
+
     def get(self, w: torch.Tensor, recipe: str = "blockwise") -> tuple[torch.Tensor, ...]:
+        if w.is_cuda and torch.cuda.is_current_stream_capturing():
+            # a CUDA graph replays without this host check: the quantization is captured and reruns on every
+            # replay from the weight's current values (one per micro-batch), never a copy made at capture time
+            return self._quantize(w.detach(), recipe)
         attr = self.ATTR + recipe
+        key = (w._version, self.epoch)
         entry = getattr(w, attr, None)
-        if entry is None or entry[0] != w._version:
-            entry = (w._version, self._quantize(w.detach(), recipe))
+        if entry is None or entry[0] != key:
+            entry = (key, self._quantize(w.detach(), recipe))
             setattr(w, attr, entry)
         return entry[1]
+
+    def weights_changed(self) -> None:
+        """Every cached copy is stale from now on: the optimizer calls this after each update and load. (Its
+        writes go through ``.data`` or a DTensor's local shard, which move no version counter of the tensor the
+        forward passes here; under FSDP that tensor is the all-gathered parameter, refilled each forward.)"""
+        self.epoch += 1
 
     @staticmethod
     def _quantize(w: torch.Tensor, recipe: str) -> tuple[torch.Tensor, ...]:

@@ -143,6 +143,7 @@ class PrecisionAwareAdamW:
             step_t = torch.full((), float(self.step_count), dtype=torch.float32, device=device)
             self._fused_adamw(items, step_t, lr, decay)
         self._copy_masters()
+        _weights_changed()
 
     def _fused_adamw(self, items: list[tuple[_Slot, torch.Tensor, torch.Tensor]], step_t: torch.Tensor,
                      lr: float | torch.Tensor, decay: bool, **scale_and_skip) -> None:
@@ -203,6 +204,7 @@ class PrecisionAwareAdamW:
         for (_, _, decay), items in fused.items():
             self._fused_adamw(items, step_t, lr, decay, grad_scale=grad_scale, found_inf=found_inf)
         self._copy_masters()  # a skipped step leaves the masters as they were: the copy changes nothing then
+        _weights_changed()
 
     def count_step(self) -> None:
         """Advance the host-side step count after an applied ``step_on_device``."""
@@ -273,7 +275,16 @@ class PrecisionAwareAdamW:
                 s.master.copy_(_data(s.param))
             else:
                 _data(s.param).copy_(s.master)
+        _weights_changed()
 
+
+
+def _weights_changed() -> None:
+    """The parameters were written (through ``_data``, which moves no version counter): cached FP8 weight copies
+    are stale (``ops.grouped_gemm_fp8.WEIGHTS``)."""
+    from moetrain.ops.grouped_gemm_fp8 import WEIGHTS
+
+    WEIGHTS.weights_changed()
 
 
 def _data(t: torch.Tensor | None) -> torch.Tensor | None:

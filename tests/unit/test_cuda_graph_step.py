@@ -127,6 +127,9 @@ def _train(tmp_path, name, *overrides):
     # no main grads (replays write param.grad), bf16 moments (the captured update needs one dtype per parameter)
     ["optim.main_grads_dtype=bf16", "precision.master_weights=false", "optim.exp_avg_dtype=bf16",
      "optim.exp_avg_sq_dtype=bf16"],
+    # FP8 experts: the replays quantize the weights the captured optimizer step moved (no copy from capture time)
+    ["precision.fp8_recipe=rowwise", "train.micro_batch_size=4", "train.global_batch_size=8"],
+    ["precision.fp8_recipe=blockwise"],
 ])
 def test_graphed_steps_match_eager_ones(tmp_path, extra):
     eager = _train(tmp_path, "eager", *extra)

@@ -48,3 +48,31 @@ def test_fp8_experts_train_like_the_32_bit_run(recipe, tmp_path):
     assert fp8 != full  # the experts really ran in FP8
     for step, (a, b) in enumerate(zip(fp8, full), start=1):
         assert a == pytest.approx(b, rel=0.01), f"step {step}"
+
+
+@pytest.mark.parametrize("extra", [[], ["precision.master_weights=false"]])
+def test_the_optimizer_step_makes_the_cached_fp8_weights_stale(monkeypatch, extra):
+    """The update writes through .data (no version counter moves): without the optimizer's notice the forward kept
+    the FP8 copies of the initial expert weights for the whole run."""
+    import torch
+
+    from moetrain.config.load import load_config
+    from moetrain.models import build_model
+    from moetrain.ops.grouped_gemm_fp8 import WEIGHTS, WeightCache
+    from moetrain.train.optim import PrecisionAwareAdamW
+
+    made = []
+    monkeypatch.setattr(WeightCache, "_quantize", staticmethod(lambda w, recipe: made.append(w.clone()) or (w,)))
+    cfg = load_config(overrides=["train.device=cpu", *extra])
+    model = build_model(cfg)
+    model.init_weights(0)
+    opt = PrecisionAwareAdamW(model.named_parameters(), cfg.optim, cfg.precision.master_weights)
+    w = next(p for n, p in model.named_parameters() if n.endswith("experts.w1"))
+    WEIGHTS.get(w, "rowwise")
+    WEIGHTS.get(w, "rowwise")
+    assert len(made) == 1  # one quantization per step, however many micro-batches
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step(1e-2)
+    WEIGHTS.get(w, "rowwise")
+    assert len(made) == 2 and not torch.equal(made[0], made[1])  # the moved weight, quantized again
