@@ -12,17 +12,51 @@ offs [E] int32 group ends with offs[-1] = M: dropped assignments sit with the la
     out [T, H] = top-k sum of FC2(a) (FC2's rows transient)  dout [T, H] quantized straight into its M rows (scatter)
                                                              for FC2's dgrad; dout^T through token_of_row for dw2
 Against the unfused composition (``Experts.compute_rows`` after ``permute_tokens``) this writes no bf16 copy of x's
-or dout's M rows and quantizes T rows instead of M for them: 1 byte a value moved instead of 2 + 2 + 1. The GEMMs,
-the weight cache and the numerics are those of ``ops.grouped_gemm_fp8_scaled`` (the same quantized values).
+or dout's M rows and quantizes T rows instead of M for them: 1 byte a value moved instead of 2 + 2 + 1. On CUDA the
+tuner measures that ("scatter") against quantizing a transient 16-bit copy of the rows ("copy") once per shape
+(``quantize_token_rows``). The GEMMs, the weight cache and the numerics are those of
+``ops.grouped_gemm_fp8_scaled`` (the same quantized values either way).
 """
 
 from __future__ import annotations
 
 import torch
 
+from moetrain import tuning
 from moetrain.ops import moe_rows
 from moetrain.ops.grouped_gemm_fp8_scaled import SCALED, _gemm, quantize_group_cols_for, quantize_rows_for
-from moetrain.ops.moe_rows import combine_kernel
+from moetrain.ops.moe_fused import _on_both_token_orders
+from moetrain.ops.moe_rows import combine_kernel, token_rows_kernel
+
+# How a GEMM operand made of permuted token rows is quantized (``quantize_token_rows``); first the one that runs
+# inside a CUDA graph captured before the tuner measured
+TOKEN_ROWS_VARIANTS = ("scatter", "copy")
+
+
+def quantize_token_rows(x: torch.Tensor, offs: torch.Tensor, token_of_row: torch.Tensor, inverse: torch.Tensor,
+                        topk: int, recipe: str) -> tuple[torch.Tensor, ...]:
+    """The FP8 operands of the permuted rows x[token_of_row] [M, C] (x [T, C] token rows): (q [M, C], s [M]) for
+    the GEMM over the rows and (qt, st, padded offs) for the weight gradient (``grouped_gemm_fp8_scaled``).
+    "scatter": the row quantizer writes each token row at its topk rows and the column quantizer reads through
+    token_of_row; "copy": the rows written once in 16 bits, both quantizers on them, the copy freed. On CUDA the
+    tuner measures both once per shape: with few groups (Mixtral's 8) the gathered column reads, each waiting on
+    its index, can cost more than the copy."""
+    variant = "scatter"
+    if x.is_cuda:
+        M, C, G = token_of_row.shape[0], x.shape[1], offs.shape[0]
+        variant = tuning.choose(f"fp8_token_rows_{recipe}", x, C, 0, M, G, TOKEN_ROWS_VARIANTS,
+                                _on_both_token_orders(token_of_row, inverse, topk, lambda name, rows, inv:
+                                                      _quantize_token_rows(name, x, offs, rows, inv, topk, recipe)),
+                                fallback="scatter")
+    return _quantize_token_rows(variant, x, offs, token_of_row, inverse, topk, recipe)
+
+
+def _quantize_token_rows(variant: str, x, offs, token_of_row, inverse, topk: int, recipe: str) -> tuple:
+    if variant == "scatter":
+        q, s = quantize_rows_for(x, recipe, scatter=inverse, topk=topk)
+        return (q, s, *quantize_group_cols_for(x, offs, recipe, gather=token_of_row))
+    rows = token_rows_kernel(x, inverse, token_of_row.shape[0])
+    return (*quantize_rows_for(rows, recipe), *quantize_group_cols_for(rows, offs, recipe))
 
 
 class _FC1FromTokens(torch.autograd.Function):
@@ -32,10 +66,9 @@ class _FC1FromTokens(torch.autograd.Function):
     def forward(ctx, x, w1, offs, token_of_row, inverse, topk, recipe):
         from moetrain.ops.grouped_gemm_fp8 import WEIGHTS
 
-        xq, sx = quantize_rows_for(x, recipe, scatter=inverse, topk=topk)
+        xq, sx, xt, sxt, padded = quantize_token_rows(x, offs, token_of_row, inverse, topk, recipe)
         wq, sw, _, _ = WEIGHTS.get(w1, recipe)
         h = _gemm("fwd", xq, wq.transpose(1, 2), sx, sw, offs)
-        xt, sxt, padded = quantize_group_cols_for(x, offs, recipe, gather=token_of_row)
         ctx.save_for_backward(xt, sxt, padded, offs, inverse)
         ctx.w1, ctx.topk, ctx.recipe, ctx.x_dtype = w1, topk, recipe, x.dtype
         return h.to(x.dtype)
@@ -81,10 +114,10 @@ class _FC2Combine(torch.autograd.Function):
         at, sat, padded, offs, token_of_row, inverse = ctx.saved_tensors
         recipe = ctx.recipe
         dout = dout.contiguous()
-        dyq, sdy = quantize_rows_for(dout, recipe, scatter=inverse, topk=ctx.topk)
+        dyq, sdy, dyt, sdyt, _ = quantize_token_rows(dout, offs, token_of_row, inverse, ctx.topk, recipe)
         _, _, wqt, swt = WEIGHTS.get(ctx.w2, recipe)
         da = _gemm("dgrad", dyq, wqt.transpose(1, 2), sdy, swt, offs).to(ctx.a_dtype)
-        dyt, sdyt, _ = quantize_group_cols_for(dout, offs, recipe, gather=token_of_row)
+        del dyq, sdy  # [M, H] FP8: freed before the weight gradient's GEMM
         dw2 = _gemm("wgrad", dyt, at.t(), sdyt, sat, padded).to(ctx.w2.dtype)
         return da, dw2, None, None, None, None, None
 

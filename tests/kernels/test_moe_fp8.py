@@ -53,6 +53,21 @@ def test_scattered_rows_and_gathered_columns_are_the_permuted_rows_quantized():
     assert _same_bits(qt[:, :last], qt_want[:, :last])
 
 
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_both_ways_of_quantizing_token_rows_write_the_same_bits(recipe):
+    from moetrain.ops.moe_fp8 import TOKEN_ROWS_VARIANTS, _quantize_token_rows
+
+    T, C, E, K = 29, 48, 4, 3
+    x = torch.randn(T, C, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    idx, _ = _routing(T, E, K, seed=6)
+    offs, _row_map, inverse, token_of_row = sort_rows_kernel(idx, None, E)
+    scatter, copy = (_quantize_token_rows(v, x, offs, token_of_row, inverse, K, recipe) for v in TOKEN_ROWS_VARIANTS)
+    q, s, qt, st, ends = scatter
+    last = int(ends[-1])
+    assert _same_bits(q, copy[0]) and torch.equal(s, copy[1]) and torch.equal(st, copy[3])
+    assert torch.equal(ends, copy[4]) and _same_bits(qt[:, :last], copy[2][:, :last])
+
+
 def _unfused(x, idx, weight, w1, w2, recipe):
     p = permute_tokens(x, idx, weight, w1.shape[0], "triton")
     h = grouped_gemm_fp8(p.rows, w1, p.offs, recipe=recipe)
