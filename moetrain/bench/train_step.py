@@ -9,6 +9,8 @@ Contenders:
   moetrain (fp32 master)   bf16 params, fp32 master weights, fp32 main grads and Adam moments
   moetrain (bf16 state)    bf16 params updated in place, bf16 grads and Adam moments
   moetrain (bf16 state, fp8 R)   with --fp8 R: the bf16-state contender with precision.fp8_recipe=R
+  moetrain (bf16 state, fp8 dense D)   with --fp8-dense D: the bf16-state contender with precision.fp8_dense=D
+                           (torchao's float8 linears for attention, dense MLPs and shared experts)
   moetrain (..., cuda graph)   with --cuda-graph: the fp32-master contender with train.cuda_graph (forward +
                            backward replayed from one CUDA graph after two eager steps)
   moetrain (..., torchrun world 1)   with --distributed: the fp32-master and bf16-state contenders through the
@@ -195,8 +197,14 @@ def main(argv=None) -> None:
                         help="add both moetrain contenders through the distributed trainer (world size 1)")
     parser.add_argument("--fp8", default="", help="comma list of FP8 recipes (precision.fp8_recipe): add the "
                         "bf16-state contender with the experts' GEMMs in each")
+    parser.add_argument("--fp8-dense", default="", help="comma list of precision.fp8_dense recipes (tensorwise, "
+                        "rowwise): add the bf16-state contender with the dense linears in each (torchao)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
+    dense = [d for d in args.fp8_dense.split(",") if d]
+    bad = [d for d in dense if d not in ("tensorwise", "rowwise")]
+    if bad:
+        raise UserError(f"--fp8-dense {', '.join(bad)}: not a precision.fp8_dense recipe; valid: tensorwise, rowwise")
     if not torch.cuda.is_available():
         raise UserError("moetrain bench train needs a CUDA GPU (none is visible)")
 
@@ -211,6 +219,9 @@ def main(argv=None) -> None:
     for recipe in filter(None, args.fp8.split(",")):
         rows.append(moetrain_run(args.preset, base, f"moetrain (bf16 state, fp8 {recipe})", args.steps, args.warmup,
                                  [*bf16_state, f"precision.fp8_recipe={recipe}"], args.profile))
+    for recipe in dense:
+        rows.append(moetrain_run(args.preset, base, f"moetrain (bf16 state, fp8 dense {recipe})", args.steps,
+                                 args.warmup, [*bf16_state, f"precision.fp8_dense={recipe}"], args.profile))
     if args.distributed:
         rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, torchrun world 1)", args.steps, args.warmup,
                                  [], distributed=True))

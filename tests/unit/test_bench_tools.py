@@ -164,3 +164,10 @@ def test_fp8_gemm_bench_checks_its_arguments_then_refuses_without_gpu():
     assert run("--precision=fp8", "--shapes", "nope")[1].startswith("error: unknown shape 'nope'")
     assert run("--precision", "fp8") == (2, "error: moetrain bench gemm --precision fp8 needs a CUDA GPU (none is "
                                             "visible)")
+
+
+def test_bench_train_names_a_bad_fp8_dense_recipe_before_any_gpu_check():
+    from moetrain.bench.train_step import main
+
+    with pytest.raises(UserError, match="--fp8-dense rowise: not a precision.fp8_dense recipe"):
+        main(["--fp8-dense", "rowise"])
