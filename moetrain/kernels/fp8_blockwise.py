@@ -26,35 +26,42 @@ BLOCK_K = 128  # the recipe's tile: one scale per 128 values along K
 
 
 @triton.jit
-def _grouped_blockwise_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, y_ptr, offs_ptr, M, N, K, G, ROW_TILES,
-                              stride_am, stride_sam, stride_bg, stride_bn, stride_sbg, stride_sbn,
-                              stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              BLOCK_G: tl.constexpr, GROUP_M: tl.constexpr, PAIR: tl.constexpr):
-    # Launch order: bands of GROUP_M row tiles sweep the column tiles, so the programs running together share a few
-    # row tiles of a and a group's weight tiles (a column-tile-major order re-reads all of a per column tile).
+def _band_row_tile(offs_ptr, M, N, G, ROW_TILES, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_G: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's tile of a grouped GEMM over row groups (offs_ptr: G int32 cumulative row ends): (live, group g,
+    rows [BLOCK_M], the group's row end, column tile). Launch order: bands of GROUP_M row tiles sweep the column
+    tiles, so the programs running together share a few row tiles of a and a group's weight tiles (a
+    column-tile-major order re-reads all of a per column tile). Row tile t belongs to the group whose cumulative
+    tile count first exceeds t; tiles past the last are not live."""
     pid = tl.program_id(0)
     col_tiles = tl.cdiv(N, BLOCK_N)
-    band = pid // (GROUP_M * col_tiles)
-    first = band * GROUP_M
+    first = (pid // (GROUP_M * col_tiles)) * GROUP_M
     band_rows = tl.minimum(ROW_TILES - first, GROUP_M)
     tile = first + (pid % (GROUP_M * col_tiles)) % band_rows
     pid_n = (pid % (GROUP_M * col_tiles)) // band_rows
-    # Row tiles of every group, from offs: row tile t belongs to the group whose cumulative tile count first exceeds
-    # t. Tiles past the last exit.
     gi = tl.arange(0, BLOCK_G)
     ends = tl.minimum(tl.load(offs_ptr + tl.minimum(gi, G - 1)), M)
     starts = tl.load(offs_ptr + tl.maximum(tl.minimum(gi - 1, G - 1), 0), mask=gi > 0, other=0)
     starts = tl.minimum(starts, M)
     tiles = tl.where(gi < G, tl.cdiv(tl.maximum(ends - starts, 0), BLOCK_M), 0)
     tile_ends = tl.cumsum(tiles, 0)
-    if tile >= tl.max(tile_ends, 0):
-        return
+    live = tile < tl.max(tile_ends, 0)
     g = tl.sum((tile_ends <= tile).to(tl.int32), 0)
     first_tile = tl.sum(tl.where(gi == g, tile_ends - tiles, 0), 0)
     row_start = tl.sum(tl.where(gi == g, starts, 0), 0)
     row_end = tl.sum(tl.where(gi == g, ends, 0), 0)
-
     rows = row_start + (tile - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return live, g, rows, row_end, pid_n
+
+
+@triton.jit
+def _grouped_blockwise_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, y_ptr, offs_ptr, M, N, K, G, ROW_TILES,
+                              stride_am, stride_sam, stride_bg, stride_bn, stride_sbg, stride_sbn,
+                              stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              BLOCK_G: tl.constexpr, GROUP_M: tl.constexpr, PAIR: tl.constexpr):
+    live, g, rows, row_end, pid_n = _band_row_tile(offs_ptr, M, N, G, ROW_TILES, BLOCK_M, BLOCK_N, BLOCK_G, GROUP_M)
+    if not live:
+        return
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok, col_ok = rows < row_end, cols < N

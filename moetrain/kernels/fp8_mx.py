@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moetrain.kernels.fp8_blockwise import _band_row_tile
 from moetrain.kernels.grouped_gemm_configs import interpreter_fp8_shim, interpreter_numpy_shim, interpreting
 from moetrain.kernels.launch import launch
 
@@ -129,26 +130,9 @@ def _grouped_mx_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, y_ptr, offs_ptr, M, N, K, G
                        stride_am, stride_sam, stride_bg, stride_bn, stride_sbg, stride_sbn, stride_ym,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr,
                        GROUP_M: tl.constexpr, DOT_SCALED: tl.constexpr):
-    # Launch order and the groups' row tiles as in fp8_blockwise._grouped_blockwise_kernel.
-    pid = tl.program_id(0)
-    col_tiles = tl.cdiv(N, BLOCK_N)
-    first = (pid // (GROUP_M * col_tiles)) * GROUP_M
-    band_rows = tl.minimum(ROW_TILES - first, GROUP_M)
-    tile = first + (pid % (GROUP_M * col_tiles)) % band_rows
-    pid_n = (pid % (GROUP_M * col_tiles)) // band_rows
-    gi = tl.arange(0, BLOCK_G)
-    ends = tl.minimum(tl.load(offs_ptr + tl.minimum(gi, G - 1)), M)
-    starts = tl.minimum(tl.load(offs_ptr + tl.maximum(tl.minimum(gi - 1, G - 1), 0), mask=gi > 0, other=0), M)
-    tiles = tl.where(gi < G, tl.cdiv(tl.maximum(ends - starts, 0), BLOCK_M), 0)
-    tile_ends = tl.cumsum(tiles, 0)
-    if tile >= tl.max(tile_ends, 0):
+    live, g, rows, row_end, pid_n = _band_row_tile(offs_ptr, M, N, G, ROW_TILES, BLOCK_M, BLOCK_N, BLOCK_G, GROUP_M)
+    if not live:
         return
-    g = tl.sum((tile_ends <= tile).to(tl.int32), 0)
-    first_tile = tl.sum(tl.where(gi == g, tile_ends - tiles, 0), 0)
-    row_start = tl.sum(tl.where(gi == g, starts, 0), 0)
-    row_end = tl.sum(tl.where(gi == g, ends, 0), 0)
-
-    rows = row_start + (tile - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < row_end, cols < N
     a_rows = a_ptr + rows[:, None].to(tl.int64) * stride_am

@@ -18,6 +18,24 @@ BF16_BOUND = 1e-2  # bf16 inputs and outputs, fp32 accumulation, compared with f
 SMEM_BLOCK = 232448  # bytes of shared memory one block may use on H100/H200
 
 
+FP8_SIZES = [70, 0, 50, 1, 29]  # the FP8 kernel tests' groups: uneven, empty, one row; M = 150 + 6 rows of no group
+
+
+def fp8_grouped_data(device, M: int, N: int, K: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 kernel tests' operands on ``device``, fp32: x [M, K] with one 40x outlier row (row 3), and
+    w [len(FP8_SIZES), N, K] scaled by 0.05."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g)
+    x[3] *= 40.0
+    w = torch.randn(len(FP8_SIZES), N, K, generator=g) * 0.05
+    return x.to(device), w.to(device)
+
+
+def fp8_group_offs(device) -> torch.Tensor:
+    """FP8_SIZES' cumulative group ends, int32 on ``device``."""
+    return torch.tensor(FP8_SIZES).cumsum(0).to(torch.int32).to(device)
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """||got - want|| / ||want|| in float64 on the CPU; fails on NaN (an unwritten, poisoned element)."""
     assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) or NaN outputs"

@@ -7,7 +7,7 @@ group. On the CPU the kernels run in Triton's interpreter."""
 import pytest
 import torch
 
-from kernel_checks import rel_err
+from kernel_checks import FP8_SIZES as SIZES, fp8_group_offs, fp8_grouped_data, rel_err
 from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
 
 ON_GPU = use_gpu_or_interpreter()
@@ -26,22 +26,9 @@ from moetrain.ops.grouped_gemm_fp8 import (  # noqa: E402
 )
 
 DEVICE = "cuda" if ON_GPU else "cpu"
-SIZES = [70, 0, 50, 1, 29]  # uneven, empty, one row; M = 150 + 6 rows of no group
 # fp32 accumulation of exact FP8 products in another order; on Hopper, tiles of 64 rows or more run on wgmma, whose
 # FP8 products accumulate with fewer mantissa bits within each 128-wide K slice (the kernels promote per slice)
 BOUND = 5e-4 if ON_GPU else 1e-5
-
-
-def _data(M, N, K, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=g)
-    x[3] *= 40.0  # one outlier row
-    w = torch.randn(len(SIZES), N, K, generator=g) * 0.05
-    return x.to(DEVICE), w.to(DEVICE)
-
-
-def _offs():
-    return torch.tensor(SIZES).cumsum(0).to(torch.int32).to(DEVICE)
 
 
 def _same_bits(a, b):
@@ -49,7 +36,7 @@ def _same_bits(a, b):
 
 
 def test_row_quantizer_matches_the_reference_bit_for_bit():
-    x, _ = _data(37, 1, 200)
+    x, _ = fp8_grouped_data(DEVICE, 37, 1, 200)
     x = x.to(torch.bfloat16)
     q, s = quantize_rows_1x128(x)
     ref = quantize(x, "blockwise", "activation")
@@ -57,7 +44,7 @@ def test_row_quantizer_matches_the_reference_bit_for_bit():
 
 
 def test_rows_and_cols_quantizer_writes_both_copies_in_one_pass():
-    x, _ = _data(300, 1, 200, seed=4)  # partial tiles both ways
+    x, _ = fp8_grouped_data(DEVICE, 300, 1, 200, seed=4)  # partial tiles both ways
     q, s, qt, st = quantize_rows_and_cols(x.to(torch.bfloat16))
     rows = quantize(x.to(torch.bfloat16), "blockwise", "activation")
     cols = quantize_tiles(x.to(torch.bfloat16).T.contiguous(), (1, 128))  # x^T along M, 128 rows of x a tile
@@ -78,8 +65,8 @@ def test_weight_block_quantizer_writes_the_blocks_and_their_transpose(G, N, K):
 @pytest.mark.parametrize("block_n,pair,group_m", [(64, False, 2), (128, True, 1), (32, True, 4)])
 def test_forward_matches_fp32_math_on_the_quantized_values(block_n, pair, group_m):
     M, N, K = sum(SIZES) + 6, 160, 200
-    x, w = _data(M, N, K, seed=1)
-    offs = _offs()
+    x, w = fp8_grouped_data(DEVICE, M, N, K, seed=1)
+    offs = fp8_group_offs(DEVICE)
     xq, wq = quantize(x, "blockwise"), quantize(w, "blockwise", "weight")
     y = grouped_gemm_blockwise(xq.data, xq.scale, wq.data, wq.scale, offs, out_dtype=torch.float32, block_m=32,
                                block_n=block_n, num_warps=4, num_stages=2, group_m=group_m, pair=pair)
@@ -90,9 +77,9 @@ def test_forward_matches_fp32_math_on_the_quantized_values(block_n, pair, group_
 
 def test_data_gradient_runs_on_the_transposed_weight_blocks():
     M, N, K = sum(SIZES) + 6, 300, 160  # 3 slices of 128 along the reduction over N: an odd count for pair
-    x, w = _data(M, N, K, seed=2)
+    x, w = fp8_grouped_data(DEVICE, M, N, K, seed=2)
     dy = torch.randn(M, N, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    offs = _offs()
+    offs = fp8_group_offs(DEVICE)
     gq, wq = quantize(dy, "blockwise"), quantize(w, "blockwise", "weight")  # dy along N
     wt = wq.data.transpose(1, 2).contiguous()  # [G, K, N]: the same blocks, K-major for the reduction over N
     dx = grouped_gemm_blockwise(gq.data, gq.scale, wt, wq.scale.transpose(1, 2).contiguous(), offs, out_dtype=torch.float32,
@@ -103,9 +90,9 @@ def test_data_gradient_runs_on_the_transposed_weight_blocks():
 
 def test_weight_gradient_over_each_groups_rows_from_the_transposed_copies(poisoned_empty):
     M, N, K = sum(SIZES) + 6, 160, 200  # groups meet the 128-row tiles anywhere; 6 rows of no group
-    x, _ = _data(M, N, K, seed=6)
+    x, _ = fp8_grouped_data(DEVICE, M, N, K, seed=6)
     dy = torch.randn(M, N, generator=torch.Generator().manual_seed(7)).to(DEVICE)
-    offs = _offs()
+    offs = fp8_group_offs(DEVICE)
     _, _, dyt, sdyt = quantize_rows_and_cols(dy)
     _, _, xt, sxt = quantize_rows_and_cols(x)
     dw = grouped_wgrad_blockwise(dyt, sdyt, xt, sxt, offs, block_n=32, block_k=64, num_warps=4, num_stages=2)
@@ -118,9 +105,9 @@ def test_autograd_op_matches_the_references_and_requantizes_a_changed_weight():
     from moetrain.ops.grouped_gemm_fp8 import WEIGHTS, grouped_gemm_fp8
 
     M, N, K = sum(SIZES) + 6, 160, 200
-    x, w = _data(M, N, K, seed=8)
+    x, w = fp8_grouped_data(DEVICE, M, N, K, seed=8)
     dy = torch.randn(M, N, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    offs = _offs()
+    offs = fp8_group_offs(DEVICE)
     xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     y = grouped_gemm_fp8(xg, wg, offs)
     y.backward(dy)

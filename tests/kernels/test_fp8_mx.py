@@ -8,7 +8,7 @@ in-kernel dequantization (it has no dot_scaled); on a GPU with tl.dot_scaled (Ho
 import pytest
 import torch
 
-from kernel_checks import rel_err
+from kernel_checks import FP8_SIZES as SIZES, fp8_group_offs, fp8_grouped_data, rel_err
 from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
 
 ON_GPU = use_gpu_or_interpreter()
@@ -27,22 +27,9 @@ from moetrain.ops.grouped_gemm_fp8 import (  # noqa: E402
 )
 
 DEVICE = "cuda" if ON_GPU else "cpu"
-SIZES = [70, 0, 50, 1, 29]  # uneven, empty, one row; M = 150 + 6 rows of no group
 # fp32 accumulation of exact products in another order (Hopper's dot_scaled emulation: bf16 wgmma, exact products)
 BOUND = 1e-4 if ON_GPU else 1e-5
 SMALL = dict(block_m=32, block_n=64, block_k=64, num_warps=4, num_stages=2)  # the interpreter's cost grows with tiles
-
-
-def _data(M, N, K, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=g)
-    x[3] *= 40.0  # one outlier row
-    w = torch.randn(len(SIZES), N, K, generator=g) * 0.05
-    return x.to(DEVICE), w.to(DEVICE)
-
-
-def _offs():
-    return torch.tensor(SIZES).cumsum(0).to(torch.int32).to(DEVICE)
 
 
 def _matches_reference(q, s, x):
@@ -53,7 +40,7 @@ def _matches_reference(q, s, x):
 
 
 def test_quantizer_matches_the_reference_bit_for_bit_on_edge_tiles(poisoned_empty):
-    x, _ = _data(37, 1, 200)  # 200 columns: a last tile of 8
+    x, _ = fp8_grouped_data(DEVICE, 37, 1, 200)  # 200 columns: a last tile of 8
     x[5, :32] = 0.0  # all-zero tile: scale 1 (E8M0 127)
     x[6, 40] = E4M3_MAX * 2.0 ** -5 * (1 + 2.0 ** -10)  # amax / 448 just above 2^-5: scale 2^-4
     x[7, 64:96] = 1e-37  # amax / 448 below 2^-127: E8M0's smallest scale
@@ -65,7 +52,7 @@ def test_quantizer_matches_the_reference_bit_for_bit_on_edge_tiles(poisoned_empt
 
 
 def test_quantizer_reads_transposed_and_batched_views_in_place():
-    x, w = _data(70, 96, 64, seed=1)
+    x, w = fp8_grouped_data(DEVICE, 70, 96, 64, seed=1)
     q, s = quantize_mx(x.t())  # x^T [64, 70] along the rows of x: 3 tiles, the last of 6
     _matches_reference(q, s, x.t())
     q, s = quantize_mx(w.transpose(1, 2))  # [G, K, N] along N
@@ -75,8 +62,8 @@ def test_quantizer_reads_transposed_and_batched_views_in_place():
 
 def test_forward_matches_fp32_math_on_the_quantized_values():
     M, N, K = sum(SIZES) + 6, 96, 160  # K: two 64-wide steps and a half one
-    x, w = _data(M, N, K, seed=2)
-    offs = _offs()
+    x, w = fp8_grouped_data(DEVICE, M, N, K, seed=2)
+    offs = fp8_group_offs(DEVICE)
     (xq, sx), (wq, sw) = quantize_mx(x), quantize_mx(w)
     y = grouped_gemm_mx(xq, sx, wq, sw, offs, out_dtype=torch.float32, group_m=2, **SMALL)
     assert torch.all(y[sum(SIZES):] == 0)
@@ -85,9 +72,9 @@ def test_forward_matches_fp32_math_on_the_quantized_values():
 
 def test_data_gradient_runs_on_the_transposed_weight_copy():
     M, N, K = sum(SIZES) + 6, 96, 128  # the reduction over N: one 64-wide step and a half one
-    x, w = _data(M, N, K, seed=3)
+    x, w = fp8_grouped_data(DEVICE, M, N, K, seed=3)
     dy = torch.randn(M, N, generator=torch.Generator().manual_seed(4)).to(DEVICE)
-    offs = _offs()
+    offs = fp8_group_offs(DEVICE)
     (gq, sg), (wt, swt) = quantize_mx(dy), quantize_mx(w.transpose(1, 2))
     dx = grouped_gemm_mx(gq, sg, wt, swt, offs, out_dtype=torch.float32, **SMALL)
     assert rel_err(dx, grouped_dgrad_fp8_reference(dy, w, offs, "mxfp8")) < BOUND
@@ -95,9 +82,9 @@ def test_data_gradient_runs_on_the_transposed_weight_copy():
 
 def test_weight_gradient_over_each_groups_rows_of_tiles_shared_by_groups(poisoned_empty):
     M, N, K = sum(SIZES) + 6, 96, 64  # group starts 70, 120, 121 fall inside 32-row tiles
-    x, _ = _data(M, N, K, seed=5)
+    x, _ = fp8_grouped_data(DEVICE, M, N, K, seed=5)
     dy = torch.randn(M, N, generator=torch.Generator().manual_seed(6)).to(DEVICE)
-    offs = _offs()
+    offs = fp8_group_offs(DEVICE)
     (dyt, sdyt), (xt, sxt) = quantize_mx(dy.t()), quantize_mx(x.t())
     dw = grouped_wgrad_mx(dyt, sdyt, xt, sxt, offs, block_n=32, block_k=64, block_r=64, num_warps=4, num_stages=2)
     assert torch.all(dw[1] == 0)  # the empty group
@@ -107,10 +94,10 @@ def test_weight_gradient_over_each_groups_rows_of_tiles_shared_by_groups(poisone
 def test_a_reduction_that_is_not_a_multiple_of_32_is_refused_by_size():
     from moetrain.ops.grouped_gemm_fp8 import grouped_gemm_fp8
 
-    x, w = _data(8, 32, 48)
+    x, w = fp8_grouped_data(DEVICE, 8, 32, 48)
     with pytest.raises(ValueError, match=r"K = 48 .* must be a multiple of 32"):
         grouped_gemm_mx(x.to(torch.float8_e4m3fn), torch.zeros(8, 1, dtype=torch.uint8, device=DEVICE),
-                        w.to(torch.float8_e4m3fn), torch.zeros(5, 32, 1, dtype=torch.uint8, device=DEVICE), _offs())
+                        w.to(torch.float8_e4m3fn), torch.zeros(5, 32, 1, dtype=torch.uint8, device=DEVICE), fp8_group_offs(DEVICE))
     with pytest.raises(ValueError, match=r"N 32 and K 48 .* must be multiples of 32"):
         grouped_gemm_fp8(x, w, torch.full((5,), 8, dtype=torch.int32, device=DEVICE), recipe="mxfp8")
 
@@ -119,9 +106,9 @@ def test_autograd_op_matches_the_references_and_requantizes_a_changed_weight():
     from moetrain.ops.grouped_gemm_fp8 import WEIGHTS, grouped_gemm_fp8
 
     M, N, K = sum(SIZES) + 6, 96, 64
-    x, w = _data(M, N, K, seed=7)
+    x, w = fp8_grouped_data(DEVICE, M, N, K, seed=7)
     dy = torch.randn(M, N, generator=torch.Generator().manual_seed(8)).to(DEVICE)
-    offs = _offs()
+    offs = fp8_group_offs(DEVICE)
     xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     y = grouped_gemm_fp8(xg, wg, offs, recipe="mxfp8")
     y.backward(dy)
