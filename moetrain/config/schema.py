@@ -635,6 +635,10 @@ def _check_cuda_graph(cfg: Config) -> None:
 
 FP8_BUILT = ("none", "tensorwise", "rowwise", "blockwise", "mxfp8")
 
+# The FP8 recipes whose GEMM is torch._scaled_grouped_mm: they keep the fused expert path (ops.moe_experts_fp8)
+# where the experts have no biases; the others run on dispatched rows.
+FP8_FUSED = ("rowwise", "tensorwise")
+
 
 def check_precision(cfg: Config) -> None:
     """FP8 recipes that have kernels; the per-row recipes' GEMM (torch._scaled_grouped_mm) needs 16-byte strides,
@@ -644,7 +648,7 @@ def check_precision(cfg: Config) -> None:
     if r not in FP8_BUILT:
         raise ConfigError(f"precision.fp8_recipe = {r} is not built yet; valid now: {', '.join(FP8_BUILT)}")
     sizes = {"model.hidden_size": cfg.model.hidden_size, "moe.moe_ffn_hidden_size": cfg.moe.moe_ffn_hidden_size}
-    if r in ("tensorwise", "rowwise"):
+    if r in FP8_FUSED:
         odd = [f"{k} = {v}" for k, v in sizes.items() if v % 16]
         if odd:
             raise ConfigError(f"precision.fp8_recipe = {r} needs the experts' sizes to be multiples of 16 (its FP8 "
@@ -696,11 +700,6 @@ def _fp8_dense_sizes(cfg: Config) -> dict[str, int]:
     if cfg.shared_ffn_size and any(cfg.block_is_moe(i) for i in ids):
         sizes["shared expert size (moe.shared_expert_ffn_hidden_size)"] = cfg.shared_ffn_size
     return sizes
-
-
-# The FP8 recipes whose GEMM is torch._scaled_grouped_mm: they keep the fused expert path (ops.moe_experts_fp8)
-# where the experts have no biases; the others run on dispatched rows.
-FP8_FUSED = ("rowwise", "tensorwise")
 
 
 def check_optim(cfg: Config) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from moetrain.config.schema import FP8_FUSED as SCALED
 from moetrain.ops.fp8_quant import round_trip
 
 
@@ -185,7 +186,7 @@ def grouped_gemm_fp8(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, recip
     offs = offs.to(torch.int32)
     if recipe == "blockwise" and kernels_run_here(x):
         return _BlockwiseGroupedGemm.apply(x, w, offs)
-    if recipe in ("rowwise", "tensorwise") and kernels_run_here(x):
+    if recipe in SCALED and kernels_run_here(x):
         from moetrain.ops.grouped_gemm_fp8_scaled import grouped_gemm_fp8_scaled
 
         return grouped_gemm_fp8_scaled(x, w, offs, recipe)

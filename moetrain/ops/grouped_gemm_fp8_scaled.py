@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import torch
 
+from moetrain.config.schema import FP8_FUSED
 from moetrain.ops.fp8_quant import scale_and_inverse
 
-SCALED = ("rowwise", "tensorwise")
+SCALED = FP8_FUSED  # the recipes of this op
 ALIGN = 16  # rows: the weight gradient's group starts (TMA)
 # The GEMMs that accumulate on Hopper's FP8 tensor cores without promoting partial sums to fp32 (use_fast_accum:
 # fewer accumulator bits, up to 1.9x faster at Qwen3-30B-A3B shapes); the quantization's error dominates either

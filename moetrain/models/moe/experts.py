@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from moetrain import ops
+from moetrain.config.schema import FP8_FUSED
 from moetrain.ops.dispatch import expert_of_rows
 from moetrain.ops.moe import expert_gemm_backend
-from moetrain.config.schema import FP8_FUSED
 from moetrain.runtime.expert_plan import plan_for
 
 
