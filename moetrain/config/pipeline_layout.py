@@ -135,3 +135,48 @@ def layout_stages(text: str, *, num_layers: int, mtp_num_layers: int, pp: int, v
     _check_stage_count(text, len(stages), pp, vpp)
     _check_contents(text, stages, num_layers, mtp_num_layers)
     return stages
+
+
+# ---- schedules and placement -------------------------------------------------------------------------------------
+
+SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipev")
+V_SCHEDULES = ("zero_bubble", "dualpipev")  # two stages per rank, placed in a V
+
+
+def stage_rank(index: int, pp: int, schedule: str) -> int:
+    """The pipeline rank of stage ``index``: looped (stage i on rank i mod pp) for 1f1b and interleaved; V for
+    zero_bubble and dualpipev (stage i on rank i for i < pp, on rank 2 pp - 1 - i after), as torch places them."""
+    if schedule in V_SCHEDULES:
+        return index if index < pp else 2 * pp - 1 - index
+    return index % pp
+
+
+def check_schedule(schedule: str, pp: int, vpp: int, micro_batches: int) -> None:
+    """ConfigError for a schedule torch.distributed.pipelining cannot run with these degrees and micro-batches per
+    step (``micro_batches`` = train.global_batch_size / (train.micro_batch_size x parallel.dp))."""
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"parallel.pp_schedule = {schedule!r}; valid: {', '.join(SCHEDULES)}")
+    if pp == 1:
+        return
+    mb = f"micro-batches per step (train.global_batch_size / (train.micro_batch_size x parallel.dp)) = {micro_batches}"
+    if schedule == "1f1b" and vpp > 1:
+        raise ConfigError(f"parallel.pp_schedule = 1f1b runs one stage per rank, but parallel.vpp = {vpp}; set "
+                          "parallel.pp_schedule=interleaved for virtual stages, or parallel.vpp=1")
+    if schedule == "interleaved" and vpp < 2:
+        raise ConfigError("parallel.pp_schedule = interleaved needs parallel.vpp >= 2 (virtual stages per rank); "
+                          "set parallel.vpp=2, or parallel.pp_schedule=1f1b")
+    if schedule in V_SCHEDULES and vpp != 2:
+        raise ConfigError(f"parallel.pp_schedule = {schedule} places exactly two stages per rank in a V; set "
+                          f"parallel.vpp=2 (it is {vpp})")
+    if schedule == "1f1b" and micro_batches < pp:
+        raise ConfigError(f"parallel.pp_schedule = 1f1b needs at least parallel.pp = {pp} micro-batches per step; "
+                          f"{mb}: raise train.global_batch_size or lower train.micro_batch_size")
+    if schedule == "interleaved":
+        rounds = max(1, micro_batches // pp)
+        if micro_batches % rounds:
+            raise ConfigError(f"parallel.pp_schedule = interleaved runs the micro-batches in rounds of parallel.pp "
+                              f"= {pp}; {mb}, not a multiple of its {rounds} rounds: use a multiple of {pp}")
+    if schedule in V_SCHEDULES and micro_batches < 2 * pp:
+        raise ConfigError(f"parallel.pp_schedule = {schedule} needs at least 2 x parallel.pp = {2 * pp} "
+                          f"micro-batches per step; {mb}: raise train.global_batch_size or lower "
+                          "train.micro_batch_size")

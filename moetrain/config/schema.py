@@ -25,7 +25,7 @@ def doc(default, text: str, **kw):
     return field(default=default, metadata={"doc": text, **kw})
 
 
-from moetrain.config.pipeline_layout import layout_stages  # noqa: E402
+from moetrain.config.pipeline_layout import check_schedule, layout_stages  # noqa: E402
 from moetrain.errors import ConfigError  # noqa: E402  (re-exported for callers of the schema)
 
 
@@ -126,6 +126,10 @@ class MoEConfig:
         None, "sync_free: rows each rank may send to one peer, as a factor of its even share (tokens * topk / ep); "
         "rows past it are dropped and counted. null = the worst case (tokens * min(topk, local experts)), "
         "dropping nothing.")
+    overlap_a2a: bool = doc(
+        False, "Pipeline steady state (parallel.pp_schedule=dualpipev): one micro-batch's expert-parallel "
+        "dispatch/combine runs on a communication stream while another micro-batch's forward or backward computes "
+        "(DualPipe's forward-backward chunk overlap). Needs parallel.ep > 1.")
 
 
 @dataclass
@@ -142,8 +146,12 @@ class ParallelConfig:
     sequence_parallel: bool = doc(False, "Shard norms/dropout activations over TP ranks.")
     pipeline_layout: Optional[str] = doc(
         None, "Explicit stage layout of pp x vpp stages, e.g. 'Et*3|t*4|t*4|t*3mL' (E embedding, t layer, m MTP, "
-        "L loss); stage i runs on pipeline rank i mod pp.")
-    pp_schedule: Literal["1f1b", "interleaved", "zero_bubble"] = doc("1f1b", "Pipeline schedule.")
+        "L loss); null = the decoder layers split evenly. Stage i runs on pipeline rank i mod pp (looped: 1f1b, "
+        "interleaved), or on rank i for i < pp and 2 pp - 1 - i after (V: zero_bubble, dualpipev).")
+    pp_schedule: Literal["1f1b", "interleaved", "zero_bubble", "dualpipev"] = doc(
+        "1f1b", "Pipeline schedule (torch.distributed.pipelining): 1f1b (parallel.vpp = 1), interleaved 1F1B "
+        "(vpp >= 2, looped placement), zero_bubble (ZB-V: vpp = 2, V placement, weight gradients deferred to "
+        "fill the bubbles), dualpipev (DeepSeek's DualPipe-V: vpp = 2, V placement).")
     gpus_per_node: int = doc(8, "GPUs per node (communication model of the planner).")
 
     @property
@@ -189,6 +197,10 @@ class TrainConfig:
         "job stops with the stalled operation named.")
     skip_memory_check: bool = doc(
         False, "Train even when the planner projects that the run will not fit the device's memory.")
+    pp_warmup: bool = doc(
+        False, "Pipeline runs: before step 1, one forward + backward of each local stage on its own (gradients "
+        "and MoE counts discarded), so the first step's allocations and kernel autotuning do not stall the "
+        "pipeline.")
 
 
 @dataclass
@@ -261,6 +273,10 @@ class ProfileConfig:
     enabled: bool = doc(False, "Write a PyTorch profiler trace for a window of steps.")
     start_step: int = doc(3, "First profiled step.")
     end_step: int = doc(5, "Last profiled step.")
+    dump_pp_data: bool = doc(
+        False, "Pipeline runs: every rank writes the start and end of each micro-batch's forward, backward and "
+        "weight-gradient step and its peak memory, for the steps start_step..end_step, to "
+        "out_dir/pp_timeline/rank<r>.json (the planner's timeline format; `moetrain plan timeline` draws it).")
 
 
 SECTIONS: dict[str, type] = {
@@ -576,6 +592,7 @@ def check_parallel(cfg: Config) -> None:
         raise ConfigError("parallel.sequence_parallel needs parallel.tp > 1")
     if p.vpp > 1 and p.pp == 1:
         raise ConfigError("parallel.vpp > 1 needs parallel.pp > 1")
+    check_schedule(p.pp_schedule, p.pp, p.vpp, t.global_batch_size // max(1, t.micro_batch_size * p.dp))
     if p.pipeline_layout is not None:
         layout_stages(p.pipeline_layout, num_layers=m.num_layers, mtp_num_layers=m.mtp_num_layers,
                       pp=p.pp, vpp=p.vpp)
@@ -585,6 +602,15 @@ def check_parallel(cfg: Config) -> None:
             f"({p.vpp}); set parallel.pipeline_layout for uneven stages")
     if t.seq_length % p.cp:
         raise ConfigError(f"train.seq_length = {t.seq_length} is not divisible by parallel.cp = {p.cp}")
+    if p.tp > 1 and (p.sequence_parallel or cfg.is_moe) and t.seq_length % p.tp:
+        why = "sequence parallelism shards" if p.sequence_parallel else "the MoE layers split"
+        raise ConfigError(f"train.seq_length = {t.seq_length} is not divisible by parallel.tp = {p.tp}: {why} each "
+                          "sequence over the tensor-parallel ranks")
+    if cfg.moe.overlap_a2a and (p.pp_schedule != "dualpipev" or p.pp == 1 or p.ep == 1):
+        raise ConfigError(
+            f"moe.overlap_a2a overlaps the expert all-to-all of one micro-batch with another's compute inside "
+            f"DualPipe-V's steady state: it needs parallel.pp > 1, parallel.pp_schedule=dualpipev and parallel.ep > 1 "
+            f"(now pp={p.pp}, pp_schedule={p.pp_schedule}, ep={p.ep})")
 
 
 def check_train(cfg: Config) -> None:

@@ -1,8 +1,9 @@
 """Pipeline stage placement: the stages of ``parallel.pipeline_layout`` (or the default split) on ranks.
 
 The grammar and its rules live in ``moetrain.config.pipeline_layout`` (``Config.check`` applies
-them when a config is loaded); a layout has exactly parallel.pp x parallel.vpp stages and stage
-i runs on pipeline rank i mod pp as its virtual chunk i // pp.
+them when a config is loaded); a layout has exactly parallel.pp x parallel.vpp stages. Stage i runs on the pipeline rank
+``config.pipeline_layout.stage_rank`` gives for parallel.pp_schedule (looped: i mod pp; V: i, then
+2 pp - 1 - i), as its virtual chunk i // pp.
 
 Without a layout: pp * vpp stages with the decoder layers split evenly (Config.check demands
 divisibility), E on the first stage, the MTP depths and L on the last.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moetrain.config.pipeline_layout import KEY, LETTERS, expand, layout_stages  # noqa: F401 (re-exported)
+from moetrain.config.pipeline_layout import KEY, LETTERS, expand, layout_stages, stage_rank  # noqa: F401
 from moetrain.config.schema import Config
 from moetrain.errors import ConfigError
 
@@ -22,7 +23,7 @@ from moetrain.errors import ConfigError
 @dataclass
 class Stage:
     index: int  # position in the pipeline, 0-based
-    rank: int  # pipeline rank = index % pp
+    rank: int  # pipeline rank (stage_rank: index % pp, or the V placement)
     chunk: int  # virtual chunk on that rank = index // pp
     items: list[str] = field(default_factory=list)  # 'E', 't', 'm', 'L' in order
     layers: list[int] = field(default_factory=list)  # global decoder layer ids
@@ -71,7 +72,7 @@ def parse_layout(cfg: Config) -> Layout:
         return default_layout(cfg)
     stages = layout_stages(p.pipeline_layout, num_layers=m.num_layers, mtp_num_layers=m.mtp_num_layers,
                            pp=p.pp, vpp=p.vpp)
-    return _build(stages, p.pp, p.vpp, p.pipeline_layout)
+    return _build(stages, p.pp, p.vpp, p.pipeline_layout, p.pp_schedule)
 
 
 def default_layout(cfg: Config) -> Layout:
@@ -84,13 +85,13 @@ def default_layout(cfg: Config) -> Layout:
     stages = ["t" * per for _ in range(n)]
     stages[0] = "E" + stages[0]
     stages[-1] = stages[-1] + "m" * m.mtp_num_layers + "L"
-    return _build(stages, p.pp, p.vpp, "|".join(stages))
+    return _build(stages, p.pp, p.vpp, "|".join(stages), p.pp_schedule)
 
 
-def _build(stages_txt: list[str], pp: int, vpp: int, text: str) -> Layout:
+def _build(stages_txt: list[str], pp: int, vpp: int, text: str, schedule: str) -> Layout:
     stages, layer, depth = [], 0, 0
     for i, txt in enumerate(stages_txt):
-        st = Stage(index=i, rank=i % pp, chunk=i // pp, items=list(txt))
+        st = Stage(index=i, rank=stage_rank(i, pp, schedule), chunk=i // pp, items=list(txt))
         for ch in txt:
             if ch == "t":
                 st.layers.append(layer)

@@ -19,14 +19,16 @@ REPO = Path(__file__).resolve().parents[2]
 LAYOUTS = {
     "tiny": [],
     "deepseek-v2-lite": ["parallel.ep=8", "parallel.dp=8", "train.global_batch_size=512"],
-    "deepseek-v2": ["parallel.pp=4", "parallel.vpp=5", "parallel.ep=8", "parallel.dp=8"],
-    "deepseek-v3": ["parallel.pp=16", "parallel.vpp=2", "parallel.ep=8", "parallel.dp=8",
-                    "train.recompute=selective", "parallel.pipeline_layout=Et|(tt|)*29t|tmL"],
+    "deepseek-v2": ["parallel.pp=4", "parallel.vpp=5", "parallel.pp_schedule=interleaved", "parallel.ep=8",
+                    "parallel.dp=8"],
+    "deepseek-v3": ["parallel.pp=16", "parallel.vpp=2", "parallel.pp_schedule=interleaved", "parallel.ep=8",
+                    "parallel.dp=8", "train.recompute=selective", "parallel.pipeline_layout=Et|(tt|)*29t|tmL"],
     "gpt-oss-120b": ["parallel.ep=8", "parallel.dp=8", "parallel.pp=4"],
     "gpt-oss-20b": ["parallel.ep=8", "parallel.dp=8"],
     "llama3-8b": ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.dp=4", "train.global_batch_size=512"],
     "mixtral-8x22b": ["parallel.pp=8", "parallel.ep=8", "parallel.dp=8", "parallel.pipeline_layout=Et*6|(t*7|)*6t*8L"],
-    "mixtral-8x7b": ["parallel.pp=4", "parallel.ep=8", "parallel.dp=8", "parallel.vpp=2"],
+    "mixtral-8x7b": ["parallel.pp=4", "parallel.ep=8", "parallel.dp=8", "parallel.vpp=2",
+                     "parallel.pp_schedule=interleaved"],
     "moe-1t": ["parallel.pp=24", "parallel.ep=8", "parallel.dp=8", "parallel.cp=2", "train.recompute=selective"],
     "moe-2t": ["parallel.pp=24", "parallel.ep=16", "parallel.dp=16", "parallel.cp=2", "train.recompute=selective"],
     "qwen3-235b-a22b": ["parallel.pp=8", "parallel.ep=8", "parallel.dp=8", "parallel.pipeline_layout=Et*11|(t*12|)*6t*11L"],
@@ -83,7 +85,7 @@ def test_no_torch_import_and_real_entry_point(tmp_path):
 
 @pytest.mark.parametrize("argv, match", [
     (["memory", "--preset", "tiny", "--hardware", "v100"], "unknown hardware 'v100'; built-in: a100-80gb-sxm"),
-    (["memory", "--preset", "tiny", "parallel.pp=2", "parallel.pipeline_layout=Et*2|t*3mL"],
+    (["memory", "--preset", "tiny", "parallel.pp=2", "train.micro_batch_size=4", "parallel.pipeline_layout=Et*2|t*3mL"],
      "parallel.pipeline_layout = 'Et*2|t*3mL' places 5 decoder layers"),
     (["perf", "--preset", "tiny", "--moe-imbalance", "0.5"], "--moe-imbalance"),
 ])

@@ -10,7 +10,11 @@ from moetrain.plan.layout import expand, parse_layout
 
 
 def overrides(layers=8, mtp=0, **par):
-    return [f"model.num_layers={layers}", f"model.mtp_num_layers={mtp}"] + [f"parallel.{k}={v}" for k, v in par.items()]
+    if par.get("vpp", 1) > 1:
+        par.setdefault("pp_schedule", "interleaved")
+    # micro-batches of one sequence: enough of them for any schedule the tests name
+    return [f"model.num_layers={layers}", f"model.mtp_num_layers={mtp}", "train.micro_batch_size=1"] + \
+        [f"parallel.{k}={v}" for k, v in par.items()]
 
 
 def cfg(layers=8, mtp=0, **par):

@@ -35,7 +35,7 @@ def test_stage_params_split_by_tp_pp_ep():
 
 
 def test_mtp_stage_keeps_embedding_and_head_copies():
-    c = cfg("tiny", "parallel.pp=2", "parallel.pipeline_layout=Ett|ttmL")
+    c = cfg("tiny", "parallel.pp=2", "parallel.pipeline_layout=Ett|ttmL", "train.micro_batch_size=4")
     last = stage_params(c, parse_layout(c).stages[1])
     V, H = 512, 64
     assert last.embed == V * H and last.head == V * H
@@ -116,7 +116,7 @@ def test_1f1b_in_flight_per_rank():
 
 
 def test_interleaved_in_flight():
-    c = cfg("llama3-8b", "parallel.pp=4", "parallel.vpp=2", "train.global_batch_size=16", "model.vocab_size=256")
+    c = cfg("llama3-8b", "parallel.pp=4", "parallel.vpp=2", "parallel.pp_schedule=interleaved", "train.global_batch_size=16", "model.vocab_size=256")
     rep = project_memory(c, H200)
     # Megatron's warm-up: (p - r - 1) * 2 + (v - 1) * p chunk-micro-batches, + 1 in steady state
     expected = [(4 - r - 1) * 2 + 4 + 1 for r in range(4)]

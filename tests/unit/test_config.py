@@ -185,7 +185,7 @@ def test_dotted_overrides_parse_yaml_values(cwd):
     cfg = load_config("o.yaml", overrides=[
         "moe.num_experts=4", "moe.topk=1", "train.recompute_layer_ids=[0,1]", "model.q_lora_rank=null",
         "optim.lr=1e-3", "optim.min_lr=0", "model.name=my model", "train.compile=true",
-        "parallel.pp=2", "parallel.pipeline_layout=Et*2|t*2L",
+        "parallel.pp=2", "parallel.pipeline_layout=Et*2|t*2L", "train.micro_batch_size=1", "train.global_batch_size=2",
     ])
     assert (cfg.moe.num_experts, cfg.moe.topk) == (4, 1)
     assert cfg.train.recompute_layer_ids == [0, 1]
@@ -478,3 +478,34 @@ def test_config_docs_lists_every_field_with_type_default_doc():
     assert "  train.compile: bool = false\n" in text
     assert "  optim.beta1: float (in [0, 1)) = 0.9\n" in text
     assert "  optim.min_lr: float or null (>= 0) = null\n      Learning rate at the end of decay; null = lr / 10.\n" in text
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.pp=2", "parallel.vpp=2"], "parallel.pp_schedule = 1f1b runs one stage per rank, but parallel.vpp = 2; "
+     "set parallel.pp_schedule=interleaved"),
+    (["parallel.pp=2", "parallel.pp_schedule=interleaved"], "parallel.pp_schedule = interleaved needs parallel.vpp >= 2"),
+    (["parallel.pp=2", "parallel.vpp=4", "parallel.pp_schedule=zero_bubble"],
+     "parallel.pp_schedule = zero_bubble places exactly two stages per rank in a V; set parallel.vpp=2 (it is 4)"),
+    (["parallel.pp=2", "train.micro_batch_size=8"], "parallel.pp_schedule = 1f1b needs at least parallel.pp = 2 "
+     "micro-batches per step; micro-batches per step (train.global_batch_size / (train.micro_batch_size x "
+     "parallel.dp)) = 1"),
+    (["parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=dualpipev", "train.micro_batch_size=4"],
+     "parallel.pp_schedule = dualpipev needs at least 2 x parallel.pp = 4 micro-batches per step"),
+    (["parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=interleaved", "train.micro_batch_size=1",
+      "train.global_batch_size=5"], "= 5, not a multiple of its 2 rounds: use a multiple of 2"),
+    (["moe.overlap_a2a=true"], "moe.overlap_a2a overlaps the expert all-to-all"),
+    (["parallel.tp=2", "parallel.dp=1", "train.seq_length=63"],
+     "train.seq_length = 63 is not divisible by parallel.tp = 2: the MoE layers split each sequence"),
+])
+def test_pipeline_schedule_and_tensor_parallel_refusals(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(preset="tiny", overrides=overrides)
+    assert message in str(err.value)
+
+
+def test_schedules_place_stages_looped_or_in_a_v():
+    from moetrain.config.pipeline_layout import stage_rank
+
+    assert [stage_rank(i, 3, "interleaved") for i in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert [stage_rank(i, 3, "zero_bubble") for i in range(6)] == [0, 1, 2, 2, 1, 0]
+    assert [stage_rank(i, 3, "dualpipev") for i in range(6)] == [0, 1, 2, 2, 1, 0]
