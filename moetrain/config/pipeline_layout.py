@@ -180,3 +180,16 @@ def check_schedule(schedule: str, pp: int, vpp: int, micro_batches: int) -> None
         raise ConfigError(f"parallel.pp_schedule = {schedule} needs at least 2 x parallel.pp = {2 * pp} "
                           f"micro-batches per step; {mb}: raise train.global_batch_size or lower "
                           "train.micro_batch_size")
+
+
+def default_layout(num_layers: int, mtp_num_layers: int, n_stages: int) -> str:
+    """The layout without parallel.pipeline_layout: the decoder layers split evenly over ``n_stages`` stages, E on
+    the first, the MTP depths and L on the last. ConfigError where the layers do not divide evenly."""
+    per = num_layers // n_stages
+    if per * n_stages != num_layers:
+        raise ConfigError(f"model.num_layers = {num_layers} is not divisible by parallel.pp x parallel.vpp = "
+                          f"{n_stages}; set {KEY} for uneven stages")
+    stages = ["t" * per for _ in range(n_stages)]
+    stages[0] = "E" + stages[0]
+    stages[-1] = stages[-1] + "m" * mtp_num_layers + "L"
+    return "|".join(stages)

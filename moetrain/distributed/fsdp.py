@@ -18,7 +18,10 @@ from __future__ import annotations
 import torch
 
 
-def apply_fsdp(model, meshes, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
+def apply_fsdp(model, meshes, param_dtype: torch.dtype, reduce_dtype: torch.dtype, root=None) -> None:
+    """FSDP2 units: each block (its experts a unit of their own under expert parallelism), each MTP depth, and the
+    root: ``model``, or ``root`` (a module holding ``model``: a pipeline stage's wrapper, which torch's pipeline
+    schedule must see as the FSDP module to control the gradient reduce)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -31,7 +34,7 @@ def apply_fsdp(model, meshes, param_dtype: torch.dtype, reduce_dtype: torch.dtyp
         fully_shard(block, mesh=meshes.dense_fsdp, mp_policy=mp)
     for depth in model.mtp.values():
         fully_shard(depth, mesh=meshes.dense_fsdp, mp_policy=mp)
-    fully_shard(model, mesh=meshes.dense_fsdp, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model if root is None else root, mesh=meshes.dense_fsdp, mp_policy=mp, reshard_after_forward=False)
 
 
 def expert_params(model) -> list:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from moetrain.config import pipeline_layout
 from moetrain.config.pipeline_layout import KEY, LETTERS, expand, layout_stages, stage_rank  # noqa: F401
 from moetrain.config.schema import Config
-from moetrain.errors import ConfigError
 
 
 @dataclass
@@ -77,15 +77,8 @@ def parse_layout(cfg: Config) -> Layout:
 
 def default_layout(cfg: Config) -> Layout:
     p, m = cfg.parallel, cfg.model
-    n = p.pp * p.vpp
-    per = m.num_layers // n
-    if per * n != m.num_layers:
-        raise ConfigError(f"model.num_layers = {m.num_layers} is not divisible by parallel.pp ({p.pp}) x "
-                          f"parallel.vpp ({p.vpp}); set {KEY} for uneven stages")
-    stages = ["t" * per for _ in range(n)]
-    stages[0] = "E" + stages[0]
-    stages[-1] = stages[-1] + "m" * m.mtp_num_layers + "L"
-    return _build(stages, p.pp, p.vpp, "|".join(stages), p.pp_schedule)
+    text = pipeline_layout.default_layout(m.num_layers, m.mtp_num_layers, p.pp * p.vpp)
+    return _build(expand(text), p.pp, p.vpp, text, p.pp_schedule)
 
 
 def _build(stages_txt: list[str], pp: int, vpp: int, text: str, schedule: str) -> Layout:

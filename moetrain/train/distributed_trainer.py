@@ -27,7 +27,7 @@ from moetrain.errors import UserError
 from moetrain.train.steps import LossTerms
 from moetrain.train.trainer import Trainer
 
-NOT_YET = {"pp": "pipeline", "tp": "tensor", "cp": "context", "etp": "expert tensor"}
+NOT_YET = {"tp": "tensor", "cp": "context", "etp": "expert tensor"}
 
 
 class DistributedTrainer(Trainer):
@@ -61,7 +61,8 @@ class DistributedTrainer(Trainer):
         for key, what in NOT_YET.items():
             if getattr(p, key) > 1:
                 raise UserError(f"parallel.{key} = {getattr(p, key)}: {what} parallelism is not built yet; "
-                                "data (parallel.dp, dp_replicate) and expert (parallel.ep) parallelism are")
+                                "data (parallel.dp, dp_replicate), expert (parallel.ep) and pipeline (parallel.pp) "
+                                "parallelism are")
         if t.cuda_graph:
             raise UserError("train.cuda_graph is not supported by the distributed trainer yet; set it to false")
 
@@ -129,14 +130,19 @@ class DistributedTrainer(Trainer):
 
     def forward_backward(self, micro_batches) -> LossTerms:
         """The micro-batches' forward + backward with the gradient reduce on the last one only; then the loss terms
-        averaged and the expert counts summed over the data-parallel ranks."""
-        from moetrain.distributed.reduce import mean_over, sum_over
-
+        and expert counts reduced (``reduce_step``)."""
         sums = torch.zeros(4, device=self.device)
         for i, (input_ids, labels) in enumerate(micro_batches):
             if self.sharded:
                 self.model.set_requires_gradient_sync(i == self.accum - 1)
             sums += self.forward_backward_step(input_ids, labels).values / self.accum
+        return self.reduce_step(sums)
+
+    def reduce_step(self, sums: torch.Tensor) -> LossTerms:
+        """After the step's backward: the expert weights' gradients rescaled (``fsdp.expert_grad_scale``), the loss
+        terms ``sums`` [4] averaged and the expert counts summed over the data-parallel ranks."""
+        from moetrain.distributed.reduce import mean_over, sum_over
+
         if self.meshes.ep is not None:
             from moetrain.distributed.fsdp import expert_grad_scale, expert_params
 

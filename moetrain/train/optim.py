@@ -52,9 +52,13 @@ class PrecisionAwareAdamW:
         """``main_grad_hooks=False``: gradients stay where the backward puts them (FSDP2 reduces them in the main
         gradient dtype itself). DTensor parameters (sharded) are updated through their local shards, and the
         moments and masters are local; ``norm_groups`` (set by the distributed trainer: one ``shard_groups`` tuple
-        per slot) makes ``grad_norm`` global over ranks."""
+        per slot) makes ``grad_norm`` global over ranks. Under pipeline parallelism each rank holds other parameters:
+        ``norm_outer_group`` (the pipeline group) sums the ranks' shares, and ``norm_excluded`` names the slots whose
+        gradient another rank already counts (a tied weight's second copy)."""
         self.cfg = optim
         self.norm_groups: list[tuple] | None = None
+        self.norm_outer_group = None
+        self.norm_excluded: set[str] = set()
         # torch's fused AdamW kernel (CPU and CUDA); fused=False forces the explicit path.
         self.fused = fused and hasattr(torch, "_fused_adamw_")
         self.step_count = 0
@@ -102,7 +106,8 @@ class PrecisionAwareAdamW:
     def grad_norm(self) -> torch.Tensor:
         """Global L2 norm of all gradients, in fp32, on the device (no host sync; over every rank's shards where
         ``norm_groups`` is set: one all-reduce per group of meshes)."""
-        present = [(g, i) for i, g in enumerate(self.grads()) if g is not None]
+        present = [(g, i) for i, g in enumerate(self.grads())
+                   if g is not None and self.slots[i].name not in self.norm_excluded]
         if not present:
             return torch.zeros(())
         norms = [n.float() for n in torch._foreach_norm([g for g, _ in present], 2.0)]
@@ -110,7 +115,12 @@ class PrecisionAwareAdamW:
             return torch.linalg.vector_norm(torch.stack(norms), 2.0)
         from moetrain.distributed.reduce import global_sq_norm
 
-        return global_sq_norm([n * n for n in norms], [self.norm_groups[i] for _, i in present]).sqrt()
+        sq = global_sq_norm([n * n for n in norms], [self.norm_groups[i] for _, i in present])
+        if self.norm_outer_group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(sq, group=self.norm_outer_group)
+        return sq.sqrt()
 
     def scale_grads(self, factor: torch.Tensor | float) -> None:
         grads = [g for g in self.grads() if g is not None]

@@ -93,8 +93,10 @@ def _architecture_diff(ckpt_dir: Path, cfg: Config) -> str:
 
 
 def check_shapes(model: torch.nn.Module, saved: dict, ckpt_dir: Path, cfg: Config) -> None:
-    """One line naming the first parameter that is missing, unexpected or shaped differently."""
+    """One line naming the first parameter that is missing, unexpected or shaped differently. A pipeline rank's
+    model names what other ranks hold in ``keys_elsewhere``: those may be in the checkpoint."""
     mine = model.state_dict()
+    elsewhere = getattr(model, "keys_elsewhere", set())
     problem = None
     for name, tensor in mine.items():
         if name not in saved:
@@ -104,7 +106,7 @@ def check_shapes(model: torch.nn.Module, saved: dict, ckpt_dir: Path, cfg: Confi
         if problem:
             break
     if problem is None:
-        extra = [k for k in saved if k not in mine]
+        extra = [k for k in saved if k not in mine and k not in elsewhere]
         if extra:
             problem = f"the checkpoint has {extra[0]}, which this model does not"
     if problem is None:

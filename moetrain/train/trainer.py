@@ -423,10 +423,15 @@ class _NoMetrics:
 
 def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
     """Train as configured: ``Trainer(cfg).run()``, or the distributed trainer's under torchrun or with parallel
-    degrees above 1; returns the per-step records. Raises UserError on user mistakes."""
+    degrees above 1 (the pipeline trainer's with parallel.pp > 1); returns the per-step records. Raises UserError on
+    user mistakes."""
     from moetrain.distributed.launch import wants_distributed
 
     if wants_distributed(cfg):
+        if cfg.parallel.pp > 1:
+            from moetrain.train.pipeline_trainer import PipelineTrainer
+
+            return PipelineTrainer(cfg, show_progress=show_progress).run()
         from moetrain.train.distributed_trainer import DistributedTrainer
 
         return DistributedTrainer(cfg, show_progress=show_progress).run()
