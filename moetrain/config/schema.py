@@ -585,6 +585,9 @@ def check_parallel(cfg: Config) -> None:
         raise ConfigError(
             f"parallel.ep ({p.ep}) x parallel.etp ({p.etp}) must divide parallel.dp ({p.dp}) x "
             f"parallel.cp ({p.cp}) x parallel.tp ({p.tp})")
+    if p.ep % p.tp and p.tp % p.ep:
+        raise ConfigError(f"parallel.tp = {p.tp} and parallel.ep = {p.ep}: one must divide the other (expert "
+                          "parallelism folds over the tensor-parallel ranks)")
     if m.num_attention_heads % p.tp:
         raise ConfigError(
             f"model.num_attention_heads = {m.num_attention_heads} is not divisible by parallel.tp = {p.tp}")
@@ -593,6 +596,10 @@ def check_parallel(cfg: Config) -> None:
     if p.vpp > 1 and p.pp == 1:
         raise ConfigError("parallel.vpp > 1 needs parallel.pp > 1")
     check_schedule(p.pp_schedule, p.pp, p.vpp, t.global_batch_size // max(1, t.micro_batch_size * p.dp))
+    if p.pp > 1 and p.pp_schedule in ("zero_bubble", "dualpipev") and t.compile:
+        raise ConfigError(f"parallel.pp_schedule = {p.pp_schedule} splits each backward into input and weight "
+                          "gradients, which torch.compile'd stages do not support; set train.compile=false or "
+                          "parallel.pp_schedule=1f1b / interleaved")
     if p.pipeline_layout is not None:
         layout_stages(p.pipeline_layout, num_layers=m.num_layers, mtp_num_layers=m.mtp_num_layers,
                       pp=p.pp, vpp=p.vpp)

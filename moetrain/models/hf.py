@@ -117,10 +117,14 @@ def load_hf_weights(model, path: str | Path, *, progress: bool = False) -> None:
         files = CheckpointFiles(p)
         keep = cfg.model.mtp_num_layers
 
-        def skip(name: str) -> bool:
-            return name.startswith("mtp.") and int(name.split(".")[1]) >= keep
+        pieces = moetrain_dir_pieces(targets, files)
+        read = {n for piece in pieces for n in piece.hf}
 
-        load_pieces(targets, moetrain_dir_pieces(targets, files), files, skip=skip, progress=progress)
+        def skip(name: str) -> bool:  # MTP depths past the model's, and a pipeline stage's other stages' tensors
+            past_depths = name.startswith("mtp.") and int(name.split(".")[1]) >= keep
+            return past_depths or (model.is_stage and name not in read)
+
+        load_pieces(targets, pieces, files, skip=skip, progress=progress)
         return
     hf = read_hf_config(p)
     label = str(p / "config.json")
@@ -129,12 +133,27 @@ def load_hf_weights(model, path: str | Path, *, progress: bool = False) -> None:
     present = mtp_layers_present(files, hf) if mt == "deepseek_v3" else None
     _check_arch(cfg, arch_from_hf(hf, mtp_layers=present, where=label), label)
     pieces = layout(cfg, mt, hf, keys=set(files.names()))
+    elsewhere: set[str] = set()
+    if model.is_stage:  # a pipeline stage reads its own tensors; the others' are expected in the files, not read
+        pieces, elsewhere = stage_pieces(pieces, targets)
     check_coverage(pieces, targets, f"{mt} import")
 
     def skip(name: str) -> bool:
-        return ignorable(cfg, mt, hf, name) or (cfg.model.tie_embeddings and name == "lm_head.weight")
+        return (ignorable(cfg, mt, hf, name) or (cfg.model.tie_embeddings and name == "lm_head.weight")
+                or name in elsewhere)
 
     load_pieces(targets, pieces, files, skip=skip, progress=progress, fp8_block=_fp8_block(hf))
+
+
+def stage_pieces(pieces: list, targets: dict) -> tuple[list, set[str]]:
+    """(the pieces that fill a pipeline stage's ``targets``, the HF names that only the other stages' pieces read)."""
+    def mine(piece) -> bool:
+        name = piece.ours if piece.ours is not None else piece.copy_of
+        return name.startswith("zeros:") or name in targets
+
+    keep = [piece for piece in pieces if mine(piece)]
+    read = {n for piece in keep for n in piece.hf}
+    return keep, {n for piece in pieces if not mine(piece) for n in piece.hf} - read
 
 
 def _fp8_block(hf: dict) -> Optional[tuple[int, int]]:

@@ -164,6 +164,7 @@ class MoETransformer(nn.Module):
         self.rope = RopeParams.from_model_config(m, rope_dim)
         self.embed = Embedding(V, H)
         self.embeds_input = True  # inputs are token ids (False: a later pipeline stage's hidden states)
+        self.is_stage = False  # keep_only made this one pipeline stage: it holds part of the model's weights
         self.layers = nn.ModuleDict(
             {str(i): DecoderLayer(cfg, cfg.is_moe_layer(i), self._window(i)) for i in range(m.num_layers)})
         self.final_norm = RMSNorm(H, m.norm_eps)
@@ -217,6 +218,7 @@ class MoETransformer(nn.Module):
         """Make this module one pipeline stage (in place; returns self): keep the decoder layers ``layer_ids`` and
         the MTP depths ``mtp_depths`` (0-based), the input embedding when ``embedding``, the final norm and head
         (and the loss) when ``loss``. The embedding's weight also stays where the loss needs it (a tied head, MTP)."""
+        self.is_stage = True
         keep_layers, keep_mtp = {str(i) for i in layer_ids}, {str(d) for d in mtp_depths}
         for name in [k for k in self.layers if k not in keep_layers]:
             del self.layers[name]

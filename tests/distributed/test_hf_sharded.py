@@ -1,5 +1,6 @@
 """model.from_hf into a sharded model: EP2 x DP2 on 4 gloo ranks, each rank reading only the experts it holds and
-its slices of the dense tensors, trains like one process loading the same Hugging Face checkpoint."""
+its slices of the dense tensors, and PP2 on 2 (each pipeline rank reading its stage's tensors), train like one
+process loading the same Hugging Face checkpoint."""
 
 import json
 
@@ -64,3 +65,7 @@ def test_hf_weights_load_into_ep2_dp2_shards_as_into_one_process(hf_dir, tmp_pat
     got = json.loads(result_file.read_text())
     for step, (g, want) in enumerate(zip(got, one), start=1):
         assert g == pytest.approx(want, rel=1e-4), f"step {step}"
+    run_ranks(_train_ranks, str(tmp_path / "pp"), str(hf_dir), ["parallel.pp=2"], str(result_file), world_size=2)
+    got = json.loads(result_file.read_text())
+    for step, (g, want) in enumerate(zip(got, one), start=1):
+        assert g == pytest.approx(want, rel=1e-4), f"PP2 step {step}"

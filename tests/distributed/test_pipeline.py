@@ -92,3 +92,32 @@ def test_ep2_pp2_matches_and_its_checkpoint_resumes_in_one_process(singles, tmp_
     resumed = run(_cfg(tmp_path / "one", f"checkpoint.resume={out / 'checkpoints' / 'step_2'}"), show_progress=False)
     assert [r["step"] for r in resumed.records] == [3]
     _assert_match(got[:2] + _records(resumed), got, "resumed in one process")
+
+
+def test_warm_up_and_evaluation_under_the_pipeline(tmp_path):
+    """train.pp_warmup leaves the training unchanged (its gradients and counts are dropped; its inputs come from a
+    generator of its own); the pipeline's evaluation gives the one-process eval loss (eval_steps = one step of
+    micro-batches, so both read the same eval batches)."""
+    from moetrain.train.trainer import run
+
+    every = ["train.eval_interval=2", "train.eval_steps=4"]
+    want = run(_cfg(tmp_path / "single", *every), show_progress=False).records
+    runs = {"pp": (str(tmp_path / "pp"), ["parallel.pp=2", "train.pp_warmup=true", *every])}
+    result_file = tmp_path / "records.json"
+    run_ranks(_train_evals, runs, str(result_file), world_size=2)
+    got = json.loads(result_file.read_text())["pp"]
+    assert [r.get("eval_loss") is not None for r in want] == [False, True, False]
+    for g, w in zip(got, want):
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-4)
+        if "eval_loss" in w:
+            assert g["eval_loss"] == pytest.approx(w["eval_loss"], rel=1e-4)
+
+
+def _train_evals(rank, world_size, runs, result_file):
+    from moetrain.train.trainer import run
+
+    results = {name: [{k: r[k] for k in ("loss", "eval_loss") if k in r}
+                      for r in run(_cfg(out, *ov), show_progress=False).records] for name, (out, ov) in runs.items()}
+    if rank == 0:
+        with open(result_file, "w") as f:
+            json.dump(results, f)

@@ -494,6 +494,10 @@ def test_config_docs_lists_every_field_with_type_default_doc():
     (["parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=interleaved", "train.micro_batch_size=1",
       "train.global_batch_size=5"], "= 5, not a multiple of its 2 rounds: use a multiple of 2"),
     (["moe.overlap_a2a=true"], "moe.overlap_a2a overlaps the expert all-to-all"),
+    (["parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=zero_bubble", "train.micro_batch_size=1",
+      "train.compile=true"], "set train.compile=false"),
+    (["parallel.tp=2", "parallel.dp=6", "parallel.ep=3", "moe.num_experts=6", "moe.num_groups=null",
+      "moe.topk_groups=null"], "parallel.tp = 2 and parallel.ep = 3: one must divide the other"),
     (["parallel.tp=2", "parallel.dp=1", "train.seq_length=63"],
      "train.seq_length = 63 is not divisible by parallel.tp = 2: the MoE layers split each sequence"),
 ])
