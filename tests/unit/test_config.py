@@ -481,9 +481,10 @@ def test_config_docs_lists_every_field_with_type_default_doc():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["parallel.pp=2", "parallel.vpp=2"], "parallel.pp_schedule = 1f1b runs one stage per rank, but parallel.vpp = 2; "
-     "set parallel.pp_schedule=interleaved"),
-    (["parallel.pp=2", "parallel.pp_schedule=interleaved"], "parallel.pp_schedule = interleaved needs parallel.vpp >= 2"),
+    (["parallel.pp=2", "parallel.vpp=2"],
+     "parallel.pp_schedule = 1f1b runs one stage per rank, but parallel.vpp = 2; set parallel.pp_schedule=interleaved"),
+    (["parallel.pp=2", "parallel.pp_schedule=interleaved"],
+     "parallel.pp_schedule = interleaved needs parallel.vpp >= 2"),
     (["parallel.pp=2", "parallel.vpp=4", "parallel.pp_schedule=zero_bubble"],
      "parallel.pp_schedule = zero_bubble places exactly two stages per rank in a V; set parallel.vpp=2 (it is 4)"),
     (["parallel.pp=2", "train.micro_batch_size=8"], "parallel.pp_schedule = 1f1b needs at least parallel.pp = 2 "
