@@ -85,7 +85,8 @@ def test_no_torch_import_and_real_entry_point(tmp_path):
 
 @pytest.mark.parametrize("argv, match", [
     (["memory", "--preset", "tiny", "--hardware", "v100"], "unknown hardware 'v100'; built-in: a100-80gb-sxm"),
-    (["memory", "--preset", "tiny", "parallel.pp=2", "train.micro_batch_size=4", "parallel.pipeline_layout=Et*2|t*3mL"],
+    (["memory", "--preset", "tiny", "parallel.pp=2", "train.micro_batch_size=4",
+      "parallel.pipeline_layout=Et*2|t*3mL"],
      "parallel.pipeline_layout = 'Et*2|t*3mL' places 5 decoder layers"),
     (["perf", "--preset", "tiny", "--moe-imbalance", "0.5"], "--moe-imbalance"),
 ])

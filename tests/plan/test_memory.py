@@ -116,7 +116,8 @@ def test_1f1b_in_flight_per_rank():
 
 
 def test_interleaved_in_flight():
-    c = cfg("llama3-8b", "parallel.pp=4", "parallel.vpp=2", "parallel.pp_schedule=interleaved", "train.global_batch_size=16", "model.vocab_size=256")
+    c = cfg("llama3-8b", "parallel.pp=4", "parallel.vpp=2", "parallel.pp_schedule=interleaved",
+            "train.global_batch_size=16", "model.vocab_size=256")
     rep = project_memory(c, H200)
     # Megatron's warm-up: (p - r - 1) * 2 + (v - 1) * p chunk-micro-batches, + 1 in steady state
     expected = [(4 - r - 1) * 2 + 4 + 1 for r in range(4)]
