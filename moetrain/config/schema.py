@@ -613,6 +613,9 @@ def check_parallel(cfg: Config) -> None:
         why = "sequence parallelism shards" if p.sequence_parallel else "the MoE layers split"
         raise ConfigError(f"train.seq_length = {t.seq_length} is not divisible by parallel.tp = {p.tp}: {why} each "
                           "sequence over the tensor-parallel ranks")
+    if cfg.moe.overlap_a2a and p.tp > 1:
+        raise ConfigError("moe.overlap_a2a runs two micro-batches' work at once; with parallel.tp > 1 both would "
+                          "issue tensor-parallel collectives on one group: set parallel.tp=1 or moe.overlap_a2a=false")
     if cfg.moe.overlap_a2a and (p.pp_schedule != "dualpipev" or p.pp == 1 or p.ep == 1):
         raise ConfigError(
             f"moe.overlap_a2a overlaps the expert all-to-all of one micro-batch with another's compute inside "

@@ -93,13 +93,15 @@ class AllToAllDispatcher(Dispatcher):
         return f"AllToAllDispatcher(ep={self.ep}, experts={self.num_experts})"
 
 
-def shard_experts(model, ep_mesh, moe) -> None:
+def shard_experts(model, ep_mesh, moe, group=None) -> None:
     """Each MoE layer's expert weights -> DTensors Shard(0) over ``ep_mesh``, this rank keeping its experts; the
-    layer's dispatcher -> moe.dispatcher's. Works on a meta model (nothing is copied)."""
+    layer's dispatcher -> moe.dispatcher's, sending over ``group`` (default: the ep mesh's; another group of the same
+    ranks keeps its collectives apart from other layers'). Works on a meta model (nothing is copied)."""
     from torch import nn
     from torch.distributed.tensor import DTensor, Shard
 
     ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+    group = ep_mesh.get_group() if group is None else group
     for layer in model.moe_layers():
         experts = layer.experts
         E = experts.w1.shape[0]
@@ -111,8 +113,8 @@ def shard_experts(model, ep_mesh, moe) -> None:
             setattr(experts, name, nn.Parameter(DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False,
                                                                    shape=p.shape, stride=p.stride())))
         if moe.dispatcher == "alltoall":
-            layer.dispatcher = AllToAllDispatcher(ep_mesh.get_group(), ep, E)
+            layer.dispatcher = AllToAllDispatcher(group, ep, E)
         else:
             from moetrain.distributed.sync_free import SyncFreeDispatcher
 
-            layer.dispatcher = SyncFreeDispatcher(ep_mesh.get_group(), ep, E, moe.dispatcher_capacity)
+            layer.dispatcher = SyncFreeDispatcher(group, ep, E, moe.dispatcher_capacity)

@@ -18,22 +18,26 @@ from __future__ import annotations
 import torch
 
 
-def apply_fsdp(model, meshes, param_dtype: torch.dtype, reduce_dtype: torch.dtype, root=None) -> None:
+def apply_fsdp(model, meshes, param_dtype: torch.dtype, reduce_dtype: torch.dtype, root=None,
+               reshard_blocks: bool = True) -> None:
     """FSDP2 units: each block (its experts a unit of their own under expert parallelism), each MTP depth, and the
     root: ``model``, or ``root`` (a module holding ``model``: a pipeline stage's wrapper, which torch's pipeline
-    schedule must see as the FSDP module to control the gradient reduce)."""
+    schedule must see as the FSDP module to control the gradient reduce). ``reshard_blocks=False`` keeps the blocks'
+    parameters gathered from their first forward to the step's end: a pipeline runs many micro-batches' forwards
+    before their backwards, and would all-gather again for each."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    unit = {"mp_policy": mp, "reshard_after_forward": reshard_blocks}
     ep = meshes.ep is not None
     for _, block in model.blocks():
         if ep and block.is_moe:
-            fully_shard(block.mlp.experts, mesh=meshes.expert_fsdp, mp_policy=mp)
+            fully_shard(block.mlp.experts, mesh=meshes.expert_fsdp, **unit)
             # the dispatcher calls compute_rows, not forward: gather the experts around that call
             register_fsdp_forward_method(block.mlp.experts, "compute_rows")
-        fully_shard(block, mesh=meshes.dense_fsdp, mp_policy=mp)
+        fully_shard(block, mesh=meshes.dense_fsdp, **unit)
     for depth in model.mtp.values():
-        fully_shard(depth, mesh=meshes.dense_fsdp, mp_policy=mp)
+        fully_shard(depth, mesh=meshes.dense_fsdp, **unit)
     fully_shard(model if root is None else root, mesh=meshes.dense_fsdp, mp_policy=mp, reshard_after_forward=False)
 
 

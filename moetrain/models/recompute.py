@@ -4,20 +4,23 @@
 backward pass re-runs ``fn``, ``is_recomputing()`` is True. MoE layers use it to accumulate
 their per-expert token counts once per forward, not again during recompute.
 
-A process-wide counter, not a thread-local: autograd may run the recompute on its own device
-thread.
+A counter per thread: the recompute runs ``fn`` on the thread that unpacks the saved tensors (autograd's
+device thread on CUDA), and the MoE layers it calls ask on that same thread; a forward running meanwhile on
+another thread (``moe.overlap_a2a``'s overlapped pairs) is not recomputing.
 """
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.utils.checkpoint
 
-_recompute_depth = 0
+_state = threading.local()
 
 
 def is_recomputing() -> bool:
-    return _recompute_depth > 0
+    return getattr(_state, "depth", 0) > 0
 
 
 def checkpoint(fn, *args):
@@ -31,15 +34,14 @@ def checkpoint(fn, *args):
     calls = 0
 
     def run(*a):
-        global _recompute_depth
         nonlocal calls
         calls += 1
         if calls == 1:
             return fn(*a)
-        _recompute_depth += 1
+        _state.depth = getattr(_state, "depth", 0) + 1
         try:
             return fn(*a)
         finally:  # also on torch's early-stop exception
-            _recompute_depth -= 1
+            _state.depth -= 1
 
     return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False)

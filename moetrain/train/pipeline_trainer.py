@@ -51,12 +51,17 @@ class PipelineTrainer(DistributedTrainer):
         ids = pl.local_stage_ids(cfg, self.pp_rank)
         reduce_dtype = DTYPES[cfg.optim.main_grads_dtype] if self.device.type == "cuda" else torch.float32
         stages = []
-        for part in pl.split_model(whole, cfg, ids):
+        ep_groups = [None, None]  # each local stage's dispatchers on their own group under moe.overlap_a2a
+        if cfg.moe.overlap_a2a:
+            from moetrain.distributed.overlap import chunk_ep_groups
+
+            ep_groups = chunk_ep_groups(self.meshes)
+        for chunk, part in enumerate(pl.split_model(whole, cfg, ids)):
             if self.meshes.ep is not None:
-                shard_experts(part, self.meshes.ep, cfg.moe)
+                shard_experts(part, self.meshes.ep, cfg.moe, group=ep_groups[chunk] if chunk < 2 else None)
             self.prepare_model(part)
             stage = pl.StageModule(part, cfg.grad_accum_steps)
-            apply_fsdp(part, self.meshes, self.dtype, reduce_dtype, root=stage)
+            apply_fsdp(part, self.meshes, self.dtype, reduce_dtype, root=stage, reshard_blocks=False)
             stages.append(stage)
         del whole
         seed = init.base_seed()  # one draw, as the whole model's init makes: every stage from the same base seed
@@ -82,6 +87,10 @@ class PipelineTrainer(DistributedTrainer):
         self.schedule, self.pipe_stages = pl.build_schedule(
             self.cfg, model, self.n_stages, self.device, self.dtype, seq_shards=1,
             pp_group=self.meshes.pp.get_group(), dw_builder=self.pending.take)
+        if self.cfg.moe.overlap_a2a:
+            from moetrain.distributed import overlap
+
+            overlap.install(self.schedule, self.device)
         self.timer = self.timeline = None
         first_pipeline = self.meshes.dp.get_local_rank() == 0 and (
             self.meshes.tp is None or self.meshes.tp.get_local_rank() == 0)

@@ -121,3 +121,21 @@ def _train_evals(rank, world_size, runs, result_file):
     if rank == 0:
         with open(result_file, "w") as f:
             json.dump(results, f)
+
+
+def test_overlapped_all_to_all_under_dualpipev_matches_one_process(singles, tmp_path):
+    """moe.overlap_a2a: EP2 x PP2 under DualPipe-V, each overlapped pair's backward on a worker thread while its
+    forward runs (three pairs per rank per step here), the two local stages dispatching over groups of their own:
+    the same losses as one process, with full recompute on a layer (its recompute runs beside a forward)."""
+    overrides = ["parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=dualpipev", "parallel.dp=2",
+                 "parallel.ep=2", "moe.overlap_a2a=true", "train.global_batch_size=8", "train.recompute_layer_ids=[2]"]
+    result_file = tmp_path / "records.json"
+    run_ranks(_train_all, {"overlap": (str(tmp_path / "overlap"), overrides)}, str(result_file), world_size=4)
+    want = _single_of(tmp_path, "train.global_batch_size=8")
+    _assert_match(json.loads(result_file.read_text())["overlap"], want, "overlapped DualPipe-V")
+
+
+def _single_of(tmp_path, *overrides):
+    from moetrain.train.trainer import run
+
+    return _records(run(_cfg(tmp_path / "single", *overrides), show_progress=False))
