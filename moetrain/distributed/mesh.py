@@ -59,17 +59,19 @@ def build_meshes(layout: RankLayout, device_type: str) -> Meshes:
     assert layout.cp == layout.etp == 1, layout
     names, sizes = refinement(layout)
     root = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    # flattened meshes are kept as _flatten returns them (slicing one back out of the root is deprecated)
     if names[-1] == "tp":  # tp divides ep
-        root["efsdp", "ep_outer"]._flatten("dp_shard")
-        root["ep_outer", "tp"]._flatten("ep")
+        flat = {"dp_shard": root["efsdp", "ep_outer"]._flatten("dp_shard"), "efsdp": root["efsdp"],
+                "ep": root["ep_outer", "tp"]._flatten("ep"), "tp": root["tp"]}
         data = ("dp_replicate", "efsdp", "ep_outer")
     else:
-        root["tp_outer", "ep"]._flatten("tp")
-        root["dp_shard", "tp_outer"]._flatten("efsdp")
+        flat = {"tp": root["tp_outer", "ep"]._flatten("tp"), "efsdp": root["dp_shard", "tp_outer"]._flatten("efsdp"),
+                "dp_shard": root["dp_shard"], "ep": root["ep"]}
         data = ("dp_replicate", "dp_shard")
     dp = root[data]._flatten("dp")
-    hsdp = layout.dp_replicate > 1
-    dense = root["dp_replicate", "dp_shard"] if hsdp else root["dp_shard"]
-    expert = root["dp_replicate", "efsdp"] if hsdp else root["efsdp"]
-    return Meshes(layout, root, dense, expert, root["ep"] if layout.ep > 1 else None, dp,
-                  tp=root["tp"] if layout.tp > 1 else None, pp=root["pp"] if layout.pp > 1 else None)
+    if layout.dp_replicate > 1:  # HSDP: 2-D meshes (replicate, shard)
+        dense, expert = root["dp_replicate", "dp_shard"], root["dp_replicate", "efsdp"]
+    else:
+        dense, expert = flat["dp_shard"], flat["efsdp"]
+    return Meshes(layout, root, dense, expert, flat["ep"] if layout.ep > 1 else None, dp,
+                  tp=flat["tp"] if layout.tp > 1 else None, pp=root["pp"] if layout.pp > 1 else None)
