@@ -1,8 +1,9 @@
 """`moetrain plan memory | perf | validate`: argparse wiring for the planner.
 
 ``register(commands, add_config_source)`` adds the ``plan`` command tree to the subparsers
-object of moetrain/cli.py. ``plan memory`` and ``plan perf`` (without --measure) import no
-torch. ``python -m moetrain.plan ...`` runs the same commands standalone.
+object of moetrain/cli.py. ``plan memory`` and ``plan perf`` (without --measure) import torch only
+for a pipeline (pp > 1): its schedule's order comes from torch.distributed.pipelining.
+``python -m moetrain.plan ...`` runs the same commands standalone.
 """
 
 from __future__ import annotations
@@ -66,12 +67,9 @@ def cmd_perf(args) -> int:
         if args.timeline:
             Path(args.timeline).write_text(tl.to_json())
         if args.png:
-            from moetrain.plan.simulator import render_png
+            from moetrain.plan.timeline_render import render_png
 
-            try:
-                render_png(tl, args.png)
-            except ImportError:
-                raise UserError("--png needs matplotlib (pip install matplotlib); --timeline writes the JSON") from None
+            render_png([tl], args.png)
     print(perf_json(cfg, rep) if args.json else perf_table(cfg, rep, hw))
     return 0
 
