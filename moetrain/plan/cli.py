@@ -1,13 +1,15 @@
-"""`moetrain plan memory | perf | validate`: argparse wiring for the planner.
+"""`moetrain plan memory | perf | validate | timeline`: argparse wiring for the planner.
 
 ``register(commands, add_config_source)`` adds the ``plan`` command tree to the subparsers
-object of moetrain/cli.py. ``plan memory`` and ``plan perf`` (without --measure) import no
-torch. ``python -m moetrain.plan ...`` runs the same commands standalone.
+object of moetrain/cli.py. ``plan memory`` and ``plan perf`` (without --measure) import torch only
+for a pipeline (pp > 1): its schedule's order comes from torch.distributed.pipelining.
+``python -m moetrain.plan ...`` runs the same commands standalone.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -66,13 +68,88 @@ def cmd_perf(args) -> int:
         if args.timeline:
             Path(args.timeline).write_text(tl.to_json())
         if args.png:
-            from moetrain.plan.simulator import render_png
+            from moetrain.plan.timeline_render import render_png
 
-            try:
-                render_png(tl, args.png)
-            except ImportError:
-                raise UserError("--png needs matplotlib (pip install matplotlib); --timeline writes the JSON") from None
+            render_png([tl], args.png)
     print(perf_json(cfg, rep) if args.json else perf_table(cfg, rep, hw))
+    return 0
+
+
+def _simulated(cfg, hw, args, label: str):
+    """The planner's timeline of ``cfg``: perf's per-stage times through the schedule, memory's peak per rank."""
+    from moetrain.plan.memory import GiB, project_memory
+    from moetrain.plan.perf import project_perf, timeline_of
+
+    rep = project_perf(cfg, hw, attention=args.attention, moe_imbalance=args.moe_imbalance)
+    tl = timeline_of(cfg, rep)
+    mem = project_memory(cfg, hw, attention=args.attention, moe_imbalance=args.moe_imbalance)
+    tl.label, tl.peak_mem_gib = label, [r.total / GiB for r in mem.ranks]
+    return tl
+
+
+SOURCE_HINT = "a SOURCE is a config YAML file, preset:NAME or a run directory holding pp_timeline/"
+
+
+def _source_kind(source: str) -> str:
+    """preset, config (simulated) or run (measured); UserError for anything else."""
+    from moetrain.plan.timeline import has_run_timeline
+
+    path = Path(source)
+    if source.startswith("preset:"):
+        return "preset"
+    if path.is_dir():
+        if not has_run_timeline(path):
+            raise UserError(f"{source}: no pp_timeline/rank<r>.json files in this directory (a pipeline run writes "
+                            "them with profile.dump_pp_data=true)")
+        return "run"
+    if path.is_file() and path.suffix.lower() in (".yaml", ".yml"):
+        return "config"
+    if path.is_file():
+        raise UserError(f"{source}: not a config (.yaml) or a run directory; {SOURCE_HINT}")
+    raise UserError(f"{source}: no such file or directory; {SOURCE_HINT}")
+
+
+def _timelines(args) -> list:
+    """One Timeline per SOURCE: preset:NAME or a config YAML file -> simulated (the overrides applied), a run
+    directory -> measured."""
+    from moetrain.config.load import load_config
+    from moetrain.plan.timeline import read_run
+
+    items = list(args.sources) + [f"preset:{name}" for name in args.preset or ()] + list(args.config or ())
+    overrides = [s for s in items if "=" in s and not s.startswith("preset:") and not Path(s).exists()]
+    overrides += args.overrides
+    sources = [s for s in items if s not in overrides]
+    if not sources:
+        raise UserError(f"plan timeline needs a SOURCE: {SOURCE_HINT.removeprefix('a SOURCE is ')}")
+    kinds = [(_source_kind(s), s) for s in sources]
+    if overrides and all(kind == "run" for kind, _ in kinds):
+        raise UserError(f"overrides ({' '.join(overrides)}) apply to config sources (a YAML file or preset:NAME); "
+                        "only run directories were given")
+    hw = _hardware(args) if any(kind != "run" for kind, _ in kinds) else None
+    out = []
+    for kind, s in kinds:
+        if kind == "run":
+            out.append(read_run(s, args.step))
+        else:
+            cfg = load_config(path=s if kind == "config" else None,
+                              preset=s.removeprefix("preset:") if kind == "preset" else None, overrides=overrides)
+            out.append(_simulated(cfg, hw, args, s))
+    return out
+
+
+def cmd_timeline(args) -> int:
+    _check_options(args)
+    if args.out is None and not args.json:
+        raise UserError("plan timeline needs --out FILE.png|FILE.html (or --json)")
+    from moetrain.plan.timeline_render import check_output, render
+
+    if args.out is not None:
+        check_output(args.out)
+    timelines = _timelines(args)
+    if args.out is not None:
+        render(timelines, args.out)
+    if args.json:
+        print(json.dumps({"timelines": [tl.to_dict() for tl in timelines]}, indent=1))
     return 0
 
 
@@ -96,7 +173,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(commands, add_config_source) -> None:
-    """Add `plan memory | perf | validate` to the argparse subparsers object ``commands``."""
+    """Add `plan memory | perf | validate | timeline` to the argparse subparsers object ``commands``."""
     plan = commands.add_parser("plan", help="project memory and step time before using GPUs").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True)
 
@@ -115,6 +192,18 @@ def register(commands, add_config_source) -> None:
     p.add_argument("--timeline", metavar="FILE", help="write the pipeline timeline as JSON (per rank, per micro-batch)")
     p.add_argument("--png", metavar="FILE", help="render the pipeline timeline as a PNG (needs matplotlib)")
     p.set_defaults(func=cmd_perf)
+
+    p = plan.add_parser("timeline", help="draw pipeline timelines, simulated (a config) or measured (a run), stacked",
+                        description="SOURCE: a config YAML file or preset:NAME (simulated by the planner; key=value "
+                                    "overrides apply to them) or a run directory holding pp_timeline/ (measured, "
+                                    "profile.dump_pp_data=true). Several sources: one panel each, one time axis.")
+    p.add_argument("sources", nargs="*", metavar="SOURCE", help="config YAML, preset:NAME or run directory; key=value")
+    p.add_argument("--preset", action="append", metavar="NAME", help="a built-in preset as a source (repeatable)")
+    p.add_argument("--config", action="append", metavar="FILE", help="a config YAML file as a source (repeatable)")
+    p.add_argument("--out", metavar="FILE.png|FILE.html", help="the figure: PNG (matplotlib) or a self-contained HTML")
+    p.add_argument("--step", type=int, metavar="N", help="the recorded step of run directories (default: the last)")
+    _common(p)
+    p.set_defaults(func=cmd_timeline, overrides=[])
 
     from moetrain.plan.validate_configs import ALL_CONFIGS, CALIBRATION_CONFIGS, CONFIG_NAMES
 

@@ -17,7 +17,8 @@ allocates them (moetrain/train/trainer.py, optim.py) and extended to Megatron-st
   sharded params, gradients and moments, the unsharded gradients kept across micro-batches and
   the all-gathered parameters alive while a block runs (added to "other").
 * activations: ``activations.py`` per block, times the micro-batches in flight on this rank
-  under the pipeline schedule (``simulator.peak_in_flight``; 1 without pipelining).
+  under the pipeline schedule, walking torch's order for the rank (``simulator.peak_in_flight``; 1 without
+  pipelining).
 * other (everything else alive at the peak moment): 64 MiB cuBLAS workspaces; the logits and
   fp32 cross-entropy buffers (forward: logits + fp32 upcast; backward: 8*T*V fp32 gradients);
   the largest block's backward working set; the parameter-dtype gradient transients of the
@@ -46,7 +47,8 @@ from moetrain.models import accounting as acc
 from moetrain.plan import activations as A
 from moetrain.plan import fsdp
 from moetrain.plan.layout import Layout, Stage, parse_layout
-from moetrain.plan.simulator import Op, order_1f1b, order_interleaved
+from moetrain.plan.schedule_orders import Action, rank_actions
+from moetrain.plan.simulator import peak_in_flight
 
 GiB = 2**30
 WORKSPACE = 64 * 2**20  # cuBLAS + cuBLASLt workspaces, measured on H200 (allocated at the first GEMM)
@@ -256,19 +258,10 @@ def stage_activation_bytes(cfg: Config, d: A.Dims, stage: Stage) -> tuple[float,
 
 # ---- the projection ----------------------------------------------------------------------------
 
-def rank_orders(cfg: Config, layout: Layout, m: int) -> list[list[Op]]:
-    p, v = layout.pp, layout.vpp
-    if p == 1:  # micro-batches one after the other through all chunks
-        return [[op for i in range(m) for op in [Op("F", i, c, c) for c in range(v)]
-                 + [Op("B", i, c, c) for c in reversed(range(v))]]]
-    if v > 1:
-        return [order_interleaved(p, v, m, r) for r in range(p)]
-    orders = [order_1f1b(p, m, r) for r in range(p)]
-    if cfg.parallel.pp_schedule == "zero_bubble":
-        # ZB-H1 keeps 1F1B's in-flight count; each B leaves its weight-gradient inputs to a W.
-        orders = [[x for op in o for x in ((op, Op("W", op.mb, 0, op.stage)) if op.kind == "B" else (op,))]
-                  for o in orders]
-    return orders
+def rank_orders(cfg: Config, layout: Layout, m: int) -> list[list[Action]]:
+    """Each pipeline rank's compute actions in torch's order for parallel.pp_schedule (one rank without
+    pipelining: each micro-batch forward through its stages, then backward)."""
+    return rank_actions(cfg.parallel.pp_schedule, layout.pp, layout.vpp, m)
 
 
 def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbalance: float = 1.0,
@@ -304,7 +297,7 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
         params = b_p * n
         grads_full = b_g * n
         optimizer = (master + b_m + b_v) * n
-        in_flight_bytes = _peak_in_flight(orders[r], act_of, wgrad_of)
+        in_flight_bytes = peak_in_flight(orders[r], act_of, wgrad_of)
         mb_bytes = sum(act_of[st.index] for st in stages) / max(len(stages), 1)
         persistent_grads = not separate_grads
         grads_pre = grads_full if (persistent_grads and (m > 1 or layout.pp > 1)) else 0.0
@@ -369,12 +362,6 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
     usable = hardware.hbm_gib - CONTEXT_GIB - (NCCL_GIB if world > 1 else 0.0)
     return MemoryReport(ranks=ranks, capacity_gib=hardware.hbm_gib, usable_gib=usable, hardware=hardware.name,
                         layout=layout.text, schedule=p.pp_schedule if layout.pp > 1 else "none", micro_batches=m)
-
-
-def _peak_in_flight(order: list[Op], act_of: dict[int, float], wgrad_of: dict[int, float]) -> float:
-    from moetrain.plan.simulator import peak_in_flight
-
-    return peak_in_flight(order, act_of, wgrad_of)
 
 
 def tuning_bytes(cfg: Config, device: str) -> float:

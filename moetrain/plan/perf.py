@@ -1,5 +1,5 @@
 """Step-time projection: per-stage compute (costs.py roofline or --measure), communication
-(comm.py), the pipeline schedule (simulator.py), data-parallel gradient reduction and the
+(comm.py), the pipeline schedule (simulator.py, torch's order), data-parallel gradient reduction and the
 optimizer step.
 
 Per stage: forward F, input-gradient backward B and weight-gradient backward W are the sums

@@ -71,10 +71,10 @@ def test_memory_and_perf_json_for_every_preset_fast(preset, capsys):
             assert data["step_time_s"] > 0 and 0 < data["mfu"] < 1
 
 
-def test_no_torch_import_and_real_entry_point(tmp_path):
+def test_no_torch_import_without_a_pipeline_and_real_entry_point(tmp_path):
+    """Without pipelining nothing imports torch (a pipeline's schedule order comes from torch's classes)."""
     code = ("import sys; from moetrain.plan.cli import main;"
-            "main(['memory', '--preset', 'deepseek-v3', 'parallel.pp=8', 'parallel.ep=8', 'parallel.dp=8',"
-            " 'parallel.pipeline_layout=Et*7|(t*8|)*6t*6mL']);"
+            "main(['memory', '--preset', 'deepseek-v3', 'parallel.ep=8', 'parallel.dp=8']);"
             "main(['perf', '--preset', 'qwen3-30b-a3b', '--hardware', 'mi300x']);"
             "assert 'torch' not in sys.modules, 'torch was imported'")
     env = dict(os.environ, PYTHONPATH=str(REPO))
