@@ -139,3 +139,30 @@ def _single_of(tmp_path, *overrides):
     from moetrain.train.trainer import run
 
     return _records(run(_cfg(tmp_path / "single", *overrides), show_progress=False))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zero_bubble"])
+def test_measured_timeline_follows_the_simulators_order_and_renders(schedule, tmp_path):
+    """profile.dump_pp_data on a PP2 run: each rank's file holds the profiled steps; the merged timeline's per-rank
+    order of (kind, micro-batch, stage) equals the planner's simulation of the same config (torch's orders), and
+    `moetrain plan timeline` draws it beside the simulated one."""
+    from moetrain.cli import main
+    from moetrain.plan.simulator import simulate
+    from moetrain.plan.timeline import read_run
+
+    vpp = ["parallel.vpp=2", "parallel.pp_schedule=zero_bubble", "moe.backend=torch"] if schedule != "1f1b" else []
+    overrides = ["parallel.pp=2", *vpp, "profile.dump_pp_data=true", "profile.start_step=2", "profile.end_step=3"]
+    run_dir = tmp_path / "run"
+    run_ranks(_train_all, {"pp": (str(run_dir), overrides)}, str(tmp_path / "records.json"), world_size=2)
+    measured = read_run(run_dir)
+    assert (measured.source, measured.step, measured.schedule) == ("measured", 3, schedule)
+    assert read_run(run_dir, step=2).orders() == measured.orders()
+    v = 2 if vpp else 1
+    simulated = simulate(schedule, 2, v, 4, [1.0] * (2 * v), [1.0] * (2 * v), [1.0] * (2 * v))
+    assert measured.orders() == simulated.orders()
+    kinds = {kind for rank in measured.orders() for kind, _, _ in rank}
+    assert kinds == ({"F", "B", "W"} if vpp else {"F", "B"})
+    out = tmp_path / "timeline.png"
+    same_config = [*BASE[:4], *overrides[:-3]]
+    assert main(["plan", "timeline", str(run_dir), "preset:tiny", *same_config, "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
