@@ -164,6 +164,9 @@ class MoETransformer(nn.Module):
         self.rope = RopeParams.from_model_config(m, rope_dim)
         self.embed = Embedding(V, H)
         self.embeds_input = True  # inputs are token ids (False: a later pipeline stage's hidden states)
+        # ranks the sequence of hidden-state inputs is split over (sequence parallelism sets it: such a stage gets its
+        # rank's [B, S / seq_shards, H] and its RoPE tables must still cover the whole sequence)
+        self.seq_shards = 1
         self.layers = nn.ModuleDict(
             {str(i): DecoderLayer(cfg, cfg.is_moe_layer(i), self._window(i)) for i in range(m.num_layers)})
         self.final_norm = RMSNorm(H, m.norm_eps)
@@ -280,9 +283,10 @@ class MoETransformer(nn.Module):
         return F.linear(h, weight)
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None):
-        """inputs: input_ids [B, S] int64, or h [B, S, H] on a stage without the input embedding. Returns h [B, S, H]
-        on a stage without the loss, else logits [B, S, V] without labels and ModelOutput with them."""
-        S = inputs.shape[1]
+        """inputs: input_ids [B, S] int64, or h [B, S, H] on a stage without the input embedding ([B, S / seq_shards,
+        H] under sequence parallelism). Returns h (as the input's) on a stage without the loss, else logits [B, S, V]
+        without labels and ModelOutput with them."""
+        S = inputs.shape[1] if self.embeds_input else inputs.shape[1] * self.seq_shards
         cos, sin = self.rope.tables(S, device=inputs.device)
         h = self.embed(inputs) if self.embeds_input else inputs
         for blk in self.layers.values():
