@@ -1,0 +1,142 @@
+"""Model-level tensor parallelism (``distributed.tensor_parallel``) on gloo CPU ranks, fp32: the tensor-parallel model
+gives the single-device model's losses (LM, MTP, aux per MoE layer) and, gathered, every parameter's gradient.
+
+Models: the tiny preset (MLA, dense first layer, MoE layers with a shared expert, sigmoid group-limited routing, MTP
+1, sequence aux loss), and a GQA variant (2 kv heads, q/k norms, attention biases, sinks, tied embeddings, batch aux
+loss and z loss). Recompute: selective on every block, full on one. Both without and with sequence parallelism.
+
+A gradient is compared as a whole tensor: |got - want| <= 1e-5 |want| (Frobenius norms); fp32 reductions in another
+order differ by ~1e-6 relative.
+"""
+
+import torch
+from gloo_ranks import run_ranks
+
+from moetrain.config.load import load_config
+
+B, S = 2, 8
+TOL = 1e-5
+RECOMPUTE = ["train.recompute=selective", "train.recompute_layer_ids=[2]"]
+TINY = RECOMPUTE
+GQA = RECOMPUTE + ["model.attention_type=gqa", "model.num_query_groups=2", "model.head_dim=12", "model.qk_norm=true",
+                   "model.attention_bias=true", "model.attention_sinks=true", "model.tie_embeddings=true",
+                   "moe.aux_loss_type=batch", "moe.z_loss_coeff=1e-3"]
+
+
+def config(overrides):
+    return load_config(preset="tiny", overrides=overrides)
+
+
+def batch(cfg, seed: int = 1):
+    """(input_ids, labels) [B, S] int64, with ignored labels."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.model.vocab_size, (B, S), generator=g)
+    labels = torch.randint(0, cfg.model.vocab_size, (B, S), generator=g)
+    labels[0, 3] = labels[1, 0] = -100
+    return ids, labels
+
+
+def build(cfg, device=None):
+    from moetrain.models import build_model
+
+    torch.manual_seed(0)  # the same base seed for every build
+    return build_model(cfg, device)
+
+
+def terms(out, model) -> dict:
+    return {"lm": out.lm_loss, "mtp": out.mtp_loss, "aux": out.aux_loss, "loss": out.loss.detach(),
+            **{f"aux{i}": layer.aux_value for i, layer in enumerate(model.moe_layers())}}
+
+
+def reference(cfg, batches):
+    """The single-device model on the mean loss of ``batches``: (terms of the first batch, grads, MoE counts)."""
+    model = build(cfg)
+    outs = [model(ids, labels) for ids, labels in batches]
+    first = terms(outs[0], model)
+    torch.stack([o.loss for o in outs]).mean().backward()
+    counts = [layer.tokens_per_expert.clone() for layer in model.moe_layers()]
+    return first, {n: p.grad for n, p in model.named_parameters()}, counts, model
+
+
+def run_tp(model, ids, labels):
+    from moetrain.distributed.tensor_parallel import tp_loss_context
+
+    with tp_loss_context(model):
+        out = model(ids, labels)
+        got = terms(out, model)
+        out.loss.backward()
+    return got
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def assert_rel(got, want, what: str, tol: float = TOL):
+    err = (got.double() - want.double()).norm().item()
+    assert err <= tol * want.double().norm().item() + 1e-30, f"{what}: |diff| = {err:.3g}, |want| = {want.norm():.3g}"
+
+
+def assert_terms(got: dict, want: dict):
+    assert got.keys() == want.keys()
+    for k, w in want.items():
+        if w is None:
+            assert got[k] is None, k
+        else:
+            assert not hasattr(got[k], "to_local"), f"{k} is a DTensor"
+            assert_rel(got[k], w, k)
+
+
+def assert_grads(model, want: dict):
+    got = dict(model.named_parameters())
+    assert got.keys() == want.keys()
+    for name, g in want.items():
+        assert_rel(full(got[name].grad), g, name)
+
+
+# ---- TP on 2 ranks: SP off and on, MLA and GQA, expert parallelism over the tp ranks, weights on meta --------------
+
+
+def _tp_ranks(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from moetrain.distributed.expert_parallel import shard_experts
+    from moetrain.distributed.tensor_parallel import apply_tensor_parallel, reduce_tp_grads
+
+    root = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    cases = [(TINY, False, False), (TINY, True, False), (GQA, False, False), (GQA, True, False),
+             (TINY + ["moe.dispatcher=alltoall"], True, True)]
+    for overrides, sp, ep in cases:
+        cfg = config(overrides)
+        ids, labels = batch(cfg)
+        want, grads, counts, ref = reference(cfg, [(ids, labels)])
+        model = build(cfg)
+        apply_tensor_parallel(model, root, sequence_parallel=sp)
+        if ep:  # each rank owns half the experts; the ep mesh is the tp ranks
+            shard_experts(model, root, cfg.moe)
+        params = dict(model.named_parameters())
+        for name, p in ref.named_parameters():  # parallelised after a real build: every shard keeps its values
+            assert torch.equal(full(params[name]).detach(), p.detach()), name
+        assert_terms(run_tp(model, ids, labels), want)
+        reduce_tp_grads(model)
+        assert_grads(model, grads)
+        for layer, c in zip(model.moe_layers(), counts):  # each rank counts its own tokens
+            mine = layer.tokens_per_expert.clone()
+            torch.distributed.all_reduce(mine)
+            torch.testing.assert_close(mine, c, rtol=0, atol=0)
+            assert mine.sum() == B * S * cfg.moe.topk and layer.tokens_per_expert.sum() == mine.sum() / world_size
+
+    for overrides, sp in ((TINY, True), (GQA, False)):  # built on meta, made parallel, then materialised
+        cfg = config(overrides)
+        ref = build(cfg)
+        model = build(cfg, "meta")
+        apply_tensor_parallel(model, root, sequence_parallel=sp)
+        model.to_empty(device="cpu")
+        model.init_weights()
+        params = dict(model.named_parameters())
+        for name, p in ref.named_parameters():
+            assert torch.equal(full(params[name]).detach(), p.detach()), name
+
+
+def test_tensor_parallel_gives_the_single_device_losses_and_gradients():
+    run_ranks(_tp_ranks)
