@@ -49,13 +49,16 @@ def terms(out, model) -> dict:
 
 
 def reference(cfg, batches):
-    """The single-device model on the mean loss of ``batches``: (terms of the first batch, grads, MoE counts)."""
+    """The single-device model on the mean loss of ``batches``: (terms of each batch, grads, MoE counts, model)."""
     model = build(cfg)
-    outs = [model(ids, labels) for ids, labels in batches]
-    first = terms(outs[0], model)
+    model.set_aux_grad_scale(1 / len(batches))  # the balancing losses' share of the mean loss
+    outs, each = [], []
+    for ids, labels in batches:
+        outs.append(model(ids, labels))
+        each.append(terms(outs[-1], model))
     torch.stack([o.loss for o in outs]).mean().backward()
     counts = [layer.tokens_per_expert.clone() for layer in model.moe_layers()]
-    return first, {n: p.grad for n, p in model.named_parameters()}, counts, model
+    return each, {n: p.grad for n, p in model.named_parameters()}, counts, model
 
 
 def run_tp(model, ids, labels):
@@ -109,14 +112,12 @@ def _tp_ranks(rank, world_size):
     for overrides, sp, ep in cases:
         cfg = config(overrides)
         ids, labels = batch(cfg)
-        want, grads, counts, ref = reference(cfg, [(ids, labels)])
+        (want,), grads, counts, ref = reference(cfg, [(ids, labels)])
         model = build(cfg)
         apply_tensor_parallel(model, root, sequence_parallel=sp)
         if ep:  # each rank owns half the experts; the ep mesh is the tp ranks
             shard_experts(model, root, cfg.moe)
-        params = dict(model.named_parameters())
-        for name, p in ref.named_parameters():  # parallelised after a real build: every shard keeps its values
-            assert torch.equal(full(params[name]).detach(), p.detach()), name
+        assert_same_weights(model, ref)  # parallelised after a real build: every shard keeps its values
         assert_terms(run_tp(model, ids, labels), want)
         reduce_tp_grads(model)
         assert_grads(model, grads)
@@ -133,10 +134,104 @@ def _tp_ranks(rank, world_size):
         apply_tensor_parallel(model, root, sequence_parallel=sp)
         model.to_empty(device="cpu")
         model.init_weights()
-        params = dict(model.named_parameters())
-        for name, p in ref.named_parameters():
-            assert torch.equal(full(params[name]).detach(), p.detach()), name
+        assert_same_weights(model, ref)
 
 
 def test_tensor_parallel_gives_the_single_device_losses_and_gradients():
     run_ranks(_tp_ranks)
+
+
+def assert_same_weights(model, ref):
+    params = dict(model.named_parameters())
+    for name, p in ref.named_parameters():
+        assert torch.equal(full(params[name]).detach(), p.detach()), name
+
+
+# ---- pipeline-stage-shaped: two stages, each tensor-parallel on the same ranks, run one after the other -----------
+
+
+def _stage_ranks(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from moetrain.distributed.tensor_parallel import apply_tensor_parallel, reduce_tp_grads, tp_loss_context
+    from moetrain.models.stages import split_stages
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    for overrides, sp in ((TINY, True), (GQA, False)):
+        cfg = config(overrides)
+        ids, labels = batch(cfg)
+        (want,), grads, _, _ = reference(cfg, [(ids, labels)])
+        stages = split_stages(build(cfg), "Et*2|t*2mL")
+        for st in stages:
+            apply_tensor_parallel(st, mesh, sequence_parallel=sp)
+        with tp_loss_context(stages[1]):
+            h = stages[0](ids)  # what the first stage sends: this rank's sequence slice under SP, else the whole
+            assert type(h) is torch.Tensor and h.shape == (B, S // world_size if sp else S, cfg.model.hidden_size)
+            received = h.detach().requires_grad_()
+            out = stages[1](received, labels)
+            got = terms(out, stages[1])
+            out.loss.backward()
+        h.backward(received.grad)  # the gradient the second stage sends back
+        layers = stages[0].moe_layers() + stages[1].moe_layers()
+        got.update({f"aux{i}": layer.aux_value for i, layer in enumerate(layers)})
+        got["aux"] = stages[0].aux_value() + stages[1].aux_value()  # the last stage's loss counts its own blocks'
+        got["loss"] = got["loss"] + stages[0].aux_value()
+        assert_terms(got, want)
+        summed = {}  # a weight two stages hold (the embedding, for MTP and the tied head) gets both gradients
+        for st in stages:
+            reduce_tp_grads(st)
+            for name, p in st.named_parameters():
+                summed[name] = summed[name] + full(p.grad) if name in summed else full(p.grad)
+        assert summed.keys() == grads.keys()
+        for name, g in grads.items():
+            assert_rel(summed[name], g, name)
+
+
+def test_tensor_parallel_pipeline_stages_give_the_single_device_losses_and_gradients():
+    run_ranks(_stage_ranks)
+
+
+# ---- TP2 x DP2 with FSDP2, built on meta; experts an FSDP unit of their own, with and without expert parallelism -
+
+
+def _tp_dp_ranks(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    from moetrain.distributed.expert_parallel import shard_experts
+    from moetrain.distributed.tensor_parallel import apply_tensor_parallel, expert_grad_factor
+
+    root = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_mesh, tp_mesh = root["dp"], root["tp"]
+    all_ranks = root["dp", "tp"]._flatten("dp_tp")
+    cfg = config(TINY + ["moe.dispatcher=alltoall"])
+    batches = [batch(cfg, seed) for seed in (1, 2)]  # dp rank i trains on batch i
+    want, grads, _, ref = reference(cfg, batches)
+    ids, labels = batches[dp_mesh.get_local_rank()]
+    # ep = 1: experts plain, sharded by FSDP over all dp x tp ranks (efsdp = 4); ep = 2: over the tp ranks (efsdp = 2)
+    for ep, expert_fsdp in ((1, all_ranks), (2, dp_mesh)):
+        model = build(cfg, "meta")
+        apply_tensor_parallel(model, tp_mesh, sequence_parallel=True)
+        if ep > 1:
+            shard_experts(model, tp_mesh, cfg.moe)
+        for _, block in model.blocks():
+            if block.is_moe:
+                fully_shard(block.mlp.experts, mesh=expert_fsdp)
+                register_fsdp_forward_method(block.mlp.experts, "compute_rows")
+            fully_shard(block, mesh=dp_mesh)
+        for depth in model.mtp.values():
+            fully_shard(depth, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=False)
+        model.to_empty(device="cpu")
+        model.init_weights()
+        assert_same_weights(model, ref)
+        assert_terms(run_tp(model, ids, labels), want[dp_mesh.get_local_rank()])
+        # FSDP averaged the experts' gradients over their efsdp ranks: the factor makes them the step's gradient
+        for layer in model.moe_layers():
+            for p in layer.experts.parameters():
+                p.grad.to_local().mul_(expert_grad_factor(tp_mesh.size(), ep))
+        assert_grads(model, grads)
+
+
+def test_tensor_parallel_with_fsdp_and_expert_parallelism_on_four_ranks():
+    run_ranks(_tp_dp_ranks, world_size=4)
