@@ -81,7 +81,7 @@ def apply_tensor_parallel(model, tp_mesh, *, sequence_parallel: bool) -> None:
         parallelize_module(model.embed, tp_mesh,
                            RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()))
     for _, block in model.blocks():
-        _parallelize_block(block, tp_mesh, sp)
+        parallelize_block(block, tp_mesh, sequence_parallel=sp)
     for depth in model.mtp.values():
         if sp:
             from torch.distributed.tensor.parallel import SequenceParallel
@@ -144,10 +144,12 @@ def _seq(sp: bool):
     return Shard(1) if sp else Replicate()
 
 
-def _parallelize_block(block, mesh, sp: bool) -> None:
-    """One decoder block (or an MTP depth's block): attention, dense MLP or MoE layer, norms."""
+def parallelize_block(block, mesh, *, sequence_parallel: bool) -> None:
+    """One ``DecoderLayer`` (a decoder layer or an MTP depth's block): attention, dense MLP or MoE layer, norms. It
+    then takes and returns this rank's h [B, S/tp, H] under SP, the whole h [B, S, H] without (module doc)."""
     from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
+    sp = sequence_parallel
     plan = {}
     if sp:
         plan["input_norm"] = SequenceParallel()
