@@ -98,6 +98,30 @@ def apply_tensor_parallel(model, tp_mesh, *, sequence_parallel: bool) -> None:
     model.register_forward_hook(_plain_outputs)
 
 
+def parallelize_block(block, mesh, *, sequence_parallel: bool) -> None:
+    """One ``DecoderLayer`` (a decoder layer or an MTP depth's block): attention, dense MLP or MoE layer, norms. It
+    then takes and returns this rank's h [B, S/tp, H] under SP, the whole h [B, S, H] without (module doc)."""
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+
+    sp = sequence_parallel
+    plan = {}
+    if sp:
+        plan["input_norm"] = SequenceParallel()
+        # the MoE layer takes its slice as a plain tensor; the dense MLP a DTensor it all-gathers once
+        plan["post_attn_norm"] = SequenceParallel(use_local_output=block.is_moe)
+    plan.update(_attention_plan(block.attn, sp))
+    if not block.is_moe:
+        plan.update(_mlp_plan(block.mlp, "mlp", sp))
+    elif block.mlp.shared is not None:
+        plan.update(_mlp_plan(block.mlp.shared, "mlp.shared", sp))
+    parallelize_module(block, mesh, plan)
+    _finish_attention(block.attn, mesh)
+    if block.is_moe:
+        replicate_local(block.mlp.router, mesh)
+        split = SequenceSplit(mesh, gathered=not sp)
+        block.mlp.token_split = block.mlp.router.token_split = split
+
+
 def tp_loss_context(model):
     """The context the trainer wraps around forward and backward: torch's ``loss_parallel`` (vocab-parallel
     cross-entropy on the vocab-sharded logits) for a tensor-parallel ``model``, else a no-op."""
@@ -142,31 +166,6 @@ def _seq(sp: bool):
     from torch.distributed.tensor import Replicate, Shard
 
     return Shard(1) if sp else Replicate()
-
-
-def parallelize_block(block, mesh, *, sequence_parallel: bool) -> None:
-    """One ``DecoderLayer`` (a decoder layer or an MTP depth's block): attention, dense MLP or MoE layer, norms. It
-    then takes and returns this rank's h [B, S/tp, H] under SP, the whole h [B, S, H] without (module doc)."""
-    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
-
-    sp = sequence_parallel
-    plan = {}
-    if sp:
-        plan["input_norm"] = SequenceParallel()
-        # the MoE layer takes its slice as a plain tensor; the dense MLP a DTensor it all-gathers once
-        plan["post_attn_norm"] = SequenceParallel(use_local_output=block.is_moe)
-    plan.update(_attention_plan(block.attn, sp))
-    if not block.is_moe:
-        plan.update(_mlp_plan(block.mlp, "mlp", sp))
-    else:
-        if block.mlp.shared is not None:
-            plan.update(_mlp_plan(block.mlp.shared, "mlp.shared", sp))
-    parallelize_module(block, mesh, plan)
-    _finish_attention(block.attn, mesh)
-    if block.is_moe:
-        replicate_local(block.mlp.router, mesh)
-        split = SequenceSplit(mesh, gathered=not sp)
-        block.mlp.token_split = block.mlp.router.token_split = split
 
 
 def _attention_plan(attn, sp: bool) -> dict:
@@ -235,13 +234,18 @@ def _parallelize_loss_norm(norm, mesh, sp: bool) -> None:
 
 def _plain_outputs(model, args, out):
     """The root's forward hook: plain tensors out. The loss terms are Replicate scalars (to_local is the value); logits
-    without labels are gathered over the vocab."""
+    without labels are gathered over the vocab; h from a stage of only the embedding is, under SP, the reduce-scatter's
+    AsyncCollectiveTensor, copied into a plain tensor (a pipeline stage sends plain tensors; ops on it would unwrap it,
+    but the stage has none)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
     from torch.distributed.tensor import DTensor
 
     from moetrain.models.transformer import ModelOutput
 
     if isinstance(out, ModelOutput):
         return dataclasses.replace(out, **{f.name: _local(getattr(out, f.name)) for f in dataclasses.fields(out)})
+    if isinstance(out, AsyncCollectiveTensor):
+        return out.clone()
     return out.full_tensor() if isinstance(out, DTensor) else out
 
 

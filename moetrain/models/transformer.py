@@ -19,6 +19,9 @@ h = eh_proj(cat[enorm(embed(t_{i+d})), hnorm(h_prev)]) -> one decoder block -> i
 the shared output head; the target is t_{i+d+1} (= labels[i + d]); positions past the end are
 ignored. MTP blocks use full causal attention (no sliding window), as the accounting assumes.
 
+Tensor parallelism (``distributed.tensor_parallel``) is applied from outside; blocks then take and return plain
+tensors (a sequence slice under sequence parallelism) and ``seq_shards`` is its one attribute here.
+
 Recompute (``set_recompute``; the constructor applies train.recompute / recompute_layer_ids):
 * full: each decoder layer (or MTP block) runs under activation checkpointing; only its input
   is kept and the whole layer is recomputed in backward.

@@ -157,11 +157,12 @@ def _stage_ranks(rank, world_size):
     from moetrain.models.stages import split_stages
 
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
-    for overrides, sp in ((TINY, True), (GQA, False)):
+    # the first stage only the embedding (under SP its output comes from a reduce-scatter), or two layers
+    for overrides, sp, layout in ((TINY, True, "E|t*4mL"), (GQA, False, "Et*2|t*2mL")):
         cfg = config(overrides)
         ids, labels = batch(cfg)
         (want,), grads, _, _ = reference(cfg, [(ids, labels)])
-        stages = split_stages(build(cfg), "Et*2|t*2mL")
+        stages = split_stages(build(cfg), layout)
         for st in stages:
             apply_tensor_parallel(st, mesh, sequence_parallel=sp)
         with tp_loss_context(stages[1]):
