@@ -100,7 +100,7 @@ def assert_grads(model, want: dict):
 # ---- TP on 2 ranks: SP off and on, MLA and GQA, expert parallelism over the tp ranks, weights on meta --------------
 
 
-def _tp_ranks(rank, world_size):
+def _tp_ranks(rank, world_size, hf_dir):
     from torch.distributed.device_mesh import init_device_mesh
 
     from moetrain.distributed.expert_parallel import shard_experts
@@ -135,10 +135,24 @@ def _tp_ranks(rank, world_size):
         model.to_empty(device="cpu")
         model.init_weights()
         assert_same_weights(model, ref)
+        if overrides is TINY:  # and from a Hugging Face checkpoint: each rank fills its shards (rows or columns)
+            from moetrain.models.hf import load_hf_weights
+
+            load_hf_weights(model, hf_dir)
+            load_hf_weights(ref, hf_dir)
+            assert_same_weights(model, ref)
 
 
-def test_tensor_parallel_gives_the_single_device_losses_and_gradients():
-    run_ranks(_tp_ranks)
+def test_tensor_parallel_gives_the_single_device_losses_and_gradients(tmp_path):
+    from moetrain.models.hf import export_hf
+
+    cfg = config(TINY)
+    model = build(cfg)
+    with torch.no_grad():  # weights unlike any seed's init
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    export_hf(model, cfg, tmp_path / "hf")
+    run_ranks(_tp_ranks, str(tmp_path / "hf"))
 
 
 def assert_same_weights(model, ref):
