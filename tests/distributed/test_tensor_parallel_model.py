@@ -206,7 +206,7 @@ def test_tensor_parallel_pipeline_stages_give_the_single_device_losses_and_gradi
     run_ranks(_stage_ranks)
 
 
-# ---- TP2 x DP2 with FSDP2, built on meta; experts an FSDP unit of their own, with and without expert parallelism -
+# ---- TP2 x DP2 with FSDP2, built on meta, two micro-batches; experts an FSDP unit of their own, with and without EP
 
 
 def _tp_dp_ranks(rank, world_size):
@@ -214,15 +214,15 @@ def _tp_dp_ranks(rank, world_size):
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     from moetrain.distributed.expert_parallel import shard_experts
-    from moetrain.distributed.tensor_parallel import apply_tensor_parallel, expert_grad_factor
+    from moetrain.distributed.tensor_parallel import apply_tensor_parallel, expert_grad_factor, tp_loss_context
 
     root = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     dp_mesh, tp_mesh = root["dp"], root["tp"]
     all_ranks = root["dp", "tp"]._flatten("dp_tp")
     cfg = config(TINY + ["moe.dispatcher=alltoall"])
-    batches = [batch(cfg, seed) for seed in (1, 2)]  # dp rank i trains on batch i
+    batches = [batch(cfg, seed) for seed in (1, 2, 3, 4)]  # dp rank r trains on micro-batches r and r + 2
     want, grads, _, ref = reference(cfg, batches)
-    ids, labels = batches[dp_mesh.get_local_rank()]
+    mine = [dp_mesh.get_local_rank(), dp_mesh.get_local_rank() + 2]
     # ep = 1: experts plain, sharded by FSDP over all dp x tp ranks (efsdp = 4); ep = 2: over the tp ranks (efsdp = 2)
     for ep, expert_fsdp in ((1, all_ranks), (2, dp_mesh)):
         model = build(cfg, "meta")
@@ -240,7 +240,13 @@ def _tp_dp_ranks(rank, world_size):
         model.to_empty(device="cpu")
         model.init_weights()
         assert_same_weights(model, ref)
-        assert_terms(run_tp(model, ids, labels), want[dp_mesh.get_local_rank()])
+        model.set_aux_grad_scale(1 / len(mine))  # two micro-batches accumulated, the gradients reduced after both
+        for i in mine:
+            model.set_requires_gradient_sync(i == mine[-1])
+            with tp_loss_context(model):
+                out = model(*batches[i])
+                assert_terms(terms(out, model), want[i])
+                (out.loss / len(mine)).backward()
         # FSDP averaged the experts' gradients over their efsdp ranks: the factor makes them the step's gradient
         for layer in model.moe_layers():
             for p in layer.experts.parameters():
