@@ -36,22 +36,29 @@ What is split, per block (styles from ``torch.distributed.tensor.parallel``):
   runs vocab-parallel under ``loss_parallel``. The model's output is made plain again (``_plain_outputs``): the
   loss terms (the same value on every rank), or full logits without labels.
 
-The trainer's contract (the gradients after ``backward``; dp: data-parallel ranks, ep: expert parallelism):
-1. forward and backward run inside ``tp_loss_context(model)`` (torch's ``loss_parallel``; a no-op without TP).
+Per rank, not per sequence (as with data parallelism): moe.capacity_factor caps the assignments of this rank's
+tokens, and force_balance=even cycles over this rank's tokens.
+
+The trainer's contract (dp: data-parallel ranks, ep: expert parallelism):
+0. Meshes and order: tp is the innermost dim of one root mesh that the dp (FSDP) meshes and the ep mesh also come
+   from; every tp rank of a dp rank reads the same micro-batch. On the meta model: ``apply_tensor_parallel`` first,
+   then ``shard_experts`` (ep mesh), recompute, FSDP2 (``fully_shard`` per block over the dense dp mesh, the experts
+   their own unit over the expert FSDP mesh, the root), then ``to_empty`` and ``init_weights`` (or the HF import).
+1. Every forward (training and evaluation) and backward of a loss runs inside ``tp_loss_context(model)`` (torch's
+   ``loss_parallel``; a no-op without TP).
 2. Parameters replicated over tp whose gradient is each rank's part (SP norms, MTP eh_proj under SP, GQA q/k norms,
-   routers) are Replicate DTensors on the tp mesh whose gradients are Partial DTensors. FSDP2 (``fully_shard`` over a
-   dp mesh sharing its root with the tp mesh) redistributes them to Replicate (an all-reduce over tp) before its
-   reduce-scatter: nothing more to do. Without FSDP call ``reduce_tp_grads(model)``.
+   routers) are Replicate DTensors on the tp mesh whose gradients are Partial DTensors. FSDP2 redistributes them to
+   Replicate (an all-reduce over tp) before its reduce-scatter: nothing more to do. Without FSDP call
+   ``reduce_tp_grads(model)``.
 3. Expert weights (plain tensors, or ep DTensors) are not tp DTensors; each rank's gradient holds its tokens' part.
    The step's gradient is (1/dp) * the sum over all dp x tp ranks' parts. With the experts an FSDP unit of their own
    over the expert FSDP mesh (efsdp = dp x tp / ep ranks; FSDP averages over it) and the ep all-to-all summing an ep
    group's tokens, multiply the expert gradients by tp / ep after the reduce (``expert_grad_factor``; tp = 1 gives
-   today's 1 / ep). Experts inside a block's FSDP unit over dp (ep = 1) instead need a sum over tp (all-reduce) of the
-   reduced shard. Without FSDP (tp only, ep = 1 or ep over the tp ranks): ``reduce_tp_grads``.
+   today's 1 / ep). Experts inside a block's FSDP unit over dp (ep = 1) would instead need a sum over tp (all-reduce)
+   of the reduced shard. Without FSDP (tp only, ep = 1 or ep over the tp ranks): ``reduce_tp_grads``.
 4. ``tokens_per_expert`` counts each rank's tokens: sum them over tp and dp before the expert-bias update.
 5. Loss terms (``ModelOutput``) are the same on every tp rank: average them over dp only. Gradient norms: the
-   Replicate parameters count once (``distributed.reduce.shard_groups`` sees no tp shard); plain expert weights
-   are equal on the tp ranks after step 3.
+   Replicate parameters count once (``distributed.reduce.shard_groups`` sees no tp shard).
 
 Nothing here runs at import: torch.distributed is imported by the functions that need it.
 """

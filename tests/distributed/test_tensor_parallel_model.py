@@ -118,6 +118,9 @@ def _tp_ranks(rank, world_size, hf_dir):
         if ep:  # each rank owns half the experts; the ep mesh is the tp ranks
             shard_experts(model, root, cfg.moe)
         assert_same_weights(model, ref)  # parallelised after a real build: every shard keeps its values
+        with torch.no_grad():  # without labels: the whole logits [B, S, V], gathered over the vocab
+            assert_rel(model(ids), ref(ids), "logits")
+        model.reset_moe_stats()
         assert_terms(run_tp(model, ids, labels), want)
         reduce_tp_grads(model)
         assert_grads(model, grads)
