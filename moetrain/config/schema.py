@@ -588,9 +588,7 @@ def check_parallel(cfg: Config) -> None:
     if p.ep % p.tp and p.tp % p.ep:
         raise ConfigError(f"parallel.tp = {p.tp} and parallel.ep = {p.ep}: one must divide the other (expert "
                           "parallelism folds over the tensor-parallel ranks)")
-    if m.num_attention_heads % p.tp:
-        raise ConfigError(
-            f"model.num_attention_heads = {m.num_attention_heads} is not divisible by parallel.tp = {p.tp}")
+    check_tensor_parallel(cfg, p.tp)
     if p.sequence_parallel and p.tp == 1:
         raise ConfigError("parallel.sequence_parallel needs parallel.tp > 1")
     if p.vpp > 1 and p.pp == 1:
@@ -621,6 +619,33 @@ def check_parallel(cfg: Config) -> None:
             f"moe.overlap_a2a overlaps the expert all-to-all of one micro-batch with another's compute inside "
             f"DualPipe-V's steady state: it needs parallel.pp > 1, parallel.pp_schedule=dualpipev and parallel.ep > 1 "
             f"(now pp={p.pp}, pp_schedule={p.pp_schedule}, ep={p.ep})")
+
+
+def check_tensor_parallel(cfg: Config, tp: int) -> None:
+    """What tensor parallelism over tp ranks splits must divide by tp (distributed.tensor_parallel): the query heads,
+    the GQA key/value heads, the vocab (embedding and head), the dense MLPs' and shared experts' intermediate sizes.
+    The hidden size is never split. precision.fp8_dense's float8 linears have no tensor-parallel plan."""
+    if tp == 1:
+        return
+    m = cfg.model
+    sizes = {"model.num_attention_heads": m.num_attention_heads}
+    if m.attention_type != "mla":
+        sizes["model.num_query_groups (key/value heads)"] = cfg.kv_heads
+    sizes["model.vocab_size"] = m.vocab_size
+    if any(not cfg.is_moe_layer(i) for i in range(m.num_layers)):
+        sizes["model.ffn_hidden_size"] = m.ffn_hidden_size
+    if cfg.is_moe and cfg.shared_ffn_size:
+        key = ("moe.shared_expert_ffn_hidden_size" if cfg.moe.shared_expert_ffn_hidden_size is not None
+               else "moe.num_shared_experts x moe.moe_ffn_hidden_size (the shared experts' size)")
+        sizes[key] = cfg.shared_ffn_size
+    for key, size in sizes.items():
+        if size % tp:
+            raise ConfigError(f"{key} = {size} is not divisible by parallel.tp = {tp}: tensor parallelism splits it "
+                              f"over the tp ranks; use a parallel.tp that divides it")
+    if cfg.precision.fp8_dense != "none":
+        raise ConfigError(f"precision.fp8_dense = {cfg.precision.fp8_dense} does not combine with parallel.tp = {tp} "
+                          "(the float8 linears have no tensor-parallel plan); set precision.fp8_dense=none or "
+                          "parallel.tp=1")
 
 
 def check_train(cfg: Config) -> None:

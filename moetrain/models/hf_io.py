@@ -192,9 +192,10 @@ def load_pieces(targets: dict[str, torch.Tensor], pieces: list[Piece], files: Ch
 
 def _destination(target: torch.Tensor, index: Optional[tuple]) -> tuple[Optional[torch.Tensor], Callable[[], None]]:
     """(where a piece is loaded, what then moves it into ``target``). A plain tensor: itself (or its row
-    ``index``). A DTensor (a sharded model, its shards Shard(0)-split): for an indexed piece (an expert of a stacked
-    weight), the local row where this rank holds it, else None (not read at all); otherwise a whole-shape
-    temporary on the CPU whose local rows are then copied in (one tensor in memory at a time, never the model)."""
+    ``index``). A DTensor (a sharded model, each shard a contiguous range in every dim: FSDP2, expert and tensor
+    parallelism): for an indexed piece (an expert of a stacked weight, split on dim 0 only), the local row where this
+    rank holds it, else None (not read at all); otherwise a whole-shape temporary on the CPU whose local block is
+    then copied in (one tensor in memory at a time, never the model)."""
     from torch.distributed.tensor import DTensor
 
     if not isinstance(target, DTensor):
@@ -203,14 +204,14 @@ def _destination(target: torch.Tensor, index: Optional[tuple]) -> tuple[Optional
 
     local = target.to_local()
     shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
-    if tuple(shape[1:]) != tuple(target.shape[1:]):
-        raise NotImplementedError(f"loading into a DTensor sharded beyond dim 0 ({target.placements})")
-    start, rows = offset[0], shape[0]
     if index is not None:  # (expert, [rows]): the expert is dim 0
-        k = index[0]
+        if tuple(shape[1:]) != tuple(target.shape[1:]):
+            raise NotImplementedError(f"loading an expert into a DTensor sharded beyond dim 0 ({target.placements})")
+        start, rows, k = offset[0], shape[0], index[0]
         return (local[(k - start, *index[1:])] if start <= k < start + rows else None), lambda: None
     whole = torch.empty(target.shape, dtype=local.dtype)
-    return whole, lambda: local.copy_(whole[start:start + rows])
+    block = tuple(slice(o, o + n) for o, n in zip(offset, shape))
+    return whole, lambda: local.copy_(whole[block])
 
 
 def _nbytes(files: CheckpointFiles, name: str) -> int:

@@ -19,6 +19,9 @@ h = eh_proj(cat[enorm(embed(t_{i+d})), hnorm(h_prev)]) -> one decoder block -> i
 the shared output head; the target is t_{i+d+1} (= labels[i + d]); positions past the end are
 ignored. MTP blocks use full causal attention (no sliding window), as the accounting assumes.
 
+Tensor parallelism (``distributed.tensor_parallel``) is applied from outside; blocks then take and return plain
+tensors (a sequence slice under sequence parallelism) and ``seq_shards`` is its one attribute here.
+
 Recompute (``set_recompute``; the constructor applies train.recompute / recompute_layer_ids):
 * full: each decoder layer (or MTP block) runs under activation checkpointing; only its input
   is kept and the whole layer is recomputed in backward.
@@ -165,6 +168,9 @@ class MoETransformer(nn.Module):
         self.embed = Embedding(V, H)
         self.embeds_input = True  # inputs are token ids (False: a later pipeline stage's hidden states)
         self.is_stage = False  # keep_only made this one pipeline stage: it holds part of the model's weights
+        # ranks the sequence of hidden-state inputs is split over (sequence parallelism sets it: such a stage gets its
+        # rank's [B, S / seq_shards, H] and its RoPE tables must still cover the whole sequence)
+        self.seq_shards = 1
         self.layers = nn.ModuleDict(
             {str(i): DecoderLayer(cfg, cfg.is_moe_layer(i), self._window(i)) for i in range(m.num_layers)})
         self.final_norm = RMSNorm(H, m.norm_eps)
@@ -282,9 +288,10 @@ class MoETransformer(nn.Module):
         return F.linear(h, weight)
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None):
-        """inputs: input_ids [B, S] int64, or h [B, S, H] on a stage without the input embedding. Returns h [B, S, H]
-        on a stage without the loss, else logits [B, S, V] without labels and ModelOutput with them."""
-        S = inputs.shape[1]
+        """inputs: input_ids [B, S] int64, or h [B, S, H] on a stage without the input embedding ([B, S / seq_shards,
+        H] under sequence parallelism). Returns h (as the input's) on a stage without the loss, else logits [B, S, V]
+        without labels and ModelOutput with them."""
+        S = inputs.shape[1] if self.embeds_input else inputs.shape[1] * self.seq_shards
         cos, sin = self.rope.tables(S, device=inputs.device)
         h = self.embed(inputs) if self.embeds_input else inputs
         for blk in self.layers.values():

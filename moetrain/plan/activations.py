@@ -28,8 +28,25 @@ parameters excluded: tests/plan/test_activations.py), for example:
 * Recompute: full keeps the block input only; selective drops the attention core (keeps q, k,
   v) and the routed-expert path (keeps its inputs x and the top-k weights).
 
-Tensor/sequence/context parallel splits follow Megatron-LM: per-head and intermediate tensors
-/ tp; [T, H] tensors / tp only with sequence parallelism; T / cp everywhere; vocab / tp.
+Tensor/sequence/context parallel splits, as ``distributed.tensor_parallel`` runs them (measured on one rank of
+TP2 with and without SP: tests/distributed/test_activations_tp.py): per-head and intermediate tensors / tp; the
+norms' [T, H] tensors / tp only with sequence parallelism; the inputs of the column-parallel projections (q/k/v or
+MLA's down projections, the dense MLP's and shared experts' FC1, the head) whole [T, H] with or without SP (DTensor
+keeps the all-gathered tensor for the weight gradient); everything an MoE layer routes over Tr = T / tp tokens with
+or without SP (each rank routes its slice of every sequence), its router's balancing statistics a view of the
+[2, G, E] (+ z) sums over tp; T / cp everywhere; vocab / tp.
+
+Compared with Megatron-LM (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models"): a plain GPT layer (16-bit, MHA, GELU with 4H, dropout) keeps 34 s b h / t bytes with TP + SP and selective
+recompute. Our terms for the same layer (no dropout; RoPE; selective recompute) give (40 / t + 4) s b h, plus the
+norms' rsqrt and fp32 weight copies and the RoPE tables (tests/plan/test_activations.py checks it):
+* norms: 16 / t against 4 / t: our RMSNorm computes in fp32 and keeps the fp32 input and normalised tensor (8 bytes
+  per element each norm) where Megatron's LayerNorm keeps its 16-bit input (2);
+* q/k/v and FC1 inputs: 2 + 2 = 4 whole, against 4 / t: Megatron keeps the sequence shard and all-gathers it again
+  in backward; DTensor keeps the gathered tensor (a re-gather would cost an all-gather per projection in backward);
+* dropout masks: Megatron's 2 / t (attention output, MLP output), none here.
+Equal: attention 8 / t (q, k, v, o_proj input), GELU 16 / t (FC1 output, FC2 input). So ours is 1.3x Megatron's at
+t = 1 and 2.2x at t = 8, the gap dominated by the gathered projection inputs at large t.
 Pure Python.
 """
 
@@ -70,8 +87,15 @@ class Dims:
 
     @property
     def Th(self) -> float:
-        """Tokens of [T, H] tensors on this rank (sequence parallel shards them over TP)."""
+        """Tokens of the [T, H] tensors between a block's parts on this rank (sequence parallel shards them over TP):
+        the norms' and residuals'. The inputs of column-parallel projections are gathered: T tokens."""
         return self.T / self.tp if self.sp else self.T
+
+    @property
+    def Tr(self) -> float:
+        """Tokens this rank routes through an MoE layer: tensor parallelism splits every sequence over the tp ranks,
+        with or without sequence parallelism (models.moe.layer's token split)."""
+        return self.T / self.tp
 
 
 ATTENTION = ("auto", "fused", "unfused")
@@ -144,7 +168,7 @@ def gqa_attention(cfg: Config, d: Dims, window: int | None, selective: bool) -> 
     m = cfg.model
     T, b, H = d.T, d.b, m.hidden_size
     nh, kv, hd = _heads(m.num_attention_heads, d.tp), _heads(cfg.kv_heads, d.tp), cfg.attn_head_dim
-    out = [Term("qkv input", b * d.Th * H, wgrad=True)]
+    out = [Term("qkv input", b * T * H, wgrad=True)]  # gathered under SP (module doc)
     if m.qk_norm:
         out += norm("q_norm", T * nh, hd, b) + norm("k_norm", T * kv, hd, b)
     out += rope_tables(d, hd)
@@ -178,7 +202,7 @@ def mla_attention(cfg: Config, d: Dims, selective: bool) -> list[Term]:
     T, b, H = d.T, d.b, m.hidden_size
     nh = _heads(m.num_attention_heads, d.tp)
     qk, dv, kvl = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
-    out = [Term("q/kv down input", b * d.Th * H, wgrad=True)]
+    out = [Term("q/kv down input", b * T * H, wgrad=True)]  # gathered under SP
     if m.q_lora_rank:
         out += norm("q_a_norm", T, m.q_lora_rank, b) + [Term("q_b input", b * T * m.q_lora_rank, wgrad=True)]
     out += norm("kv_a_norm", T, kvl, b) + [Term("kv_b input", b * T * kvl, wgrad=True)]
@@ -207,13 +231,13 @@ def ffn_intermediates(rows: float, ffn: float, activation: str, b: int) -> list[
 
 def dense_mlp(cfg: Config, d: Dims) -> list[Term]:
     m = cfg.model
-    return [Term("mlp input", d.b * d.Th * m.hidden_size, wgrad=True)] + \
+    return [Term("mlp input", d.b * d.T * m.hidden_size, wgrad=True)] + \
         ffn_intermediates(d.T, m.ffn_hidden_size / d.tp, m.activation, d.b)
 
 
 def routed_rows(cfg: Config, d: Dims) -> float:
-    """Routed rows M on the worst rank: tokens of this rank x top-k x imbalance."""
-    return d.Th * cfg.moe.topk * d.moe_imbalance
+    """Routed rows M on the worst rank: tokens this rank routes x top-k x imbalance."""
+    return d.Tr * cfg.moe.topk * d.moe_imbalance
 
 
 def expert_rows(cfg: Config, d: Dims) -> float:
@@ -224,13 +248,13 @@ def expert_rows(cfg: Config, d: Dims) -> float:
     if d.ep > 1 and e.dispatcher == "sync_free":
         from moetrain.distributed.capacity import capacity
 
-        return d.ep * capacity(math.ceil(d.Th), e.topk, d.ep, e.num_experts // d.ep, e.dispatcher_capacity)
+        return d.ep * capacity(math.ceil(d.Tr), e.topk, d.ep, e.num_experts // d.ep, e.dispatcher_capacity)
     return routed_rows(cfg, d)
 
 
 def router(cfg: Config, d: Dims) -> list[Term]:
     e, H = cfg.moe, cfg.model.hidden_size
-    T, E, K = d.Th, e.num_experts, e.topk
+    T, E, K = d.Tr, e.num_experts, e.topk
     out = []
     # fp32 logits GEMM: a copy of the input and of the weight (fp32 models use both as is); the
     # tensor-core GEMM keeps x itself (counted as the MoE input in moe_mlp)
@@ -240,8 +264,11 @@ def router(cfg: Config, d: Dims) -> list[Term]:
     if e.z_loss_coeff > 0:
         out.append(Term("router z-loss", 4 * T * E + 4 * T))  # logits and logsumexp
     if e.aux_loss_coeff > 0:
-        # sigmoid scores are normalised by their sum [T, 1]; the loss keeps f [B, E] or [E]
-        f = 4 * d.B * E if e.aux_loss_type == "sequence" else 4 * E
+        # sigmoid scores are normalised by their sum [T, 1]; the loss keeps f [G, E] (G = B sequences or 1). Under
+        # tensor parallelism f is a view of the statistics summed over tp: counts and probability sums [2, G, E]
+        # and the z sum (models.moe.router's token split)
+        G = d.B if e.aux_loss_type == "sequence" else 1
+        f = 4 * G * E if d.tp == 1 else 4 * (2 * G * E + (e.z_loss_coeff > 0))
         out.append(Term("router aux", (4 * T if e.score_function == "sigmoid" else 0) + f))
     if e.force_balance != "none":
         return out
@@ -292,14 +319,22 @@ def moe_mlp(cfg: Config, d: Dims, selective: bool) -> list[Term]:
     out = router(cfg, d)
     # The MoE input x (b*T*H): kept by the shared experts' FC1, by the selective checkpoint, by the
     # fused expert path's FC1, or by the router (fp32 models, or the tensor-core logits GEMM), which
-    # then uses it without a copy.
+    # then uses it without a copy. Under tensor parallelism the routed path and the shared experts see different
+    # tensors: this rank's routed tokens [Tr, H] (x itself under SP, a slice copy without) and the whole sequence
+    # [T, H] for the shared experts (x without SP, its all-gather with).
     fused = moe_plan(cfg, d).fused and not selective
     by_router = b == 4 or moe_plan(cfg, d).logits == "tensor_core"
-    if shared > 0 or selective or by_router or fused:
-        out.append(Term("moe input", b * d.Th * H, wgrad=shared > 0 or by_router or fused))
+    routed_keeps = selective or by_router or fused
+    if d.tp == 1 and (shared > 0 or routed_keeps):
+        out.append(Term("moe input", b * d.T * H, wgrad=shared > 0 or by_router or fused))
+    elif d.tp > 1:
+        if routed_keeps:
+            out.append(Term("moe input", b * d.Tr * H, wgrad=by_router or fused))
+        if shared > 0:
+            out.append(Term("shared input", b * d.T * H, wgrad=True))
     if selective:
         # checkpoint inputs: the final top-k weights, and with capacity the new (dropped) indices
-        out.append(Term("top-k weights", 4 * d.Th * e.topk + (8 * d.Th * e.topk if e.capacity_factor else 0)))
+        out.append(Term("top-k weights", 4 * d.Tr * e.topk + (8 * d.Tr * e.topk if e.capacity_factor else 0)))
     else:
         out += routed_experts(cfg, d)
     if shared > 0:
@@ -338,7 +373,7 @@ def head_terms(cfg: Config, d: Dims) -> list[Term]:
     """Final norm + output head + fp32 cross-entropy (log-softmax kept in fp32: 4*T*V)."""
     H = cfg.model.hidden_size
     return norm("final_norm", d.Th, H, d.b) + [
-        Term("head input", d.b * d.Th * H, wgrad=True),
+        Term("head input", d.b * d.T * H, wgrad=True),  # gathered under SP
         Term("log-softmax fp32", 4 * d.T * cfg.model.vocab_size / d.tp)]
 
 

@@ -228,7 +228,7 @@ def ep_all_to_all(cfg: Config, d, hw, ranks: RankLayout) -> float:
     if cfg.moe.dispatcher == "sync_free":
         rows = expert_rows(cfg, d)
         return comm.all_to_all(d.b * rows * H, p.ep, ranks.stride("ep"), hw)
-    return comm.all_to_all(d.b * d.Th * cfg.moe.topk * H, p.ep, ranks.stride("ep"), hw, d.moe_imbalance)
+    return comm.all_to_all(d.b * d.Tr * cfg.moe.topk * H, p.ep, ranks.stride("ep"), hw, d.moe_imbalance)
 
 
 def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: float = 1.0, dp_overlap: float = 0.5,

@@ -165,8 +165,22 @@ def test_tensor_and_sequence_parallel_split():
     sp = A.total(A.block_terms(cfg, A.Dims(B=2, S=16, b=2, tp=2, sp=True), False, None, "none"))
     assert sp < tp < full
     T, H = 32, 32
-    # with SP the two norms and the two [T, H] linear inputs are halved
-    assert tp - sp == (2 * (8 * T * H + 4 * T) + 2 * 2 * T * H) / 2
+    # with SP only the two norms are halved: the q/k/v and FC1 inputs are kept gathered (distributed.tensor_parallel;
+    # measured in tests/distributed/test_activations_tp.py)
+    assert tp - sp == 2 * (8 * T * H + 4 * T) / 2
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_gpt_layer_with_selective_recompute_against_megatrons_34_sbh_over_t(t):
+    """A plain GPT layer (bf16, MHA, GELU 4H) with TP + SP and selective recompute: (40 / t + 4) s b h against
+    Megatron's 34 s b h / t (the activations module doc says where they differ), plus rsqrt, weight copies, RoPE."""
+    H, nh, S = 64, 8, 32
+    cfg = tiny(**{**GQA, "model.hidden_size": H, "model.num_attention_heads": nh, "model.num_query_groups": nh,
+                  "model.activation": "gelu", "model.ffn_hidden_size": 4 * H, "precision.dtype": "bf16"})
+    d = A.Dims(B=1, S=S, b=2, tp=t, sp=t > 1, device="cuda")
+    rope = 2 * 2 * S * (H // nh // 2) * 2  # cos and sin in bf16, for q and for k
+    extras = 2 * (4 * S / t + 4 * H) + rope  # the two norms' rsqrt and fp32 weight copies
+    assert A.total(A.block_terms(cfg, d, False, None, "selective")) == (40 / t + 4) * S * H + extras
 
 
 def test_context_parallel_halves_tokens():

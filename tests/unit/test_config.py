@@ -501,6 +501,18 @@ def test_config_docs_lists_every_field_with_type_default_doc():
       "moe.topk_groups=null"], "parallel.tp = 2 and parallel.ep = 3: one must divide the other"),
     (["parallel.tp=2", "parallel.dp=1", "train.seq_length=63"],
      "train.seq_length = 63 is not divisible by parallel.tp = 2: the MoE layers split each sequence"),
+    (["parallel.tp=2", "parallel.dp=1", "model.attention_type=gqa", "model.num_query_groups=1"],
+     "model.num_query_groups (key/value heads) = 1 is not divisible by parallel.tp = 2: tensor parallelism splits"),
+    (["parallel.tp=4", "parallel.dp=1", "model.num_attention_heads=2"],
+     "model.num_attention_heads = 2 is not divisible by parallel.tp = 4"),
+    (["parallel.tp=2", "parallel.dp=1", "model.vocab_size=511"],
+     "model.vocab_size = 511 is not divisible by parallel.tp = 2"),
+    (["parallel.tp=2", "parallel.dp=1", "model.ffn_hidden_size=191"],
+     "model.ffn_hidden_size = 191 is not divisible by parallel.tp = 2"),
+    (["parallel.tp=2", "parallel.dp=1", "moe.shared_expert_ffn_hidden_size=63"],
+     "moe.shared_expert_ffn_hidden_size = 63 is not divisible by parallel.tp = 2"),
+    (["parallel.tp=2", "parallel.dp=1", "moe.moe_ffn_hidden_size=63"],
+     "moe.num_shared_experts x moe.moe_ffn_hidden_size (the shared experts' size) = 63 is not divisible"),
 ])
 def test_pipeline_schedule_and_tensor_parallel_refusals(overrides, message):
     with pytest.raises(ConfigError) as err:

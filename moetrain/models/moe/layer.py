@@ -18,6 +18,14 @@ layer counts once). ``update_expert_bias(rate)`` applies DeepSeek's aux-loss-fre
 those counts; ``reset_stats()`` zeroes them. With data parallelism the trainer should
 all-reduce ``tokens_per_expert`` before the update so that every rank moves the same bias.
 
+Token split (tensor parallelism; ``token_split``, None on one device, set from outside by
+``distributed.tensor_parallel``): each rank routes and computes the routed experts for its own slice of every
+sequence. ``token_split.local(x [B, S, H])`` -> the positions this rank routes [B, S', H], and
+``token_split.whole(y [B, S', H])`` -> [B, S, H] the layer's routed output for all of x's positions (with sequence
+parallelism x is already this rank's slice and both are the identity). The router's losses are then this rank's
+parts of the whole (``Router.token_split``, the same object), ``aux_value`` the whole value. The shared experts
+see all of x (they are split by their weights instead). ``tokens_per_expert`` counts this rank's tokens.
+
 Selective recompute (``recompute_experts``) checkpoints the dispatch -> experts -> combine call:
 only its inputs x, topk_idx, topk_weight are kept; the routed-expert activations [T*K, 2I] and
 [T*K, I] are recomputed in backward. The router and the shared experts are not recomputed.
@@ -53,6 +61,7 @@ class MoELayer(nn.Module):
         self.dispatcher = LocalDispatcher()
         self.aux_grad_scale = 1.0  # the factor on the final loss before backward (MoETransformer.set_aux_grad_scale)
         self.aux_value = None  # detached weighted losses of the last forward
+        self.token_split = None  # set by tensor parallelism (see the module doc)
 
     def _apply(self, fn, recurse=True):
         # Keep the counts in fp32 when the model is cast to bf16 (counts above 256 lose units).
@@ -64,25 +73,31 @@ class MoELayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y, aux = self.forward_with_aux(x)
-        self.aux_value = aux.detach()
         return attach_aux_loss(y, aux, self.aux_grad_scale) if aux.requires_grad else y
 
     def forward_with_aux(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(y [B, S, H], the weighted losses [] fp32 with grad) without attaching them: forward's parts."""
-        B, S, H = x.shape
-        xt = x.reshape(B * S, H)
+        """(y [B, S, H], the weighted losses [] fp32 with grad) without attaching them: forward's parts. Sets
+        ``aux_value``."""
+        split = self.token_split
+        xr = x if split is None else split.local(x)  # [B, S', H]: the positions this rank routes
+        B, S, H = xr.shape
+        xt = xr.reshape(B * S, H)
         r = self.route(xt, S)
         if self.recompute_experts:
             y = checkpoint(self.dispatcher, xt, r.topk_idx, r.topk_weight, self.experts)
         else:
             y = self.dispatcher(xt, r.topk_idx, r.topk_weight, self.experts)
+        y = y.view(B, S, H)
+        if split is not None:
+            y = split.whole(y)
         if self.shared is not None:
-            y = y + self.shared(xt)
+            y = y + self.shared(x)
         # only the losses that are on (an add is a kernel, ~50 us of host time on the H200 host): a loss that is off is
         # the router's shared zero
         aux_on, z_on = self.router.compute_aux, self.router.compute_z
         aux = r.aux_loss + r.z_loss if aux_on and z_on else r.z_loss if z_on else r.aux_loss
-        return y.view(B, S, H), aux
+        self.aux_value = aux.detach() if r.whole is None else r.whole
+        return y, aux
 
     def route(self, xt: torch.Tensor, seq_len: int):
         """The router on xt [T, H] (RouterOutput, losses weighted by their coefficients); counts the assignments of

@@ -33,6 +33,17 @@ Losses (unweighted unless the caller passes aux_scale / z_scale: the MoE layer p
   The batch loss takes f and P from the routing itself (ops.route's counts and prob_sums: with the
   Triton routing, one kernel each way, no [T, E] scores recomputed in PyTorch).
 * z: mean over tokens of logsumexp(logits)^2.
+
+Token split (tensor parallelism; ``Router.token_split``, None on one device, set from outside by
+``distributed.tensor_parallel``): the ranks of a group each route their own slice of every sequence (x is this rank's
+[B * seq_len] tokens, seq_len its positions per sequence), and the losses must be the whole batch's. The object
+gives ``parts`` (ranks sharing each sequence; the whole sequence is seq_len * parts) and ``sum_(t)`` (sums a tensor
+over those ranks in place, no gradient). One such sum per layer brings the assignment counts (per sequence for the
+sequence loss), the probability sums and the z sum: each rank's losses are then its part of the whole ones,
+E * sum_e f_e (whole batch) * (this rank's probability sum_e) / (whole token count) and this rank's
+sum of logsumexp^2 / (whole token count), so the parts sum over the ranks to the single-device losses and their
+gradients to its gradient. ``RouterOutput.whole`` holds the whole weighted losses (detached, the same on every
+rank) for logging. ``counts`` stay this rank's (the trainer sums them over the ranks).
 """
 
 from __future__ import annotations
@@ -77,6 +88,9 @@ class RouterOutput:
     aux_loss: torch.Tensor  # fp32 scalar, times aux_scale; a shared zero (zero_loss) when moe.aux_loss_coeff == 0
     z_loss: torch.Tensor  # fp32 scalar, times z_scale; a shared zero (zero_loss) when moe.z_loss_coeff == 0
     logits: torch.Tensor  # [T, E] router logits, fp32 (fp64 for fp64 inputs)
+    # with a token split: fp32 [] detached, the whole batch's weighted aux + z (aux_loss and z_loss are this rank's
+    # parts of it); None without one
+    whole: torch.Tensor | None = None
 
 
 def drop_over_capacity(topk_idx: torch.Tensor, topk_weight: torch.Tensor, capacity: int,
@@ -143,6 +157,7 @@ class Router(nn.Module):
             self.register_buffer("expert_bias", torch.zeros(e.num_experts, dtype=torch.float32))
         else:
             self.expert_bias = None
+        self.token_split = None  # set by tensor parallelism (see the module doc)
 
     def _apply(self, fn, recurse=True):
         # model.to(bf16) would round the expert bias (updates of 1e-3 vanish in bf16): keep fp32.
@@ -188,6 +203,19 @@ class Router(nn.Module):
             if batch_aux:
                 prob_sums = r.prob_sums
 
+        whole = None
+        if self.token_split is not None:
+            aux, z, whole = self._split_losses(logits, scores, prob_sums, topk_idx, counts, seq_len, aux_scale, z_scale)
+        else:
+            aux, z = self._losses(logits, scores, prob_sums, topk_idx, counts, seq_len, aux_scale, z_scale)
+        if self.capacity_factor is not None:
+            capacity = math.ceil(self.capacity_factor * T * K / E)
+            topk_idx, topk_weight = drop_over_capacity(topk_idx, topk_weight, capacity, E)
+        return RouterOutput(topk_idx, topk_weight, counts, aux, z, logits, whole)
+
+    def _losses(self, logits, scores, prob_sums, topk_idx, counts, seq_len, aux_scale, z_scale):
+        """(aux, z) of this rank's tokens, weighted; each the shared zero when off."""
+        T, E, K = logits.shape[0], self.num_experts, self.topk
         zero = zero_loss(logits.device, logits.dtype)
         aux = zero
         if prob_sums is not None:  # E * sum_e f_e * P_e with P_e = prob_sums_e / T (load_balancing_loss's batch form)
@@ -203,7 +231,44 @@ class Router(nn.Module):
         if self.compute_z:
             z = router_z_loss(logits)
             z = z if z_scale == 1.0 else z * z_scale
-        if self.capacity_factor is not None:
-            capacity = math.ceil(self.capacity_factor * T * K / E)
-            topk_idx, topk_weight = drop_over_capacity(topk_idx, topk_weight, capacity, E)
-        return RouterOutput(topk_idx, topk_weight, counts, aux, z, logits)
+        return aux, z
+
+    def _split_losses(self, logits, scores, prob_sums, topk_idx, counts, seq_len, aux_scale, z_scale):
+        """(aux, z, whole) under a token split (module doc): this rank's parts of the whole batch's weighted losses
+        (with grad) and the whole weighted aux + z (detached). One ``token_split.sum_`` of [G*E counts | G*E
+        probability sums | z sum]: G = B sequences (sequence loss) or 1 (batch loss)."""
+        split, (T, E), K = self.token_split, logits.shape, self.topk
+        zero = zero_loss(logits.device, logits.dtype)
+        local, G = [], 1
+        if self.compute_aux:
+            per_seq = self.aux_loss_type == "sequence"
+            G = T // seq_len if per_seq else 1
+            if prob_sums is None:  # the batch loss without the routing's sums, or the sequence loss
+                scores = scores if scores is not None else scores_of(logits, self.score_function)
+                prob_sums = aux_probs(scores, self.score_function).view(G, T // G, E).sum(1)  # [G, E]
+            if per_seq:
+                onehot = torch.zeros(T, E, device=logits.device, dtype=prob_sums.dtype).scatter_(1, topk_idx, 1.0)
+                group_counts = onehot.view(G, T // G, E).sum(1)
+            else:
+                group_counts = counts
+            prob_sums = prob_sums.view(G, E)
+            local += [group_counts.reshape(-1).to(prob_sums.dtype), prob_sums.detach().reshape(-1)]
+        if self.compute_z:
+            z_sum = torch.logsumexp(logits.float(), dim=-1).square().sum()
+            local.append(z_sum.detach().reshape(1).to(local[0].dtype if local else z_sum.dtype))
+        if not local:
+            return zero, zero, zero
+        stats = split.sum_(torch.cat(local))
+        tokens = T * split.parts  # the whole batch's tokens; each group (sequence or batch) has tokens / G
+        aux = z = zero
+        whole = zero.new_zeros(())
+        if self.compute_aux:
+            group_counts, whole_sums = stats[:G * E].view(G, E), stats[G * E:2 * G * E].view(G, E)
+            n = tokens // G
+            factor = aux_scale * E / (n * K * n)
+            aux = factor * (group_counts * prob_sums).sum(-1).mean()
+            whole = whole + factor * (group_counts * whole_sums).sum(-1).mean()
+        if self.compute_z:
+            z = z_sum * (z_scale / tokens)
+            whole = whole + stats[-1] * (z_scale / tokens)
+        return aux, z, whole.detach().float()
