@@ -2,11 +2,14 @@
 
 The sharded parameters are the optimizer's: fp32 master weights (precision.master_weights) or the bf16 state;
 forward and backward run in the compute dtype (``MixedPrecisionPolicy.param_dtype``) and gradients are reduced in
-optim.main_grads_dtype (``reduce_dtype``). Under expert parallelism the expert weights (DTensors on the ep mesh)
-form a unit of their own on the expert FSDP mesh. FSDP averages their gradients over that mesh (dp / ep ranks),
-but each owner's gradient already sums the ep group's tokens (the all-to-all's backward brought them): the
-trainer divides them by ep once per step (``expert_grad_scale``; gloo has no pre-multiplied reduce for FSDP's own
-divide factor).
+optim.main_grads_dtype (``reduce_dtype``). Under expert or tensor parallelism the expert weights (DTensors on the
+ep mesh, or plain tensors) form a unit of their own on the expert FSDP mesh (dp x tp / ep ranks). FSDP averages
+their gradients over that mesh, but each rank's gradient holds its tokens' part (tensor parallelism splits the
+tokens over the tp ranks) summed over its ep group (the all-to-all's backward brought them), while the step's
+gradient is the sum over all dp x tp ranks' parts divided by dp: the trainer multiplies them by tp / ep once per
+step (``expert_grad_factor``, ``expert_grad_scale``; gloo has no pre-multiplied reduce for FSDP's own divide
+factor). Parameters replicated over tp with per-rank partial gradients are Replicate DTensors on the tp mesh:
+FSDP2 sums them over tp before its reduce (``distributed.tensor_parallel``).
 
 Blocks reshard after forward (all-gathered again for backward), FSDP's own prefetch overlapping the next block's
 all-gather with this one's compute; the root (embedding, final norm, head) stays unsharded between forward and
@@ -29,9 +32,9 @@ def apply_fsdp(model, meshes, param_dtype: torch.dtype, reduce_dtype: torch.dtyp
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     unit = {"mp_policy": mp, "reshard_after_forward": reshard_blocks}
-    ep = meshes.ep is not None
+    own_unit = meshes.ep is not None or meshes.tp is not None  # the experts' own unit over expert_fsdp
     for _, block in model.blocks():
-        if ep and block.is_moe:
+        if own_unit and block.is_moe:
             fully_shard(block.mlp.experts, mesh=meshes.expert_fsdp, **unit)
             # the dispatcher calls compute_rows, not forward: gather the experts around that call
             register_fsdp_forward_method(block.mlp.experts, "compute_rows")
@@ -46,8 +49,14 @@ def expert_params(model) -> list:
     return [p for layer in model.moe_layers() for p in layer.experts.parameters()]
 
 
-def expert_grad_scale(params: list, ep: int) -> None:
-    """Divide the expert weights' reduced gradients by ep (see the module doc)."""
+def expert_grad_factor(tp: int, ep: int) -> float:
+    """What the expert weights' gradients are multiplied by after FSDP's average over the expert FSDP mesh: tp / ep
+    (see the module doc)."""
+    return tp / ep
+
+
+def expert_grad_scale(params: list, factor: float) -> None:
+    """Multiply the expert weights' reduced gradients by ``factor`` (``expert_grad_factor``)."""
     grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
     if grads:
-        torch._foreach_mul_(grads, 1.0 / ep)
+        torch._foreach_mul_(grads, factor)

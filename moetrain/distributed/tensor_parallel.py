@@ -53,7 +53,7 @@ The trainer's contract (dp: data-parallel ranks, ep: expert parallelism):
 3. Expert weights (plain tensors, or ep DTensors) are not tp DTensors; each rank's gradient holds its tokens' part.
    The step's gradient is (1/dp) * the sum over all dp x tp ranks' parts. With the experts an FSDP unit of their own
    over the expert FSDP mesh (efsdp = dp x tp / ep ranks; FSDP averages over it) and the ep all-to-all summing an ep
-   group's tokens, multiply the expert gradients by tp / ep after the reduce (``expert_grad_factor``; tp = 1 gives
+   group's tokens, multiply the expert gradients by tp / ep after the reduce (``fsdp.expert_grad_factor``; tp = 1 gives
    today's 1 / ep). Experts inside a block's FSDP unit over dp (ep = 1) would instead need a sum over tp (all-reduce)
    of the reduced shard. Without FSDP (tp only, ep = 1 or ep over the tp ranks): ``reduce_tp_grads``.
 4. ``tokens_per_expert`` counts each rank's tokens: sum them over tp and dp before the expert-bias update.
@@ -137,12 +137,6 @@ def tp_loss_context(model):
     from torch.distributed.tensor.parallel import loss_parallel
 
     return loss_parallel()
-
-
-def expert_grad_factor(tp: int, ep: int) -> float:
-    """What the expert weights' gradients are multiplied by after FSDP's average over the expert FSDP mesh
-    (dp x tp / ep ranks): tp / ep (module doc, contract 3)."""
-    return tp / ep
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ from moetrain.errors import UserError
 from moetrain.train.steps import LossTerms
 from moetrain.train.trainer import Trainer
 
-NOT_YET = {"tp": "tensor", "cp": "context", "etp": "expert tensor"}
+NOT_YET = {"cp": "context", "etp": "expert tensor"}
 
 
 class DistributedTrainer(Trainer):
@@ -61,8 +61,8 @@ class DistributedTrainer(Trainer):
         for key, what in NOT_YET.items():
             if getattr(p, key) > 1:
                 raise UserError(f"parallel.{key} = {getattr(p, key)}: {what} parallelism is not built yet; "
-                                "data (parallel.dp, dp_replicate), expert (parallel.ep) and pipeline (parallel.pp) "
-                                "parallelism are")
+                                "data (parallel.dp, dp_replicate), expert (parallel.ep), tensor (parallel.tp, "
+                                "sequence_parallel) and pipeline (parallel.pp) parallelism are")
         if t.cuda_graph:
             raise UserError("train.cuda_graph is not supported by the distributed trainer yet; set it to false")
 
@@ -94,7 +94,6 @@ class DistributedTrainer(Trainer):
     def build_model(self):
         if not self.sharded:
             return super().build_model()
-        from moetrain.distributed.expert_parallel import shard_experts
         from moetrain.distributed.fsdp import apply_fsdp
         from moetrain.models import build_model
         from moetrain.train.optim import DTYPES
@@ -103,8 +102,7 @@ class DistributedTrainer(Trainer):
         model = build_model(cfg, device="meta")
         storage = torch.float32 if cfg.precision.master_weights or self.device.type != "cuda" else self.dtype
         model.to(storage)
-        if self.meshes.ep is not None:
-            shard_experts(model, self.meshes.ep, cfg.moe)
+        self.parallelize(model)
         self.prepare_model(model)
         reduce_dtype = DTYPES[cfg.optim.main_grads_dtype] if self.device.type == "cuda" else torch.float32
         apply_fsdp(model, self.meshes, self.dtype, reduce_dtype)
@@ -116,6 +114,29 @@ class DistributedTrainer(Trainer):
             # each rank reads the tensors it holds a part of: its own experts only, dense tensors one at a time
             load_hf_weights(model, cfg.model.from_hf, progress=self.show_progress and self.is_main)
         return model
+
+    def parallelize(self, model, ep_group=None) -> None:
+        """Tensor parallelism, then expert parallelism (the experts' dispatchers over ``ep_group``, default the ep
+        mesh's), on a meta model or pipeline stage: the first steps of ``distributed``'s order."""
+        from moetrain.distributed.expert_parallel import shard_experts
+
+        if self.meshes.tp is not None:
+            from moetrain.distributed.tensor_parallel import apply_tensor_parallel
+
+            apply_tensor_parallel(model, self.meshes.tp, sequence_parallel=self.cfg.parallel.sequence_parallel)
+        if self.meshes.ep is not None:
+            shard_experts(model, self.meshes.ep, self.cfg.moe, group=ep_group)
+
+    def loss_context(self):
+        """What every forward and backward of a loss runs inside: under tensor parallelism torch's loss_parallel
+        (the vocab-parallel cross-entropy on vocab-sharded logits: ``distributed.tensor_parallel``'s contract)."""
+        import contextlib
+
+        if self.meshes.tp is None:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
 
     def build_optimizer(self):
         if not self.sharded:
@@ -132,29 +153,38 @@ class DistributedTrainer(Trainer):
         """The micro-batches' forward + backward with the gradient reduce on the last one only; then the loss terms
         and expert counts reduced (``reduce_step``)."""
         sums = torch.zeros(4, device=self.device)
-        for i, (input_ids, labels) in enumerate(micro_batches):
-            if self.sharded:
-                self.model.set_requires_gradient_sync(i == self.accum - 1)
-            sums += self.forward_backward_step(input_ids, labels).values / self.accum
+        with self.loss_context():
+            for i, (input_ids, labels) in enumerate(micro_batches):
+                if self.sharded:
+                    self.model.set_requires_gradient_sync(i == self.accum - 1)
+                sums += self.forward_backward_step(input_ids, labels).values / self.accum
         return self.reduce_step(sums)
 
     def reduce_step(self, sums: torch.Tensor) -> LossTerms:
         """After the step's backward: the expert weights' gradients rescaled (``fsdp.expert_grad_scale``), the loss
-        terms ``sums`` [4] averaged and the expert counts summed over the data-parallel ranks."""
+        terms ``sums`` [4] averaged over the data-parallel ranks (every tensor-parallel rank has the same ones) and
+        the expert counts summed over the data- and tensor-parallel ranks (each counted its own tokens)."""
         from moetrain.distributed.reduce import mean_over, sum_over
 
-        if self.meshes.ep is not None:
-            from moetrain.distributed.fsdp import expert_grad_scale, expert_params
+        m = self.meshes
+        if m.ep is not None or m.tp is not None:
+            from moetrain.distributed.fsdp import expert_grad_factor, expert_grad_scale, expert_params
 
-            expert_grad_scale(expert_params(self.model), self.ranks.ep)
-        group = self.meshes.dp.get_group()
-        mean_over(sums, group)
+            expert_grad_scale(expert_params(self.model), expert_grad_factor(self.ranks.tp, self.ranks.ep))
+        mean_over(sums, m.dp.get_group())
         layers = self.model.moe_layers()
         if layers:
-            counts = sum_over(torch.stack([layer.tokens_per_expert for layer in layers]), group)
+            counts = sum_over(torch.stack([layer.tokens_per_expert for layer in layers]), m.dp.get_group())
+            if m.tp is not None:
+                sum_over(counts, m.tp.get_group())
             for layer, c in zip(layers, counts):
                 layer.tokens_per_expert.copy_(c)
         return LossTerms(sums)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        with self.loss_context():
+            return super().evaluate()
 
     def stop_requested(self, stop) -> bool:
         """Agreed by every rank (a signal may reach them between different steps): the save that follows is a

@@ -37,7 +37,6 @@ class PipelineTrainer(DistributedTrainer):
 
     def build_model(self):
         from moetrain.distributed import pipeline as pl
-        from moetrain.distributed.expert_parallel import shard_experts
         from moetrain.distributed.fsdp import apply_fsdp
         from moetrain.models import build_model, init
         from moetrain.train.optim import DTYPES
@@ -57,8 +56,7 @@ class PipelineTrainer(DistributedTrainer):
 
             ep_groups = chunk_ep_groups(self.meshes)
         for chunk, part in enumerate(pl.split_model(whole, cfg, ids)):
-            if self.meshes.ep is not None:
-                shard_experts(part, self.meshes.ep, cfg.moe, group=ep_groups[chunk] if chunk < 2 else None)
+            self.parallelize(part, ep_group=ep_groups[chunk] if chunk < 2 else None)
             self.prepare_model(part)
             stage = pl.StageModule(part, cfg.grad_accum_steps)
             apply_fsdp(part, self.meshes, self.dtype, reduce_dtype, root=stage, reshard_blocks=False)
@@ -84,8 +82,9 @@ class PipelineTrainer(DistributedTrainer):
         from moetrain.distributed import pipeline as pl
 
         self.pending = ops.PendingWeightGrads()
+        p = self.cfg.parallel
         self.schedule, self.pipe_stages = pl.build_schedule(
-            self.cfg, model, self.n_stages, self.device, self.dtype, seq_shards=1,
+            self.cfg, model, self.n_stages, self.device, self.dtype, seq_shards=p.tp if p.sequence_parallel else 1,
             pp_group=self.meshes.pp.get_group(), dw_builder=self.pending.take)
         if self.cfg.moe.overlap_a2a:
             from moetrain.distributed import overlap
@@ -124,11 +123,12 @@ class PipelineTrainer(DistributedTrainer):
         for stage in self.model.stages:
             stage.reset_terms(self.device)
         args = (inputs,) if 0 in self.model.stage_ids else ()
-        if train:
-            with self._schedule_context():
-                self.schedule.step(*args, target=labels, labels=labels)
-        else:
-            self.schedule.eval(*args, target=labels, labels=labels)
+        with self.loss_context():
+            if train:
+                with self._schedule_context():
+                    self.schedule.step(*args, target=labels, labels=labels)
+            else:
+                self.schedule.eval(*args, target=labels, labels=labels)
 
     def _pipeline_terms(self) -> torch.Tensor:
         """The step's loss terms [4] summed over the pipeline ranks, the loss formed from them."""
@@ -171,10 +171,12 @@ class PipelineTrainer(DistributedTrainer):
             if stage.model.embeds_input:
                 inputs = tokens
             else:
-                h = torch.randn(t.micro_batch_size, t.seq_length, m.hidden_size, generator=g) * m.init_std
+                shards = self.cfg.parallel.tp if self.cfg.parallel.sequence_parallel else 1
+                h = torch.randn(t.micro_batch_size, t.seq_length // shards, m.hidden_size, generator=g) * m.init_std
                 inputs = h.to(self.device, self.dtype).requires_grad_()
-            out = stage(inputs, tokens)
-            out.backward(torch.ones_like(out))
+            with self.loss_context():
+                out = stage(inputs, tokens)
+                out.backward(torch.ones_like(out))
         self.model.reset_moe_stats()
 
     def _record_timeline(self, ops: list[dict]) -> None:

@@ -1,19 +1,13 @@
 """`moetrain train` with pipeline parallelism on gloo ranks against one process on the same global batch and seed:
 per-step loss, grad norm, LM, aux and MTP losses within 1e-4 relative (fp32, CPU), for each schedule (1F1B,
 interleaved, ZB-V, DualPipe-V), MTP on and off, explicit layouts and recompute ids; EP2 x PP2; a sharded checkpoint
-saved under EP2 x PP2 resumed by one process; evaluation, warm-up and the timing dump."""
+saved under EP2 x PP2 resumed by one process and under TP2; evaluation, warm-up and the timing dump."""
 
 import json
 
 import pytest
 from gloo_ranks import run_ranks
-
-from moetrain.config.load import load_config
-
-STEPS = 3
-BASE = [f"train.steps={STEPS}", "train.global_batch_size=4", "train.micro_batch_size=1", "train.seq_length=16",
-        "train.device=cpu", "checkpoint.save_final=false", "optim.warmup_steps=2"]
-NO_MTP = ["model.mtp_num_layers=0"]
+from train_runs import BASE, NO_MTP, assert_match, cfg, single, train_on_ranks
 
 # name -> overrides; each runs on 2 ranks against the one-process run of its model. The V schedules run the experts
 # on torch._grouped_mm (moe.backend=torch), whose weight gradients are deferred to the schedule's W steps (the CPU's
@@ -31,67 +25,33 @@ SCHEDULES = {
 }
 
 
-def _cfg(out_dir, *overrides):
-    return load_config(preset="tiny", overrides=[*BASE, f"train.out_dir={out_dir}", *overrides])
-
-
-def _records(result):
-    return [[r[k] or 0.0 for k in ("loss", "grad_norm", "lm_loss", "aux_loss", "mtp_loss")] for r in result.records]
-
-
-def _single(tmp_path_factory, *overrides):
-    from moetrain.train.trainer import run
-
-    return _records(run(_cfg(tmp_path_factory.mktemp("single"), *overrides), show_progress=False))
-
-
 @pytest.fixture(scope="module")
 def singles(tmp_path_factory):
     """The one-process runs: {"mtp": records, "no_mtp": records}."""
-    return {"mtp": _single(tmp_path_factory), "no_mtp": _single(tmp_path_factory, *NO_MTP)}
-
-
-def _assert_match(got, want, what):
-    assert len(got) == len(want) == STEPS, what
-    for step, (g, w) in enumerate(zip(got, want), start=1):
-        for name, a, b in zip(("loss", "grad_norm", "lm_loss", "aux_loss", "mtp_loss"), g, w):
-            assert a == pytest.approx(b, rel=1e-4, abs=1e-7), f"{what}: step {step} {name}: {a} vs {b}"
-
-
-def _train_all(rank, world_size, runs, result_file):
-    """Every run of ``runs`` ({name: (out_dir, overrides)}) in turn on these ranks; rank 0 writes the records."""
-    from moetrain.train.trainer import run
-
-    results = {name: _records(run(_cfg(out, *ov), show_progress=False)) for name, (out, ov) in runs.items()}
-    if rank == 0:
-        with open(result_file, "w") as f:
-            json.dump(results, f)
+    return {"mtp": single(tmp_path_factory.mktemp("single")),
+            "no_mtp": single(tmp_path_factory.mktemp("single"), *NO_MTP)}
 
 
 def test_every_schedule_matches_one_process(singles, tmp_path):
-    runs = {name: (str(tmp_path / name), ov) for name, ov in SCHEDULES.items()}
-    result_file = tmp_path / "records.json"
-    run_ranks(_train_all, runs, str(result_file), world_size=2)
-    got = json.loads(result_file.read_text())
+    got = train_on_ranks(tmp_path, SCHEDULES, world_size=2)
     for name, overrides in SCHEDULES.items():
-        _assert_match(got[name], singles["no_mtp" if NO_MTP[0] in overrides else "mtp"], name)
+        assert_match(got[name], singles["no_mtp" if NO_MTP[0] in overrides else "mtp"], name)
 
 
-def test_ep2_pp2_matches_and_its_checkpoint_resumes_in_one_process(singles, tmp_path):
+def test_ep2_pp2_matches_and_its_checkpoint_resumes_in_one_process_and_under_tp2(singles, tmp_path):
     """4 ranks, EP2 x PP2 (1F1B, MTP on the last stage with its copy of the embedding), a sharded checkpoint at step
-    2: the run matches one process, and one process resumed from its step 2 trains step 3 as the uninterrupted run
-    did."""
-    from moetrain.train.trainer import run
-
+    2: the run matches one process, and one process, and TP2 x SP on two ranks, resumed from its step 2 train step 3
+    as the uninterrupted run did."""
     out = tmp_path / "ep2pp2"
-    runs = {"ep2pp2": (str(out), ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2", "checkpoint.interval=2"])}
-    result_file = tmp_path / "records.json"
-    run_ranks(_train_all, runs, str(result_file), world_size=4)
-    got = json.loads(result_file.read_text())["ep2pp2"]
-    _assert_match(got, singles["mtp"], "EP2 x PP2")
-    resumed = run(_cfg(tmp_path / "one", f"checkpoint.resume={out / 'checkpoints' / 'step_2'}"), show_progress=False)
-    assert [r["step"] for r in resumed.records] == [3]
-    _assert_match(got[:2] + _records(resumed), got, "resumed in one process")
+    got = train_on_ranks(tmp_path, {"ep2pp2": ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2",
+                                               "checkpoint.interval=2"]}, world_size=4)["ep2pp2"]
+    assert_match(got, singles["mtp"], "EP2 x PP2")
+    resume = f"checkpoint.resume={out / 'checkpoints' / 'step_2'}"
+    one = single(tmp_path / "one", resume)
+    assert_match(got[:2] + one, got, "resumed in one process")
+    tp2 = train_on_ranks(tmp_path / "tp", {"tp2": ["parallel.tp=2", "parallel.sequence_parallel=true", resume]},
+                         world_size=2)["tp2"]
+    assert_match(got[:2] + tp2, got, "resumed under TP2")
 
 
 def test_warm_up_and_evaluation_under_the_pipeline(tmp_path):
@@ -101,11 +61,11 @@ def test_warm_up_and_evaluation_under_the_pipeline(tmp_path):
     from moetrain.train.trainer import run
 
     every = ["train.eval_interval=2", "train.eval_steps=4"]
-    want = run(_cfg(tmp_path / "single", *every), show_progress=False).records
-    runs = {"pp": (str(tmp_path / "pp"), ["parallel.pp=2", "train.pp_warmup=true", *every])}
+    want = run(cfg(tmp_path / "single", *every), show_progress=False).records
     result_file = tmp_path / "records.json"
-    run_ranks(_train_evals, runs, str(result_file), world_size=2)
-    got = json.loads(result_file.read_text())["pp"]
+    run_ranks(_train_evals, str(tmp_path / "pp"), ["parallel.pp=2", "train.pp_warmup=true", *every], str(result_file),
+              world_size=2)
+    got = json.loads(result_file.read_text())
     assert [r.get("eval_loss") is not None for r in want] == [False, True, False]
     for g, w in zip(got, want):
         assert g["loss"] == pytest.approx(w["loss"], rel=1e-4)
@@ -113,14 +73,14 @@ def test_warm_up_and_evaluation_under_the_pipeline(tmp_path):
             assert g["eval_loss"] == pytest.approx(w["eval_loss"], rel=1e-4)
 
 
-def _train_evals(rank, world_size, runs, result_file):
+def _train_evals(rank, world_size, out_dir, overrides, result_file):
     from moetrain.train.trainer import run
 
-    results = {name: [{k: r[k] for k in ("loss", "eval_loss") if k in r}
-                      for r in run(_cfg(out, *ov), show_progress=False).records] for name, (out, ov) in runs.items()}
+    result = [{k: r[k] for k in ("loss", "eval_loss") if k in r}
+              for r in run(cfg(out_dir, *overrides), show_progress=False).records]
     if rank == 0:
         with open(result_file, "w") as f:
-            json.dump(results, f)
+            json.dump(result, f)
 
 
 def test_overlapped_all_to_all_under_dualpipev_matches_one_process(singles, tmp_path):
@@ -129,16 +89,8 @@ def test_overlapped_all_to_all_under_dualpipev_matches_one_process(singles, tmp_
     the same losses as one process, with full recompute on a layer (its recompute runs beside a forward)."""
     overrides = ["parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=dualpipev", "parallel.dp=2",
                  "parallel.ep=2", "moe.overlap_a2a=true", "train.global_batch_size=8", "train.recompute_layer_ids=[2]"]
-    result_file = tmp_path / "records.json"
-    run_ranks(_train_all, {"overlap": (str(tmp_path / "overlap"), overrides)}, str(result_file), world_size=4)
-    want = _single_of(tmp_path, "train.global_batch_size=8")
-    _assert_match(json.loads(result_file.read_text())["overlap"], want, "overlapped DualPipe-V")
-
-
-def _single_of(tmp_path, *overrides):
-    from moetrain.train.trainer import run
-
-    return _records(run(_cfg(tmp_path / "single", *overrides), show_progress=False))
+    got = train_on_ranks(tmp_path, {"overlap": overrides}, world_size=4)["overlap"]
+    assert_match(got, single(tmp_path / "single", "train.global_batch_size=8"), "overlapped DualPipe-V")
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zero_bubble"])
@@ -152,8 +104,8 @@ def test_measured_timeline_follows_the_simulators_order_and_renders(schedule, tm
 
     vpp = ["parallel.vpp=2", "parallel.pp_schedule=zero_bubble", "moe.backend=torch"] if schedule != "1f1b" else []
     overrides = ["parallel.pp=2", *vpp, "profile.dump_pp_data=true", "profile.start_step=2", "profile.end_step=3"]
-    run_dir = tmp_path / "run"
-    run_ranks(_train_all, {"pp": (str(run_dir), overrides)}, str(tmp_path / "records.json"), world_size=2)
+    run_dir = tmp_path / "pp"
+    train_on_ranks(tmp_path, {"pp": overrides}, world_size=2)
     measured = read_run(run_dir)
     assert (measured.source, measured.step, measured.schedule) == ("measured", 3, schedule)
     assert read_run(run_dir, step=2).orders() == measured.orders()

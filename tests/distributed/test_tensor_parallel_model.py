@@ -217,7 +217,8 @@ def _tp_dp_ranks(rank, world_size):
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     from moetrain.distributed.expert_parallel import shard_experts
-    from moetrain.distributed.tensor_parallel import apply_tensor_parallel, expert_grad_factor, tp_loss_context
+    from moetrain.distributed.fsdp import expert_grad_factor
+    from moetrain.distributed.tensor_parallel import apply_tensor_parallel, tp_loss_context
 
     root = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     dp_mesh, tp_mesh = root["dp"], root["tp"]
