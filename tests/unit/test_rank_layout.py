@@ -63,7 +63,7 @@ def test_unbuilt_parallelism_is_refused_before_any_process_group(tmp_path, monke
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    cfg = load_config(overrides=["parallel.pp=2", f"train.out_dir={tmp_path}"])
-    with pytest.raises(UserError, match="parallel.pp = 2: pipeline parallelism is not built yet"):
+    cfg = load_config(overrides=["parallel.cp=2", f"train.out_dir={tmp_path}"])
+    with pytest.raises(UserError, match="parallel.cp = 2: context parallelism is not built yet"):
         run(cfg, show_progress=False)
     assert not dist.is_initialized()
