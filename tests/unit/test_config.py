@@ -495,6 +495,7 @@ def test_config_docs_lists_every_field_with_type_default_doc():
     (["parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=interleaved", "train.micro_batch_size=1",
       "train.global_batch_size=5"], "= 5, not a multiple of its 2 rounds: use a multiple of 2"),
     (["moe.overlap_a2a=true"], "moe.overlap_a2a overlaps the expert all-to-all"),
+    (["parallel.tp=2", "train.compile=true"], "train.compile with parallel.tp > 1"),
     (["parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=zero_bubble", "train.micro_batch_size=1",
       "train.compile=true"], "set train.compile=false"),
     (["parallel.tp=2", "parallel.dp=6", "parallel.ep=3", "moe.num_experts=6", "moe.num_groups=null",
