@@ -612,9 +612,8 @@ def check_parallel(cfg: Config) -> None:
         raise ConfigError(f"train.seq_length = {t.seq_length} is not divisible by parallel.tp = {p.tp}: {why} each "
                           "sequence over the tensor-parallel ranks")
     if p.tp > 1 and t.compile:
-        # the compiled tensor-parallel blocks gave other gradients than the eager ones on gloo (TP2 + SP, tiny)
         raise ConfigError("train.compile with parallel.tp > 1 is not supported yet (compiled tensor-parallel blocks "
-                          "do not keep the forward hooks that sum some gradients over the tp ranks); set "
+                          "gave other gradients than eager ones: TP2 + SP on the tiny preset, gloo); set "
                           "train.compile=false")
     if cfg.moe.overlap_a2a and p.tp > 1:
         raise ConfigError("moe.overlap_a2a runs two micro-batches' work at once; with parallel.tp > 1 both would "
