@@ -10,12 +10,10 @@ loss; MLA with the sequence aux loss), every recompute mode, fp32 and bf16. The 
 vocab-parallel loss) within 1%, as the single-device test allows.
 """
 
-import gc
-import weakref
-
 import torch
 from gloo_ranks import run_ranks
 
+from moetrain.bench.saved_bytes import StorageTracker
 from moetrain.config.load import load_config
 
 B, S = 2, 16
@@ -28,34 +26,6 @@ BLOCKS = {  # name: (overrides, MoE block?)
                                          "moe.z_loss_coeff=0.01"], True),
     "mla-moe-sequence-aux": ([], True),
 }
-
-
-class StorageTracker:
-    """Storages of recorded tensors, each counted once while any tensor recorded on it is alive."""
-
-    def __init__(self, skip: set):
-        self.skip, self.groups = skip, []  # (data_ptr, nbytes, weakrefs)
-
-    def record(self, t):
-        t = getattr(t, "_local_tensor", t)  # a DTensor: its local tensor
-        t = getattr(t, "elem", t)  # an AsyncCollectiveTensor (a collective's output): its data
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in self.skip:
-            return
-        for p, _, refs in reversed(self.groups):
-            if p == ptr and any(r() is not None for r in refs):
-                refs.append(weakref.ref(t))
-                return
-        self.groups.append((ptr, t.untyped_storage().nbytes(), [weakref.ref(t)]))
-
-    def pack(self, t):
-        alias = t.detach()  # not t: a node saving its own output would hold it in a cycle
-        self.record(alias)
-        return alias
-
-    def alive_bytes(self) -> int:
-        gc.collect()
-        return sum(n for _, n, refs in self.groups if any(r() is not None for r in refs))
 
 
 def storage(t) -> int:

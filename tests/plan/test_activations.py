@@ -8,50 +8,19 @@ modes and both dtypes.
 """
 
 import dataclasses
-import gc
-import weakref
 
 import pytest
 import torch
 
 import moetrain.models.attention as attention_mod
 import moetrain.models.moe.layer as layer_mod
+from moetrain.bench.saved_bytes import StorageTracker
 from moetrain.config.load import load_config
 from moetrain.models.rope import RopeParams
 from moetrain.models.transformer import DecoderLayer, MoETransformer
 from moetrain.plan import activations as A
 
 DT = {4: torch.float32, 2: torch.bfloat16}
-
-
-class StorageTracker:
-    """Storages of recorded tensors; a storage counts while any tensor recorded on it is alive
-    (the graph holds the tensors it saved; nodes of dead branches free theirs)."""
-
-    def __init__(self, skip):
-        self.skip = skip
-        self.groups: list[tuple[int, int, list]] = []  # (data_ptr, nbytes, weakrefs)
-
-    def record(self, t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in self.skip:
-            return
-        for p, _, refs in reversed(self.groups):
-            if p == ptr and any(r() is not None for r in refs):
-                refs.append(weakref.ref(t))
-                return
-        self.groups.append((ptr, t.untyped_storage().nbytes(), [weakref.ref(t)]))
-
-    def pack(self, t):
-        # Keep a detached alias: returning ``t`` itself would make a node that saves its own
-        # output hold that output (a reference cycle autograd otherwise avoids).
-        alias = t.detach()
-        self.record(alias)
-        return alias
-
-    def alive_bytes(self) -> int:
-        gc.collect()
-        return sum(n for _, n, refs in self.groups if any(r() is not None for r in refs))
 
 
 def saved_bytes(cfg, moe, window, mode, dtype, monkeypatch, B=2, S=16):
