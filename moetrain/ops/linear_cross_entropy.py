@@ -14,8 +14,9 @@ from a GEMM in the inputs' dtype (fp32 accumulation inside it, one rounding to t
 Per chunk of C tokens, in one pass: logits z [C, V] (the GEMM), z in acc, the row max m, p = exp(z - m) in place,
 the log-sum-exp, the chunk's loss, then the gradient of the loss w.r.t. z, softmax - onehot (rows of ignored tokens
 zero) in place of p, rounded to the inputs' dtype as g, and dh[chunk] = g @ weight [C, H] (a GEMM) and
-dW_acc += g^T @ h[chunk] [V, H] (a GEMM into an acc accumulator: bf16 operands with an fp32 C on CUDA; on the CPU
-the operands are upcast, whose products are exact, so the same numbers up to summation order). After the pass dW_acc
+dW_acc += g^T @ h[chunk] [V, H] (a GEMM into an acc accumulator: bf16 operands with an fp32 C on CUDA, through
+``torch.addmm(out_dtype=)``, not yet run on a GPU; on the CPU the operands are upcast, whose products are exact, so
+the same numbers up to summation order). After the pass dW_acc
 is rounded once to weight's dtype. Three GEMMs over [C, V, H], as the unfused forward + backward.
 
 Autograd: the forward computes loss_sum and keeps dh [T, H] and dW [V, H] (in the inputs' dtype, via
@@ -27,19 +28,22 @@ so a recomputed forward (activation checkpointing around this op) pays for it tw
 supported. Do not checkpoint the loss: it keeps only dh and dW anyway.
 
 Memory, bytes (b = the inputs' dtype size, 2 for bf16; C = the chunk):
-  unfused: forward peak 10TV (bf16 logits, their fp32 copy, the fp32 log-probs), kept 4TV (the log-probs), backward
-           peak about 10TV + 2VH (two fp32 [T, V] gradients, their bf16 cast, dW)
-  fused:   loop peak 4VH (dW_acc) + 8CV (z, its acc copy, g), then 4VH + bVH while dW_acc is rounded;
+  unfused: forward peak 10TV for bf16 (bf16 logits, their fp32 copy, the fp32 log-probs; 8TV for fp32), kept 4TV
+           (the log-probs), backward peak about 10TV + 2VH (two fp32 [T, V] gradients, their bf16 cast, dW)
+  fused:   loop peak 4VH (dW_acc) + bTH (dh) + 4CV (the chunk's acc logits) + bCV below fp32 (the GEMM's output,
+           then g), then 4VH + bVH while dW_acc is rounded;
            kept bTH + bVH; backward peak 2(bTH + bVH)
 The kept ratio is 4TV / (bTH + bVH), about 2T/H for bf16 and T << V: at T = 2048, V = 32768, H = 256 (the test),
-17 MiB against 256 MiB. At DeepSeek-V3's T = 4096, H = 7168, V = 129280 (bf16) the [V, H] terms dominate: forward
-peak 5.2 GiB (unfused 4.9), kept 1.8 GiB (2.0), backward peak 3.5 GiB (unfused ~6.6 GiB): the gain there is time
-(no [T, V] fp32 copies, concatenations or separate softmax passes), and memory grows with T only through dh. With
-vocab parallelism every [V, H] term shrinks by R.
+17 MiB against 256 MiB; the forward peak there with C = 256 is 81 MiB against 640 MiB. At DeepSeek-V3's T = 4096,
+H = 7168, V = 129280 (bf16) the [V, H] terms dominate: forward peak 5.2 GiB (unfused 4.9), kept 1.8 GiB (2.0),
+backward peak 3.5 GiB (unfused ~6.6 GiB); there the gain is the [T, V] passes avoided (fp32 copies, concatenations,
+separate softmax forward and backward: a time not measured here), and the fused memory grows with T only through dh.
+With vocab parallelism every [V, H] term shrinks by R.
 
 Chunk: ``chunk_tokens`` (default ``default_chunk_tokens``): one chunk's acc logits are at most CHUNK_BYTES = 256 MiB,
 so C >= 512 rows up to V = 131072 (the GEMMs keep the tensor cores busy at M >= 512) while the chunk's transients
-(8CV bytes, 512 MiB) stay well under the unfused path's [T, V] buffers; C is a multiple of 128 (whole GEMM tiles).
+(6CV bytes for bf16, 384 MiB) stay well under the unfused path's [T, V] buffers; C is a multiple of 128 (whole GEMM
+tiles).
 
 Vocab parallelism (``vocab_group``, a ProcessGroup): every rank holds weight rows [vocab_start, vocab_start + V) of
 the vocabulary and the same h and labels (all tokens). Per chunk, each rank all-gathers its rows' statistics [4, C]
@@ -58,9 +62,12 @@ Labels: ignore_index rows contribute nothing (all ignored: (0, 0), zero gradient
 loss_sum NaN, which needs no host sync. With ``check_labels`` the op also raises ValueError naming the first such
 label, at the cost of one host sync; the default checks where that costs no device sync (labels on the CPU).
 
-A GPU kernel could fuse the per-chunk elementwise work (acc copy, max, exp, sum, scale, onehot, cast: ~7 passes over
-[C, V]) into one or two passes, or into the GEMMs' epilogues; it is left out: the three GEMMs dominate (2CVH flops
-each against ~7CV elementwise), and the CPU cannot measure the gain.
+Not fused here: the per-chunk elementwise work is 7 PyTorch ops over [C, V] (acc copy, max, subtract, exp, sum, scale,
+cast; the one-hot is a scatter of C elements), about 44 bytes of memory traffic per logit for bf16, against 2C*V*H
+flops per GEMM. A GPU kernel would read the bf16 logits twice (max and sum of exponentials in one online pass, then the
+gradient written in place over them): ~6 bytes per logit and no acc copy (the chunk's transient 2CV instead of 6CV,
+so 3x the chunk for the same memory). Left out because its gain is a GPU timing, which this CPU cannot measure; the
+vocab-parallel collective sits between its two passes.
 """
 
 from __future__ import annotations
@@ -104,7 +111,7 @@ def _addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc += a @ b, accumulated in acc's dtype (fp32/fp64) from a and b in the inputs' dtype."""
     if a.dtype == acc.dtype:
         acc.addmm_(a, b)
-    elif acc.is_cuda:  # cuBLAS: bf16/fp16 operands, fp32 C, accumulated in fp32
+    elif acc.is_cuda:  # cuBLAS: bf16/fp16 operands, fp32 C, accumulated in fp32 (torch >= 2.8)
         torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
     else:  # upcast operands: their products are exact in fp32, so the same numbers up to summation order
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
@@ -124,8 +131,12 @@ def _global_stats(group, m, s, zt, holds):
     import torch.distributed as dist
 
     local = torch.stack([m, s, zt, holds.to(m.dtype)])
-    everyone = local.new_empty(dist.get_world_size(group), *local.shape)
-    dist.all_gather_into_tensor(everyone, local, group=group)
+    R = dist.get_world_size(group)
+    everyone = local.new_empty(R * 4, local.shape[1])
+    # all_gather_single from torch 2.13 on, which deprecates all_gather_into_tensor (the same collective)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(everyone, local, group=group)
+    everyone = everyone.view(R, 4, -1)
     ms, ss = everyone[:, 0], everyone[:, 1]
     top = ms.amax(0)
     lse = top + torch.log((ss * torch.exp(ms - top)).sum(0))
@@ -142,12 +153,15 @@ def _chunk(h_c, weight, labels_c, ignore_index: int, vocab_start: int, group, gr
     holds = valid & (local >= 0) & (local < weight.shape[0])  # this rank's rows hold the label
     idx = torch.where(holds, local, 0).unsqueeze(1)  # always in bounds: other rows are masked by holds
     zt = torch.where(holds, z.gather(1, idx).squeeze(1).to(dt), 0)  # the label's logit, 0 where not held here
-    p = z.to(dt)  # is z itself for acc inputs: z is not read again
+    p = z.to(dt)  # is z itself for acc inputs
+    del z  # not read again: a bf16 z is freed here
     m = p.amax(1)
     p.sub_(m[:, None]).exp_()
-    lse, hits = m + torch.log(p.sum(1)), holds
-    if group is not None:
-        lse, zt, held_by = _global_stats(group, m, p.sum(1), zt, holds)
+    s = p.sum(1)
+    if group is None:
+        lse, hits = m + torch.log(s), holds
+    else:
+        lse, zt, held_by = _global_stats(group, m, s, zt, holds)
         hits = held_by > 0
     loss = torch.where(valid, lse - zt, 0).sum()
     bad = valid & ~hits
@@ -204,6 +218,7 @@ def linear_cross_entropy_pass(h: torch.Tensor, weight: torch.Tensor, labels: tor
             torch.mm(g, weight, out=dh[rows])
         if need_dw:
             _addmm_acc(dw_acc, g.t(), h[rows])
+        del g  # freed before the next chunk's logits: one chunk's [C, V] buffers at a time
     if need_dh and group is not None:
         import torch.distributed as dist
 

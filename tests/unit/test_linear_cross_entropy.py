@@ -170,6 +170,31 @@ def test_labels_outside_the_vocabulary():
     assert linear_cross_entropy(h, w, torch.full((12,), -7), ignore_index=-7)[1].item() == 0
 
 
+def test_no_host_sync_unless_labels_are_checked():
+    """Forward and backward read no scalar on the host (the chunks are a function of the shapes); checking the labels
+    costs one read."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostReads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.reads = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal"):
+                self.reads.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    h, w, labels = inputs(19, 11, 6, torch.float32)
+    for check, reads in ((False, 0), (True, 1)):
+        mode = HostReads()
+        hg, wg = h.clone().requires_grad_(), w.clone().requires_grad_()
+        with mode:
+            loss, count = linear_cross_entropy(hg, wg, labels, chunk_tokens=4, check_labels=check)
+            (loss / count).backward()
+        assert len(mode.reads) == reads, mode.reads
+
+
 def test_argument_errors_are_clear():
     h, w, labels = inputs(4, 5, 3, torch.float32)
     with pytest.raises(ValueError, match=r"must be \[T, H\], \[V, H\], \[T\]"):
@@ -192,22 +217,68 @@ def test_default_chunk_keeps_a_chunks_logits_under_256_mib():
         assert default_chunk_tokens(V) * V * 4 <= 256 * 2**20
 
 
+class PeakBytes:
+    """The peak, over the aten ops run inside, of the bytes of live storages those ops created (views of their
+    arguments and in-place results are not new), sampled after each op: a CPU stand-in for the allocator's peak."""
+
+    def __enter__(self):
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+        self.live, self.peak = {}, 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                old = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                       if isinstance(t, torch.Tensor)}
+                tracker.live = {k: v for k, v in tracker.live.items() if not v[0].expired()}
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in old:
+                        st = t.untyped_storage()
+                        tracker.live.setdefault(st.data_ptr(), (StorageWeakRef(st), st.nbytes()))
+                tracker.peak = max(tracker.peak, sum(n for _, n in tracker.live.values()))
+                return out
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kept_bytes_against_the_unfused_path(dtype):
-    """T = 2048, V = 32768, H = 256: the unfused path keeps the fp32 log-probs [T, V] (4TV bytes; the logits' own
-    buffers are freed); the fused op keeps dh [T, H] and dW [V, H] in the inputs' dtype, b(TH + VH) bytes: 256 MiB
-    against 34 MiB (fp32, 7.5x) or 17 MiB (bf16, 15x)."""
-    T, V, H = 2048, 32768, 256
+def test_memory_against_the_unfused_path(dtype):
+    """T = 2048, V = 32768, H = 256 (b bytes per element, C = 256 tokens per chunk). Kept for backward: the unfused
+    path keeps the fp32 log-probs [T, V] (4TV, the logits' own buffers are freed), the fused op dh [T, H] and dW
+    [V, H] in the inputs' dtype, b(TH + VH): 256 MiB against 34 MiB (fp32, 7.5x) or 17 MiB (bf16, 15x). Forward peak:
+    unfused 8TV (fp32: logits, log-probs) or 10TV (bf16: logits, their fp32 copy, log-probs), fused the fp32 dW
+    accumulator 4VH, dh bTH and one chunk's 4CV acc logits (+ 2CV bf16, its GEMM output, then g): 512 MiB against
+    66 MiB (fp32), 640 MiB against 81 MiB (bf16)."""
+    T, V, H, C = 2048, 32768, 256, 256
     b = dtype.itemsize
     h = torch.randn(T, H).to(dtype).requires_grad_()
     w = (torch.randn(V, H) * 0.05).to(dtype).requires_grad_()
     labels = torch.randint(0, V, (T,))
-    unfused = saved_bytes(lambda a, c, y: cross_entropy(F.linear(a, c), y), h, w, labels)
-    fused = saved_bytes(linear_cross_entropy, h, w, labels, chunk_tokens=512)
-    assert 0 <= unfused - 4 * T * V < 64  # and two scalars: nll_loss's total weight, the mean's count
-    assert fused == b * (T * H + V * H)
-    assert unfused / fused == pytest.approx(4 * T * V / (b * (T + V) * H)) and unfused / fused > 7 * b / 4
 
+    def unfused(a, c, y):
+        return cross_entropy(F.linear(a, c), y)
+
+    with PeakBytes() as peak_unfused:
+        kept_unfused = saved_bytes(unfused, h, w, labels)
+    with PeakBytes() as peak_fused:
+        kept_fused = saved_bytes(linear_cross_entropy, h, w, labels, chunk_tokens=C)
+    assert 0 <= kept_unfused - 4 * T * V < 64  # and two scalars: nll_loss's total weight, the mean's count
+    assert kept_fused == b * (T * H + V * H)
+    assert kept_unfused / kept_fused > (7.5 if b == 4 else 15)
+    assert peak_unfused.peak == pytest.approx((8 if b == 4 else 10) * T * V, abs=2**16)
+    want = 4 * V * H + b * T * H + 4 * C * V + (0 if b == 4 else 2 * C * V)
+    # and the chunk's [C] vectors; for bf16 on the CPU the fp32 copy of the chunk's h [C, H] for dW's GEMM
+    assert peak_fused.peak == pytest.approx(want, abs=2**19)
+    assert peak_unfused.peak / peak_fused.peak > 7.5
 
 def test_compiles_fullgraph_as_one_custom_op():
     from test_compile import graph_recorder, moetrain_ops_in
