@@ -75,6 +75,11 @@ def samples() -> list:
         ("route_backward", (rand(T, E), idx.clamp(min=0), None, rand(E), "sigmoid", False, 2.0)),
         ("router_mm_fp32", (rand(T, H, dtype=torch.bfloat16), rand(H, E, dtype=torch.bfloat16))),
     ]
+    labels = torch.tensor([3, -100, 0, 4, 1, 2])  # V = 5 vocabulary rows; chunks of 4 tokens: one uneven
+    for need_dh, need_dw in ((True, True), (True, False), (False, True), (False, False)):
+        out.append(("linear_cross_entropy", (x, rand(5, H), labels, 4, -100, 0, "", need_dh, need_dw, True)))
+    out.append(("linear_cross_entropy", (x.bfloat16(), rand(5, H, dtype=torch.bfloat16), labels, 4, -100, 0, "",
+                                         True, True, False)))
     return out
 
 
