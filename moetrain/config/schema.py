@@ -197,6 +197,10 @@ class TrainConfig:
         "job stops with the stalled operation named.")
     skip_memory_check: bool = doc(
         False, "Train even when the planner projects that the run will not fit the device's memory.")
+    fused_loss: bool = doc(
+        False, "The LM and MTP cross-entropy through moetrain.ops.linear_cross_entropy: chunked over tokens with the "
+        "gradient computed in the same pass, no [tokens, vocab] logits kept (vocab-parallel under tensor "
+        "parallelism). Off by default until its speed and memory are measured on a GPU; the planner follows it.")
     pp_warmup: bool = doc(
         False, "Pipeline runs: before step 1, one forward + backward of each local stage on its own (gradients "
         "and MoE counts discarded), so the first step's allocations and kernel autotuning do not stall the "

@@ -102,6 +102,8 @@ def apply_tensor_parallel(model, tp_mesh, *, sequence_parallel: bool) -> None:
         parallelize_module(model.head, tp_mesh, ColwiseParallel(use_local_output=False))
     model.seq_shards = tp if sp else 1
     model.tp_mesh = tp_mesh
+    if model.cfg.train.fused_loss:  # else the logits are vocab-sharded DTensors and the loss runs under loss_parallel
+        model.token_loss = vocab_parallel_token_loss
     model.register_forward_hook(_plain_outputs)
 
 
@@ -231,6 +233,23 @@ def _parallelize_loss_norm(norm, mesh, sp: bool) -> None:
         parallelize_module(norm, mesh, SequenceParallel())
     parallelize_module(norm, mesh, PrepareModuleOutput(output_layouts=Shard(1) if sp else Replicate(),
                                                        desired_output_layouts=Replicate(), use_local_output=False))
+
+
+def vocab_parallel_token_loss(normed, weight, labels: torch.Tensor) -> torch.Tensor:
+    """``MoETransformer.token_loss`` under TP: normed a Replicate DTensor [B, S, H] (the whole sequence on every
+    rank), weight a Shard(0) DTensor [V, H] (the head, or the tied embedding); the fused loss runs on this rank's
+    vocabulary rows, the log-sum-exp combined over the tp ranks per chunk and dh all-reduced (so the local
+    gradient is the Replicate one). Every rank passes the same chunk size: the collectives must line up, and the
+    default follows the rows held, which the last rank has fewer of. A plain fp32 [] mean, the same on every rank."""
+    from moetrain.ops.linear_cross_entropy import default_chunk_tokens, linear_cross_entropy_mean
+
+    mesh = weight.device_mesh
+    rows = -(-weight.shape[0] // mesh.size())  # Shard(0): ceil(V / tp) rows per rank, the last fewer
+    x = normed.to_local()
+    H = x.shape[-1]
+    return linear_cross_entropy_mean(x.reshape(-1, H), weight.to_local(), labels.reshape(-1),
+                                     vocab_group=mesh.get_group(), vocab_start=mesh.get_local_rank() * rows,
+                                     chunk_tokens=default_chunk_tokens(rows, x.dtype))
 
 
 def _plain_outputs(model, args, out):

@@ -157,6 +157,21 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return total / count
 
 
+def token_loss(normed: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of the logits normed @ weight^T against labels (-100 ignored), fp32 []: normed
+    [B, S, H], weight [V, H], labels [B, S]: the logits [B, S, V] in the parameter dtype, then ``cross_entropy``."""
+    return cross_entropy(F.linear(normed, weight), labels)
+
+
+def fused_token_loss(normed: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``token_loss`` through ``ops.linear_cross_entropy`` (train.fused_loss): chunked over tokens, the gradient made in
+    the same pass, no [T, V] logits kept; the same numbers up to fp32 summation order."""
+    from moetrain.ops import linear_cross_entropy_mean
+
+    H = normed.shape[-1]
+    return linear_cross_entropy_mean(normed.reshape(-1, H), weight, labels.reshape(-1))
+
+
 class MoETransformer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -175,6 +190,8 @@ class MoETransformer(nn.Module):
             {str(i): DecoderLayer(cfg, cfg.is_moe_layer(i), self._window(i)) for i in range(m.num_layers)})
         self.final_norm = RMSNorm(H, m.norm_eps)
         self.head = None if m.tie_embeddings else Linear(H, V)
+        # (normed, weight, labels) -> mean cross-entropy; tensor parallelism replaces the fused one by its own
+        self.token_loss = fused_token_loss if cfg.train.fused_loss else token_loss
         self.mtp = nn.ModuleDict({str(d): MTPDepth(cfg) for d in range(m.mtp_num_layers)})
         self.init_weights()
         self.set_recompute(cfg.train.recompute, cfg.train.recompute_layer_ids)
@@ -283,9 +300,11 @@ class MoETransformer(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------
 
+    def _head_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.head is None else self.head.weight
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        weight = self.embed.weight if self.head is None else self.head.weight
-        return F.linear(h, weight)
+        return F.linear(h, self._head_weight())
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None):
         """inputs: input_ids [B, S] int64, or h [B, S, H] on a stage without the input embedding ([B, S / seq_shards,
@@ -305,14 +324,14 @@ class MoETransformer(nn.Module):
     def loss(self, h: torch.Tensor, labels: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> ModelOutput:
         """The last stage's loss from its last decoder layer's output h [B, S, H] (before the final norm): the LM
         cross-entropy, the MTP depths' (which run here), and the aux terms' logged value."""
-        lm_loss = cross_entropy(self._logits(self.final_norm(h)), labels)
+        lm_loss = self.token_loss(self.final_norm(h), self._head_weight(), labels)
         mtp_loss = None
         if len(self.mtp):
             losses = []
             for d, depth in self.mtp.items():
                 tokens, targets = mtp_tokens_and_targets(labels, int(d) + 1)
                 h, normed = depth(h, self.embed(tokens), cos, sin)
-                losses.append(cross_entropy(self._logits(normed), targets))
+                losses.append(self.token_loss(normed, self._head_weight(), targets))
             mtp_loss = torch.stack(losses).mean()
         aux = self.aux_value()
         loss = lm_loss + aux

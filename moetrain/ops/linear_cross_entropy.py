@@ -76,8 +76,8 @@ import torch
 import torch.nn.functional as F
 
 from moetrain.ops.custom_ops import kernel_op
+from moetrain.runtime import loss_chunk
 
-CHUNK_BYTES = 256 * 2**20  # one chunk's acc logits at most (module docstring)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
@@ -87,10 +87,8 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def default_chunk_tokens(vocab_rows: int, dtype: torch.dtype = torch.float32) -> int:
-    """Tokens per chunk so that [C, vocab_rows] acc logits take at most CHUNK_BYTES: a multiple of 128 when that is
-    at least 128, else at least 1."""
-    c = CHUNK_BYTES // (vocab_rows * acc_dtype(dtype).itemsize)
-    return c - c % 128 if c >= 128 else max(c, 1)
+    """Tokens per chunk so that [C, vocab_rows] acc logits take at most CHUNK_BYTES (``runtime.loss_chunk``)."""
+    return loss_chunk.chunk_tokens(vocab_rows, acc_dtype(dtype).itemsize)
 
 
 def _check_args(h, weight, labels, chunk_tokens) -> None:
@@ -107,14 +105,44 @@ def _check_args(h, weight, labels, chunk_tokens) -> None:
         raise ValueError(f"linear_cross_entropy: chunk_tokens must be >= 1, got {chunk_tokens}")
 
 
+_CUDA_WAYS: dict = {}  # (device, operand dtype) -> how this torch accumulates 16-bit products into fp32 on CUDA
+
+
 def _addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc += a @ b, accumulated in acc's dtype (fp32/fp64) from a and b in the inputs' dtype."""
     if a.dtype == acc.dtype:
         acc.addmm_(a, b)
-    elif acc.is_cuda:  # cuBLAS: bf16/fp16 operands, fp32 C, accumulated in fp32 (torch >= 2.8)
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    elif acc.is_cuda:
+        way = _cuda_way(acc, a)
+        if way == "addmm":  # cuBLAS: bf16/fp16 operands, the fp32 C read and written in place
+            torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+        elif way == "mm":  # an fp32 product, then added: one more [V, H] fp32 pass
+            acc.add_(torch.mm(a, b, out_dtype=acc.dtype))
+        else:
+            acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
     else:  # upcast operands: their products are exact in fp32, so the same numbers up to summation order
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+def _cuda_way(acc: torch.Tensor, a: torch.Tensor) -> str:
+    """"addmm" where this torch's addmm takes out_dtype with an fp32 out, else "mm" where mm takes out_dtype, else
+    "upcast": probed once per device and dtype on 2 x 2 operands (the CUDA kernels of these overloads differ
+    between torch versions)."""
+    key = (acc.device, a.dtype)
+    if key not in _CUDA_WAYS:
+        x = torch.ones(2, 2, device=acc.device, dtype=a.dtype)
+        c = torch.zeros(2, 2, device=acc.device, dtype=acc.dtype)
+        for way, probe in (("addmm", lambda: torch.addmm(c, x, x, out_dtype=c.dtype, out=c)),
+                           ("mm", lambda: torch.mm(x, x, out_dtype=c.dtype))):
+            try:
+                probe()
+                _CUDA_WAYS[key] = way
+                break
+            except (RuntimeError, TypeError):
+                continue
+        else:
+            _CUDA_WAYS[key] = "upcast"
+    return _CUDA_WAYS[key]
 
 
 def _resolve_group(group_name: str):

@@ -370,11 +370,16 @@ def mtp_extra_terms(cfg: Config, d: Dims) -> list[Term]:
 
 
 def head_terms(cfg: Config, d: Dims) -> list[Term]:
-    """Final norm + output head + fp32 cross-entropy (log-softmax kept in fp32: 4*T*V)."""
-    H = cfg.model.hidden_size
+    """Final norm + output head + fp32 cross-entropy: the head input and the log-softmax kept in fp32 (4*T*V); with
+    train.fused_loss (``ops.linear_cross_entropy``) the input gradient [T, H] and the weight's gradient [V, H] made in
+    the forward, in the parameter dtype, instead (V / tp rows under tensor parallelism, every token on each rank)."""
+    H, V = cfg.model.hidden_size, cfg.model.vocab_size / d.tp
+    if cfg.train.fused_loss:
+        return norm("final_norm", d.Th, H, d.b) + [
+            Term("fused loss dh", d.b * d.T * H), Term("fused loss dW", d.b * V * H)]
     return norm("final_norm", d.Th, H, d.b) + [
         Term("head input", d.b * d.T * H, wgrad=True),  # gathered under SP
-        Term("log-softmax fp32", 4 * d.T * cfg.model.vocab_size / d.tp)]
+        Term("log-softmax fp32", 4 * d.T * V)]
 
 
 def ce_transients(cfg: Config, d: Dims) -> tuple[float, float]:
@@ -382,8 +387,18 @@ def ce_transients(cfg: Config, d: Dims) -> tuple[float, float]:
 
     forward: the logits [T, V] in the parameter dtype plus their fp32 upcast (none for fp32)
     while the log-softmax is computed; backward: the fp32 gradients of the log-softmax output
-    and input (8*T*V) while the saved log-softmax is still alive."""
-    TV = d.T * cfg.model.vocab_size / d.tp
+    and input (8*T*V) while the saved log-softmax is still alive.
+    train.fused_loss: forward, one chunk's logits (fp32, and below fp32 the GEMM's output: C =
+    ``runtime.loss_chunk.chunk_tokens`` tokens) beside the fp32 dW accumulator [V, H] (below fp32; in fp32 it is the
+    kept dW itself); backward, the scaled copies of dh and dW (the saved ones alive until the node returns)."""
+    H, V = cfg.model.hidden_size, cfg.model.vocab_size / d.tp
+    if cfg.train.fused_loss:
+        from moetrain.runtime.loss_chunk import chunk_tokens
+
+        C = min(d.T, chunk_tokens(math.ceil(V)))
+        low = d.b != 4
+        return 4 * C * V + (d.b * C * V + 4 * V * H if low else 0), d.b * (d.T * H + V * H)
+    TV = d.T * V
     fwd = d.b * TV + (4 * TV if d.b != 4 else 0)
     return fwd, 8 * TV
 

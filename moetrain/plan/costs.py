@@ -26,6 +26,7 @@ Pure Python.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from moetrain.config.schema import FP8_FUSED, Config
@@ -280,6 +281,10 @@ def head_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:
     V = cfg.model.vocab_size / d.tp
     fw, bi, bw = Cost(), Cost(), Cost()
     _norm(fw, rf, "final norm", Th * H, b)
+    if cfg.train.fused_loss:
+        _fused_loss_cost(fw, bi, rf, T, V, H, b)
+        bi.add("final norm", 2 * fw.parts["final norm"], 10)
+        return BlockCost(fw, bi, bw)
     _linear(fw, bi, bw, rf, "head", T, V, H, b)
     # logits -> fp32 (b + 4), log-softmax (max, sum-exp, write: ~3 passes), nll
     ce = (b + 4) * T * V + 12 * T * V
@@ -288,6 +293,23 @@ def head_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:
     bi.add("cross-entropy", rf.mem(4 * T * V + 12 * T * V + (4 + b) * T * V, 6, CE_BWD), 10)
     bi.add("final norm", 2 * fw.parts["final norm"], 10)
     return BlockCost(fw, bi, bw)
+
+
+def _fused_loss_cost(fw: Cost, bi: Cost, rf: Roofline, T: float, V: float, H: float, b: int) -> None:
+    """train.fused_loss (``ops.linear_cross_entropy``), modelled, not yet measured: the head's three GEMMs all in the
+    forward, chunk by chunk (C = ``runtime.loss_chunk.chunk_tokens`` tokens); per chunk the fp32 dW accumulator is
+    read and written by its GEMM below fp32 (8VH bytes), and PyTorch's elementwise passes over the chunk's logits
+    move ~44 bytes per logit (fp32 copy, max, exp, sums, gradient, cast); the backward scales dh and dW."""
+    from moetrain.runtime.loss_chunk import chunk_tokens
+
+    C = min(T, chunk_tokens(math.ceil(V)))
+    chunks = math.ceil(T / C)
+    for name, shape in (("head", (C, V, H)), ("head dgrad", (C, H, V)), ("head wgrad", (V, H, C))):
+        t, fl = rf.gemm(T, V, H, b, eff_shape=shape)  # the chunks' GEMMs: all T tokens at one chunk's efficiency
+        fw.add(name, t, chunks, fl)
+    acc = 8 * V * H * chunks if b != 4 else 0
+    fw.add("cross-entropy", rf.mem(44 * T * V + acc, 6, CE_FWD), 10 * chunks)
+    bi.add("cross-entropy", rf.mem(2 * b * (T * H + V * H), 2), 2)
 
 
 def embedding_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:

@@ -1,13 +1,13 @@
 """`moetrain train` with tensor parallelism on gloo ranks against one process on the same global batch and seed
 (per-step loss, grad norm, LM, aux and MTP losses within 1e-4 relative, fp32): TP2 and TP2 with sequence
-parallelism (MTP on and off, recompute ids), and TP composed on one mesh with FSDP2 (TP2 x DP2), pipelining
+parallelism (MTP on and off, recompute ids, the vocab-parallel fused loss), and TP composed on one mesh with FSDP2 (TP2 x DP2), pipelining
 (TP2 x PP2 with SP and an explicit layout) and expert parallelism folded over the tp ranks (TP2 x EP2 x DP2)."""
 
 import pytest
 from train_runs import NO_MTP, assert_match, single, train_on_ranks
 
 TWO_RANKS = {
-    "tp2_recompute_ids": ["parallel.tp=2", "train.recompute_layer_ids=[1,3]"],
+    "tp2_recompute_ids_fused_loss": ["parallel.tp=2", "train.recompute_layer_ids=[1,3]", "train.fused_loss=true"],
     "tp2_sp_no_mtp_selective": ["parallel.tp=2", "parallel.sequence_parallel=true", "train.recompute=selective",
                                 *NO_MTP],
 }

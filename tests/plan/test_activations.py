@@ -158,9 +158,12 @@ def test_context_parallel_halves_tokens():
     assert (d.S, d.T) == (8, 16)
 
 
-def test_mtp_and_model_level_saved_bytes(monkeypatch):
-    """The whole model (fp32, tiny MLA with MTP) keeps the blocks + head + MTP extras."""
-    cfg = tiny()
+@pytest.mark.parametrize("fused_loss", [False, True])
+def test_mtp_and_model_level_saved_bytes(monkeypatch, fused_loss):
+    """The whole model (fp32, tiny MLA with MTP) keeps the blocks + head + MTP extras; with train.fused_loss the LM
+    and MTP losses keep their dh and dW instead of the head input and the log-softmax."""
+    cfg = tiny(**{"train.fused_loss": fused_loss, "model.hidden_size": 64})  # H != T: dh and dW differ from the
+    # head input and the log-softmax the unfused loss keeps
     torch.manual_seed(0)
     model = MoETransformer(cfg)
     ids = torch.randint(0, cfg.model.vocab_size, (2, 16))

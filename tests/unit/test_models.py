@@ -240,6 +240,25 @@ def test_recompute_modes_match(name):
     assert results[("selective", f"[0, {last}]")][2] < results[("selective", "None")][2]
 
 
+@pytest.mark.parametrize("name", ["deepseek", "llama"])  # MTP with an untied head; a tied head
+def test_fused_loss_gives_the_unfused_losses_and_gradients(name):
+    """train.fused_loss: the LM and MTP losses through ops.linear_cross_entropy equal the logits path's, and so do
+    every parameter's gradients (fp32, up to summation order), ignored labels included."""
+    ids, labels = batch(seed=5)
+    out = {}
+    for fused in (False, True):
+        model = build(name, fused_loss=fused)
+        o = model(ids, labels)
+        o.loss.backward()
+        out[fused] = (o, {n: p.grad.clone() for n, p in model.named_parameters()})
+    (ref, ref_grads), (got, grads) = out[False], out[True]
+    for field in ("loss", "lm_loss", "mtp_loss"):
+        if getattr(ref, field) is not None:
+            torch.testing.assert_close(getattr(got, field), getattr(ref, field), rtol=1e-5, atol=1e-6, msg=field)
+    for n, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
 def test_set_recompute_layer_ids():
     model = build("deepseek")
     model.set_recompute("selective", [1, 3])
