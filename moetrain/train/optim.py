@@ -149,9 +149,9 @@ class PrecisionAwareAdamW:
         if by_kernel:
             grads = [g for g, _ in by_kernel]
             out += [(s, [by_kernel[j][1] for j in idx]) for s, idx in self._kernels().sq_norms(grads)]
-        if rest:
-            norms = torch._foreach_norm([g for g, _ in rest], 2.0)
-            out.append((torch.stack([n.float() for n in norms]).square(), [i for _, i in rest]))
+        if rest:  # accumulated and returned in fp32 (by default a bf16 gradient's norm would be rounded to bf16)
+            norms = torch._foreach_norm([g for g, _ in rest], 2.0, dtype=torch.float32)
+            out.append((torch.stack(norms).square(), [i for _, i in rest]))
         return out
 
     def scale_grads(self, factor: torch.Tensor | float) -> None:
