@@ -685,17 +685,9 @@ def _check_cuda_graph(cfg: Config) -> None:
             f"train.cuda_graph does not combine with {', '.join(clash)} (recompute re-runs the forward inside "
             "the backward, compile has its own graphs, the reference expert loop reads expert counts on the "
             "host); turn one of them off")
-    # the captured update is torch's fused AdamW: updated tensor, gradient and both moments in one dtype
-    target = "fp32" if precision.master_weights and precision.dtype != "fp32" else precision.dtype
-    state = {"optim.main_grads_dtype": o.main_grads_dtype, "optim.exp_avg_dtype": o.exp_avg_dtype,
-             "optim.exp_avg_sq_dtype": o.exp_avg_sq_dtype}
-    odd = [f"{k}={v}" for k, v in state.items() if v != target]
-    if odd:
-        raise ConfigError(
-            f"train.cuda_graph captures the optimizer step, which needs the weights it updates ({target}: "
-            f"precision.dtype={precision.dtype}, master_weights={precision.master_weights}), their "
-            f"gradients and both Adam moments in one dtype; {', '.join(odd)} differ: set them to {target} or "
-            "train.cuda_graph=false")
+    # Any optimizer state: the captured update is the Triton AdamW kernel (every dtype combination) or torch's
+    # fused one (one dtype); without triton, mixed-precision state is refused when the graph is built
+    # (graphed_step.GraphedStep: it knows the device and whether triton is installed).
 
 
 FP8_BUILT = ("none", "tensorwise", "rowwise", "blockwise", "mxfp8")

@@ -147,3 +147,42 @@ def test_without_the_kernel_mixed_state_stays_on_the_explicit_path():
     if not ON_GPU:  # kernel=None: the CPU takes neither Triton nor (mixed dtypes) torch's fused kernel
         auto = PrecisionAwareAdamW(Odd().named_parameters(), cfg, master_weights=True)
         assert auto.explicit_slots() == opt.explicit_slots()
+
+
+def test_trainer_updates_mixed_state_on_the_device_with_the_kernel(tmp_path):
+    """Mixed-precision state (bf16 moments) on the kernel: DeviceUpdateStep, clip and skip inside the kernel; on the
+    explicit path: EagerStep, decided on the host. Every step clipped (clip 0.01): both train alike."""
+    from moetrain.config.load import load_config
+    from moetrain.train.steps import DeviceUpdateStep, EagerStep
+    from moetrain.train.trainer import Trainer
+
+    def config(name):
+        return load_config(overrides=[
+            f"train.out_dir={tmp_path / name}", "train.steps=3", "train.micro_batch_size=2", "train.global_batch_size=4",
+            "train.seq_length=32", "optim.warmup_steps=2", "optim.clip_grad=0.01", "optim.exp_avg_dtype=bf16",
+            "optim.exp_avg_sq_dtype=bf16", f"train.device={DEVICE}"])
+
+    class Watched(Trainer):
+        kernel = True
+
+        def build_optimizer(self):
+            opt = PrecisionAwareAdamW(self.model.named_parameters(), self.cfg.optim, self.cfg.precision.master_weights,
+                                      fused=self.kernel, kernel=self.kernel)
+            if self.kernel and not ON_GPU:  # the interpreter's cost is per operation: one block a tensor
+                opt._kernels().tile = Tile(warps=4, per_thread=1024, chunk=131072)
+            return opt
+
+        def train_step(self, step):
+            self.modes_seen = getattr(self, "modes_seen", set()) | {type(self.step_mode(step))}
+            return super().train_step(step)
+
+    class Explicit(Watched):
+        kernel = False
+
+    on_device = Watched(config("d"), show_progress=False)
+    on_host = Explicit(config("h"), show_progress=False)
+    device, host = on_device.run().records, on_host.run().records
+    assert on_device.modes_seen == {DeviceUpdateStep} and on_host.modes_seen == {EagerStep}
+    assert all(r["grad_norm"] > 0.01 for r in device)  # every step clipped
+    assert [r["loss"] for r in host] == pytest.approx([r["loss"] for r in device], rel=1e-4)
+    assert [r["grad_norm"] for r in host] == pytest.approx([r["grad_norm"] for r in device], rel=1e-3)
