@@ -186,7 +186,7 @@ class TrainConfig:
     cuda_graph: bool = doc(False, "After two eager steps, replay each micro-batch's forward + backward and each "
                                   "step's update (norm, clip, AdamW) from CUDA graphs (for host-bound steps: small "
                                   "models, small micro-batches). CUDA only; not with recompute, compile or "
-                                  "moe.backend=reference; the optimizer state in one dtype per parameter.")
+                                  "moe.backend=reference; mixed-precision optimizer state needs triton (the Triton AdamW kernel).")
     max_skipped_steps: int = doc(5, "Abort after this many consecutive steps with a non-finite loss or grad.")
     tensorboard: bool = doc(False, "Also write TensorBoard scalars under out_dir/tensorboard.")
     overwrite: bool = doc(
