@@ -149,6 +149,10 @@ class PrecisionAwareAdamW:
         if by_kernel:
             grads = [g for g, _ in by_kernel]
             out += [(s, [by_kernel[j][1] for j in idx]) for s, idx in self._kernels().sq_norms(grads)]
+            done = {i for _, idx in out for i in idx}
+            empty = [i for g, i in by_kernel if i not in done]  # left out of the kernel's table: no elements
+            if empty:  # still counted, as 0: each rank must join the same norm groups' all-reduces
+                out.append((torch.zeros(len(empty), device=grads[0].device), empty))
         if rest:  # accumulated and returned in fp32 (by default a bf16 gradient's norm would be rounded to bf16)
             norms = torch._foreach_norm([g for g, _ in rest], 2.0, dtype=torch.float32)
             out.append((torch.stack(norms).square(), [i for _, i in rest]))

@@ -127,6 +127,18 @@ def test_step_on_device_matches_the_clipped_reference(state):
         assert torch.equal(s.param, param) and torch.equal(s.exp_avg, m) and torch.equal(s.exp_avg_sq, v)
 
 
+def test_norm_counts_every_gradient_on_the_kernel_empty_ones_as_zero():
+    """(Under FSDP a rank's shard may be empty; the distributed norm pairs each slot's share with its groups.)"""
+    kernel, _ = _pair(STATES[0])
+    _fill_grads((kernel,), 0)
+    kernel.slots[3].main_grad = torch.zeros(0, device=DEVICE)
+    squares = kernel._squares([(g, i) for i, g in enumerate(kernel.grads())])
+    got = {i: s[j].item() for s, idx in squares for j, i in enumerate(idx)}
+    want = [float(g.double().square().sum()) for g in kernel.grads()]
+    assert sorted(got) == list(range(len(kernel.slots))) and got[3] == 0.0
+    assert [got[i] for i in range(len(want))] == pytest.approx(want, rel=1e-6)
+
+
 def test_tables_are_kept_while_the_tensors_stay():
     kernel, _ = _pair(STATES[0])  # fp32 main grads: every address the kernel reads is fixed
     _fill_grads((kernel,), 0)
