@@ -45,8 +45,8 @@ from moetrain.kernels.grouped_gemm_configs import interpreter_numpy_shim, interp
 from moetrain.kernels.host import cdiv
 from moetrain.kernels.launch import launch
 
-COLS = 8  # int64 per table row
-NUMEL, FLAG, START = 5, 6, 7  # their columns
+COLS = tl.constexpr(8)  # int64 per table row
+NUMEL, FLAG, START = tl.constexpr(5), tl.constexpr(6), tl.constexpr(7)  # their columns
 MAX_COLUMNS = 5
 
 
@@ -117,7 +117,7 @@ class TensorTable:
             aligned = aligned and all(a % 16 == 0 for a in addresses)
             out.append(addresses + [0] * (MAX_COLUMNS - len(columns)) + [numel, int(flags[r]), start])
             start += cdiv(numel, chunk)
-        out.append([0] * START + [start])
+        out.append([0] * int(START) + [start])
         return TensorTable(_to_device(out, device), len(out) - 1, dtypes, chunk, start, aligned)
 
 
@@ -200,7 +200,7 @@ def _find_row(table_ptr, c, n, search_steps):
     hi = n
     for _ in range(search_steps):
         mid = (lo + hi) // 2
-        go = tl.load(table_ptr + mid.to(tl.int64) * 8 + 7) <= c
+        go = tl.load(table_ptr + mid.to(tl.int64) * COLS + START) <= c
         lo = tl.where(go, mid, lo)
         hi = tl.where(go, hi, mid)
     return lo
@@ -284,10 +284,10 @@ def _adamw_kernel(table_ptr, n, total_chunks, search_steps, step_ptr, lr_ptr, sc
         end = total_chunks * (tl.load(inf_ptr) == 0).to(tl.int32)  # a skipped step: no chunk is visited
     CHUNK: tl.constexpr = BLOCK * CHUNK_BLOCKS
     for c in range(tl.program_id(0), end, tl.num_programs(0)):
-        row_ptr = table_ptr + _find_row(table_ptr, c, n, search_steps).to(tl.int64) * 8
-        numel = tl.load(row_ptr + 5)
-        base = (c - tl.load(row_ptr + 7)).to(tl.int64) * CHUNK
-        decay_lr = tl.where(tl.load(row_ptr + 6) != 0, lr * weight_decay, 0.0)
+        row_ptr = table_ptr + _find_row(table_ptr, c, n, search_steps).to(tl.int64) * COLS
+        numel = tl.load(row_ptr + NUMEL)
+        base = (c - tl.load(row_ptr + START)).to(tl.int64) * CHUNK
+        decay_lr = tl.where(tl.load(row_ptr + FLAG) != 0, lr * weight_decay, 0.0)
         target = _address(row_ptr, 0, TARGET, ALIGNED)
         grad = _address(row_ptr, 1, GRAD, ALIGNED)
         exp_avg = _address(row_ptr, 2, EXP_AVG, ALIGNED)
@@ -316,9 +316,9 @@ def _sq_partials_kernel(table_ptr, n, total_chunks, search_steps, partial_ptr, G
     """Each chunk's sum of squares of column 0 into partial[chunk] (persistent programs, as the update)."""
     CHUNK: tl.constexpr = BLOCK * CHUNK_BLOCKS
     for c in range(tl.program_id(0), total_chunks, tl.num_programs(0)):
-        row_ptr = table_ptr + _find_row(table_ptr, c, n, search_steps).to(tl.int64) * 8
-        numel = tl.load(row_ptr + 5)
-        base = (c - tl.load(row_ptr + 7)).to(tl.int64) * CHUNK
+        row_ptr = table_ptr + _find_row(table_ptr, c, n, search_steps).to(tl.int64) * COLS
+        numel = tl.load(row_ptr + NUMEL)
+        base = (c - tl.load(row_ptr + START)).to(tl.int64) * CHUNK
         grad = _address(row_ptr, 0, GRAD, ALIGNED)
         if base + CHUNK <= numel:
             s = _sq_chunk(grad, base, numel, False, BLOCK, CHUNK_BLOCKS)
@@ -331,8 +331,8 @@ def _sq_partials_kernel(table_ptr, n, total_chunks, search_steps, partial_ptr, G
 def _row_sums_kernel(table_ptr, partial_ptr, out_ptr, BLOCK: tl.constexpr):
     """out[t] = the sum of row t's chunk partials, in a fixed order (the norm is the same bits every run)."""
     t = tl.program_id(0).to(tl.int64)
-    first = tl.load(table_ptr + t * 8 + 7)
-    end = tl.load(table_ptr + (t + 1) * 8 + 7)
+    first = tl.load(table_ptr + t * COLS + START)
+    end = tl.load(table_ptr + (t + 1) * COLS + START)
     acc = tl.zeros((BLOCK,), tl.float32)
     for i in range(first, end, BLOCK):
         offs = i + tl.arange(0, BLOCK)
