@@ -130,7 +130,8 @@ def kept_rows(columns: list[list[torch.Tensor] | None]) -> list[int]:
 def _column_dtype(tensors: list[torch.Tensor]) -> torch.dtype:
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1 or next(iter(dtypes)) not in _TL:
-        raise ValueError(f"TensorTable: a column needs one dtype of {sorted(map(str, _TL))}; got {sorted(map(str, dtypes))}")
+        raise ValueError(f"TensorTable: a column needs one dtype of {sorted(map(str, _TL))}; got "
+                         f"{sorted(map(str, dtypes))}")
     return next(iter(dtypes))
 
 

@@ -59,9 +59,9 @@ class KernelPath:
         if cached is not None and cached[0] == addresses:
             table = cached[1]
         elif capturing:
-            raise RuntimeError("PrecisionAwareAdamW: a tensor the kernel reads moved since its table was built, inside a "
-                               "CUDA graph capture (nothing may be copied in there): call prepare_device_step() "
-                               "right before capturing")
+            raise RuntimeError("PrecisionAwareAdamW: a tensor the kernel reads moved since its table was built, "
+                               "inside a CUDA graph capture (nothing may be copied in there): call "
+                               "prepare_device_step() right before capturing")
         else:
             table = kernels().TensorTable.build(columns, flags, chunk)
             self._tables[key] = (addresses, table)

@@ -161,6 +161,7 @@ def test_without_the_kernel_mixed_state_stays_on_the_explicit_path():
         assert auto.explicit_slots() == opt.explicit_slots()
 
 
+@pytest.mark.slow
 def test_trainer_updates_mixed_state_on_the_device_with_the_kernel(tmp_path):
     """Mixed-precision state (bf16 moments) on the kernel: DeviceUpdateStep, clip and skip inside the kernel; on the
     explicit path: EagerStep, decided on the host. Every step clipped (clip 0.01): both train alike."""
@@ -170,7 +171,8 @@ def test_trainer_updates_mixed_state_on_the_device_with_the_kernel(tmp_path):
 
     def config(name):
         return load_config(overrides=[
-            f"train.out_dir={tmp_path / name}", "train.steps=3", "train.micro_batch_size=2", "train.global_batch_size=4",
+            f"train.out_dir={tmp_path / name}", "train.steps=3", "train.micro_batch_size=2",
+            "train.global_batch_size=4",
             "train.seq_length=32", "optim.warmup_steps=2", "optim.clip_grad=0.01", "optim.exp_avg_dtype=bf16",
             "optim.exp_avg_sq_dtype=bf16", f"train.device={DEVICE}"])
 

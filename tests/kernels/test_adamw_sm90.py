@@ -46,7 +46,8 @@ for name, (t, g, m, v, c) in sets.items():
     rows[name] = build(A._adamw_kernel, update_sig, consts, ["table_ptr", "step_ptr", "lr_ptr", "scale_ptr", "inf_ptr"])
 for name, g in (("norm fp32", F32), ("norm bf16", BF16)):
     rows[name] = build(A._sq_partials_kernel, {"table_ptr": "*i64", "n": "i32", "total_chunks": "i32",
-                       "search_steps": "i32", "partial_ptr": "*fp32"}, dict(GRAD=g, **common), ["table_ptr", "partial_ptr"])
+                       "search_steps": "i32", "partial_ptr": "*fp32"}, dict(GRAD=g, **common),
+                       ["table_ptr", "partial_ptr"])
 print(json.dumps(rows))
 """
 
