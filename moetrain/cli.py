@@ -71,6 +71,7 @@ BENCHMARKS = {  # name: (module with main(argv), what it measures); bench/README
     "gaps": ("moetrain.bench.eager_gaps", "where an eager MoE layer call's GPU waits on the host"),
     "kernels": ("moetrain.bench.kernel_table", "the MoE layer's kernels eager against replayed from a CUDA graph"),
     "roofline": ("moetrain.bench.roofline", "skewed routing's cost of the six expert GEMMs by roofline (CPU)"),
+    "optim": ("moetrain.bench.optim", "grad norm + AdamW update against their HBM floor, per dtype set and path"),
 }
 
 

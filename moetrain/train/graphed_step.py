@@ -11,7 +11,8 @@ moe.backend=auto time its choices and settle the allocator):
   buffers on the device that each micro-batch is copied into. Replayed once per micro-batch.
 - the step tail: the global grad norm, the decision to skip (a non-finite loss or norm), clipping, the
   AdamW update (``PrecisionAwareAdamW.step_on_device``: learning rate from a device scalar, clip and skip
-  inside torch's fused kernel), the expert-bias update (masked on a skipped step), and one static fp32 vector
+  inside the Triton AdamW kernel, or torch's fused one), the expert-bias update (masked on a skipped step), and one
+  static fp32 vector
   for the host: [loss terms (4), grad norm, skipped, load imbalance per MoE layer]. Replayed once per step.
 ``GraphReplayStep`` is the trainer's step strategy around them. The host per step: zero the gradients and
 MoE counts and the loss sum, copy each micro-batch in, set the learning rate, replay, and one read of that
@@ -35,8 +36,10 @@ step's peak 0.1 GiB above the eager steps' (tiny-wide-graph on the H200).
 Capturing does not run the work: the capture step replays right after capturing. A host sync, a
 host read of routing-dependent values or a CPU tensor inside the forward fails the capture loudly.
 Shapes: [micro_batch_size, seq_length] are fixed for a run; each graph is captured once. Every parameter's
-update must take the fused AdamW path (one dtype for it, its gradient and both moments): the explicit
-mixed-precision path reads the step count on the host.
+update must run on the device: the Triton AdamW kernel takes any optimizer state (on CUDA, triton installed),
+torch's fused AdamW one dtype for the weights, their gradients and both moments; the explicit mixed-precision path
+reads the step count on the host. The kernel's tensor tables are made before the tail's capture
+(``PrecisionAwareAdamW.prepare_device_step``), from the gradient buffers the micro-batch capture made.
 """
 
 from __future__ import annotations
@@ -102,10 +105,10 @@ class GraphedStep:
         explicit = optimizer.explicit_slots()
         if explicit:
             raise UserError(
-                f"train.cuda_graph captures the optimizer step, which needs one dtype for each parameter's update "
-                f"target, gradient and both Adam moments ({len(explicit)} parameters mix them, e.g. {explicit[0]}); "
-                "set optim.exp_avg_dtype / optim.exp_avg_sq_dtype / optim.main_grads_dtype to the master weights' "
-                "dtype, or train.cuda_graph=false")
+                f"train.cuda_graph captures the optimizer step, which for mixed-precision optimizer state needs the "
+                f"Triton AdamW kernel (CUDA and the triton package; {len(explicit)} parameters mix dtypes, e.g. "
+                f"{explicit[0]}): install triton, or set optim.exp_avg_dtype / optim.exp_avg_sq_dtype / "
+                "optim.main_grads_dtype to the master weights' dtype, or train.cuda_graph=false")
         self._require_cuda(device)
         self.model, self.optimizer, self.accum = model, optimizer, accum
         self.clip_grad, self.expert_bias_rate = clip_grad, expert_bias_rate
@@ -162,7 +165,7 @@ class GraphedStep:
     def finish(self, lr: float) -> torch.Tensor:
         """The step's update at learning rate ``lr``; returns the fp32 vector [loss, lm_loss, aux_loss, mtp_loss,
         grad norm, skipped (1.0 / 0.0), load imbalance per MoE layer] (static: read it before the next step)."""
-        self.optimizer.device_step_counter(self.lr.device)  # made before the capture
+        self.optimizer.prepare_device_step(self.lr.device)  # its counter and kernel tables made before the capture
         self.lr.fill_(lr)
         self._launch("tail", self._tail)
         return self.host

@@ -7,6 +7,14 @@ Three independent precision choices (``optim.*_dtype`` and ``precision.master_we
 - master weights: an fp32 copy of every low-precision parameter that the update is applied
   to; the model parameter is then a rounded copy of it.
 - Adam moments exp_avg / exp_avg_sq: stored in fp32 or bf16; the update math runs in fp32.
+
+Three update paths, one definition (torch._fused_adamw_'s; ``adamw_reference`` is it per tensor):
+- the Triton multi-tensor kernel (``moetrain.kernels.adamw``, glue in optim_kernels.py): every dtype combination,
+  one launch per combination, each element read and written once, the rounded parameter copy written in the same
+  pass; the gradients' norm one multi-tensor pass before it. On CUDA where triton is installed (``kernel=None``).
+- torch's ``_fused_adamw_``: where the updated tensor, its gradient and both moments share one dtype (the CPU path,
+  and CUDA without triton).
+- the explicit per-tensor path (``adamw_reference``): mixed-precision state without the kernel; the reference.
 """
 
 from __future__ import annotations
@@ -48,14 +56,21 @@ class PrecisionAwareAdamW:
     """
 
     def __init__(self, named_params, optim: OptimConfig, master_weights: bool, fused: bool = True,
-                 main_grad_hooks: bool = True):
+                 main_grad_hooks: bool = True, kernel: bool | None = None):
         """``main_grad_hooks=False``: gradients stay where the backward puts them (FSDP2 reduces them in the main
         gradient dtype itself). DTensor parameters (sharded) are updated through their local shards, and the
         moments and masters are local; ``norm_groups`` (set by the distributed trainer: one ``shard_groups`` tuple
         per slot) makes ``grad_norm`` global over ranks. Under pipeline parallelism each rank holds other parameters:
         ``norm_outer_group`` (the pipeline group) sums the ranks' shares, and ``norm_excluded`` names the slots whose
-        gradient another rank already counts (a tied weight's second copy)."""
+        gradient another rank already counts (a tied weight's second copy).
+
+        ``kernel``: the Triton multi-tensor path for every slot whose tensors are contiguous; None: where they are
+        on CUDA and triton is installed; True: on any device (the CPU under TRITON_INTERPRET, in tests); False:
+        never. ``fused``: torch's fused AdamW where the dtypes agree (False, with kernel False: the explicit path
+        for every slot). Both are plain attributes, read at every step (``moetrain bench optim`` switches them)."""
         self.cfg = optim
+        self.kernel = kernel
+        self._kernel_path = None  # optim_kernels.KernelPath, made on first use
         self.norm_groups: list[tuple] | None = None
         self.norm_outer_group = None
         self.norm_excluded: set[str] = set()
@@ -63,6 +78,7 @@ class PrecisionAwareAdamW:
         self.fused = fused and hasattr(torch, "_fused_adamw_")
         self.step_count = 0
         self._device_step: torch.Tensor | None = None  # step_on_device's counter
+        self._coverage: tuple | None = None  # (kernel setting, per slot: the kernel updates it)
         grad_dtype = DTYPES[optim.main_grads_dtype]
         self.slots: list[_Slot] = []
         self._hooks = []
@@ -110,17 +126,37 @@ class PrecisionAwareAdamW:
                    if g is not None and self.slots[i].name not in self.norm_excluded]
         if not present:
             return torch.zeros(())
-        norms = [n.float() for n in torch._foreach_norm([g for g, _ in present], 2.0)]
+        squares = self._squares(present)
         if self.norm_groups is None:
-            return torch.linalg.vector_norm(torch.stack(norms), 2.0)
+            return torch.stack([s.sum() for s, _ in squares]).sum().sqrt()
         from moetrain.distributed.reduce import global_sq_norm
 
-        sq = global_sq_norm([n * n for n in norms], [self.norm_groups[i] for _, i in present])
+        local = [(s[j], i) for s, slots in squares for j, i in enumerate(slots)]
+        sq = global_sq_norm([s for s, _ in local], [self.norm_groups[i] for _, i in local])
         if self.norm_outer_group is not None:
             import torch.distributed as dist
 
             dist.all_reduce(sq, group=self.norm_outer_group)
         return sq.sqrt()
+
+    def _squares(self, present: list[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, list[int]]]:
+        """Sums of squares of the gradients ``present`` ((gradient, slot index)) in fp32: [(sums [k], their slot
+        indices)], from the kernel's one pass where it covers the slot, else from torch._foreach_norm."""
+        covered = self._covered()
+        by_kernel = [(g if g.is_contiguous() else g.contiguous(), i) for g, i in present if covered[i]]
+        rest = [(g, i) for g, i in present if not covered[i]]
+        out = []
+        if by_kernel:
+            grads = [g for g, _ in by_kernel]
+            out += [(s, [by_kernel[j][1] for j in idx]) for s, idx in self._kernels().sq_norms(grads)]
+            done = {i for _, idx in out for i in idx}
+            empty = [i for g, i in by_kernel if i not in done]  # left out of the kernel's table: no elements
+            if empty:  # still counted, as 0: each rank must join the same norm groups' all-reduces
+                out.append((torch.zeros(len(empty), device=grads[0].device), empty))
+        if rest:  # accumulated and returned in fp32 (by default a bf16 gradient's norm would be rounded to bf16)
+            norms = torch._foreach_norm([g for g, _ in rest], 2.0, dtype=torch.float32)
+            out.append((torch.stack(norms).square(), [i for _, i in rest]))
+        return out
 
     def scale_grads(self, factor: torch.Tensor | float) -> None:
         grads = [g for g in self.grads() if g is not None]
@@ -133,27 +169,48 @@ class PrecisionAwareAdamW:
     def step(self, lr: float) -> None:
         """One AdamW update at learning rate ``lr``; parameters without a gradient are skipped.
 
-        Where the updated tensor, its gradient and both moments share one dtype, the update
-        runs in torch's fused multi-tensor AdamW kernel (one launch per group instead of ~10
-        elementwise passes per tensor: at 3B parameters that is ~20 ms instead of ~60 ms on
-        an H200). Mixed-precision state (e.g. fp32 master with bf16 moments) takes the
-        explicit per-tensor path, which does the same math in fp32.
+        The paths (module doc): the Triton kernel for the slots it covers, torch's fused AdamW where the updated
+        tensor, its gradient and both moments share one dtype (one launch per group instead of ~10 elementwise
+        passes per tensor: at 3B parameters ~20 ms instead of ~60 ms on an H200), the explicit per-tensor path
+        for the rest (mixed-precision state without the kernel), which does the same math in fp32.
         """
         self.step_count += 1
-        fused: dict[tuple, list[tuple[_Slot, torch.Tensor, torch.Tensor]]] = {}
-        for s, grad in zip(self.slots, self.grads()):
+        kernel, fused = self._split(lambda s, target, grad: self.fused and _one_dtype(s, target, grad))
+        for s, target, grad in fused.pop(None, []):
+            self._step_explicit(s, target, grad, lr)
+        steps: dict = {}
+        for (device, _, decay), items in fused.items():
+            step_t = steps.setdefault(device, _device_scalar(self.step_count, device))
+            self._fused_adamw(items, step_t, lr, decay)
+        for device, groups in kernel.items():
+            self._kernels().update(groups, steps.setdefault(device, _device_scalar(self.step_count, device)),
+                                   _device_scalar(lr, device), self._hyper())
+        self._copy_masters()
+        _weights_changed()
+
+    def _split(self, fusable) -> tuple[dict, dict]:
+        """The slots with a gradient, by path: ({device: {dtype key: kernel rows}}, {(device, dtype, decay): fused
+        items, None: explicit items}); ``fusable(slot, target, grad)`` says whether torch's fused AdamW takes a
+        slot the kernel does not."""
+        covered = self._covered()
+        kernel: dict = {}
+        fused: dict = {}
+        for i, (s, grad) in enumerate(zip(self.slots, self.grads())):
             if grad is None:
                 continue
             target = s.master if s.master is not None else _data(s.param)
-            if self.fused and target.dtype == grad.dtype == s.exp_avg.dtype == s.exp_avg_sq.dtype:
+            if covered[i]:
+                copy = _data(s.param) if s.master is not None else None
+                grad = grad if grad.is_contiguous() else grad.contiguous()
+                key = (target.dtype, grad.dtype, s.exp_avg.dtype, s.exp_avg_sq.dtype, copy.dtype if copy is not None
+                       else None)
+                kernel.setdefault(target.device, {}).setdefault(key, []).append(
+                    (target, grad, s.exp_avg, s.exp_avg_sq, copy, s.decay))
+            elif fusable(s, target, grad):
                 fused.setdefault((target.device, target.dtype, s.decay), []).append((s, target, grad))
             else:
-                self._step_explicit(s, target, grad, lr)
-        for (device, _, decay), items in fused.items():
-            step_t = torch.full((), float(self.step_count), dtype=torch.float32, device=device)
-            self._fused_adamw(items, step_t, lr, decay)
-        self._copy_masters()
-        _weights_changed()
+                fused.setdefault(None, []).append((s, target, grad))
+        return kernel, fused
 
     def _fused_adamw(self, items: list[tuple[_Slot, torch.Tensor, torch.Tensor]], step_t: torch.Tensor,
                      lr: float | torch.Tensor, decay: bool, **scale_and_skip) -> None:
@@ -166,21 +223,69 @@ class PrecisionAwareAdamW:
             amsgrad=False, maximize=False, **scale_and_skip)
 
     def _copy_masters(self) -> None:
-        with_master = [s for s in self.slots if s.master is not None]
+        covered = self._covered()  # the kernel writes its slots' parameters itself
+        with_master = [s for s, k in zip(self.slots, covered) if s.master is not None and not k]
         if with_master:  # multi-tensor copy (and cast) of the updated master weights into the parameters
             torch._foreach_copy_([_data(s.param) for s in with_master], [s.master for s in with_master])
 
     # ---- the whole update on the device (train.cuda_graph captures it) ---------------
 
     def explicit_slots(self) -> list[str]:
-        """Names of the parameters whose update takes the explicit per-tensor path (mixed-precision state)."""
+        """Names of the parameters whose update takes the explicit per-tensor path, which reads the step count on
+        the host: mixed-precision state that the kernel does not cover (no CUDA or no triton; ``kernel=False``)."""
         out = []
-        for s in self.slots:
+        for s, covered in zip(self.slots, self._covered()):
             target = s.master if s.master is not None else s.param
             grad_dtype = s.main_grad.dtype if s.main_grad is not None else s.param.dtype
-            if not (self.fused and target.dtype == grad_dtype == s.exp_avg.dtype == s.exp_avg_sq.dtype):
+            if not (covered or (self.fused and target.dtype == grad_dtype == s.exp_avg.dtype == s.exp_avg_sq.dtype)):
                 out.append(s.name)
         return out
+
+    # ---- the Triton path --------------------------------------------------------------
+
+    def _covered(self) -> list[bool]:
+        """Per slot, whether the kernel updates it (``kernel`` in __init__'s doc; the slot's tensors contiguous)."""
+        if self._coverage is None or self._coverage[0] != self.kernel:
+            self._coverage = (self.kernel, [self._kernel_takes(s) for s in self.slots])
+        return self._coverage[1]
+
+    def _kernel_takes(self, s: _Slot) -> bool:
+        if self.kernel is False:
+            return False
+        param = _data(s.param)
+        if self.kernel is None:
+            from moetrain.runtime.packages import triton_available
+
+            if param.device.type != "cuda" or not triton_available():
+                return False
+        tensors = [param, s.exp_avg, s.exp_avg_sq] + [t for t in (s.master, s.main_grad) if t is not None]
+        return all(t.is_contiguous() for t in tensors)
+
+    def _kernels(self):
+        if self._kernel_path is None:
+            from moetrain.train.optim_kernels import KernelPath
+
+            self._kernel_path = KernelPath()
+        return self._kernel_path
+
+    def _hyper(self):
+        from moetrain.train.optim_kernels import Hyper
+
+        c = self.cfg
+        return Hyper(c.beta1, c.beta2, c.eps, c.weight_decay)
+
+    def prepare_device_step(self, device: torch.device) -> None:
+        """Make what ``step_on_device`` reads that must exist before a CUDA graph captures it: the step counter and
+        the kernel's tensor tables (from the gradients as they are now: call it after the micro-batches' capture)."""
+        self.device_step_counter(device)
+        kernel, _ = self._split(lambda *_: False)
+        for groups in kernel.values():
+            self._kernels().update_tables(groups)
+        covered = self._covered()
+        grads = [g for i, g in enumerate(self.grads())
+                 if g is not None and covered[i] and self.slots[i].name not in self.norm_excluded]
+        if grads:
+            self._kernels().norm_tables([g if g.is_contiguous() else g.contiguous() for g in grads])
 
     def device_step_counter(self, device: torch.device) -> torch.Tensor:
         """The fp32 step counter [] that ``step_on_device`` reads and advances, made from ``step_count`` on first
@@ -196,23 +301,22 @@ class PrecisionAwareAdamW:
         clipped to global norm ``clip`` (0: off) by the fused kernel's grad_scale, and nothing moves where
         ``keep`` (fp32 []: 1 apply, 0 skip, e.g. a non-finite gradient) is 0: the kernel's found_inf. The
         host-side ``step_count`` is the caller's to advance (``count_step``) once it has read ``keep``.
-        Needs every parameter on the fused path (``explicit_slots()`` empty)."""
+        Needs every parameter on the kernel or the fused path (``explicit_slots()`` empty). Under a CUDA graph
+        capture, call ``prepare_device_step`` before it."""
         if self.explicit_slots():
-            raise RuntimeError(f"step_on_device needs the fused AdamW path for every parameter; "
+            raise RuntimeError(f"step_on_device needs the Triton or the fused AdamW path for every parameter; "
                                f"explicit: {self.explicit_slots()[:5]}")
         step_t = self.device_step_counter(norm.device)
         step_t.add_(keep)
         found_inf = 1.0 - keep
         # grads / grad_scale = grads * min(1, clip / (norm + 1e-6)): the eager path's clip
         grad_scale = (norm + 1e-6).div(clip).clamp(min=1.0) if clip > 0 else None
-        fused: dict[tuple, list[tuple[_Slot, torch.Tensor, torch.Tensor]]] = {}
-        for s, grad in zip(self.slots, self.grads()):
-            if grad is None:
-                continue
-            target = s.master if s.master is not None else _data(s.param)
-            fused.setdefault((target.device, target.dtype, s.decay), []).append((s, target, grad))
+        kernel, fused = self._split(lambda *_: True)
         for (_, _, decay), items in fused.items():
             self._fused_adamw(items, step_t, lr, decay, grad_scale=grad_scale, found_inf=found_inf)
+        for device, groups in kernel.items():
+            lr_t = lr if isinstance(lr, torch.Tensor) else _device_scalar(lr, device)
+            self._kernels().update(groups, step_t, lr_t, self._hyper(), grad_scale=grad_scale, found_inf=found_inf)
         self._copy_masters()  # a skipped step leaves the masters as they were: the copy changes nothing then
         _weights_changed()
 
@@ -222,25 +326,8 @@ class PrecisionAwareAdamW:
 
     def _step_explicit(self, s: _Slot, target: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
         c = self.cfg
-        bias1 = 1.0 - c.beta1 ** self.step_count
-        bias2 = 1.0 - c.beta2 ** self.step_count
-        g = grad.float()
-        m = s.exp_avg.float()  # the same tensor when already fp32: updated in place
-        v = s.exp_avg_sq.float()
-        m.lerp_(g, 1.0 - c.beta1)
-        v.mul_(c.beta2).addcmul_(g, g, value=1.0 - c.beta2)
-        w = target.float()
-        if s.decay:
-            w.mul_(1.0 - lr * c.weight_decay)
-        denom = (v / bias2).sqrt_().add_(c.eps)
-        w.addcdiv_(m, denom, value=-lr / bias1)
-        # Store back whatever is not already the fp32 tensor updated in place.
-        if s.exp_avg.dtype != torch.float32:
-            s.exp_avg.copy_(m)
-        if s.exp_avg_sq.dtype != torch.float32:
-            s.exp_avg_sq.copy_(v)
-        if target.dtype != torch.float32:
-            target.copy_(w)
+        adamw_reference(target, grad, s.exp_avg, s.exp_avg_sq, lr, self.step_count, c.beta1, c.beta2, c.eps,
+                        c.weight_decay if s.decay else 0.0)
 
     # ---- checkpointing -------------------------------------------------------------
 
@@ -287,6 +374,47 @@ class PrecisionAwareAdamW:
                 _data(s.param).copy_(s.master)
         _weights_changed()
 
+
+
+def adamw_reference(target: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                    lr: float, step: int, beta1: float, beta2: float, eps: float, weight_decay: float,
+                    grad_scale: float = 1.0) -> None:
+    """One AdamW step of one tensor, in place: the explicit path, and the Triton kernel's reference.
+
+    target (fp32/bf16/fp16: an fp32 master or the parameter), grad, exp_avg, exp_avg_sq: one shape, any of those
+    dtypes; the math in fp32 (bias corrections in Python floats), each result rounded once into its tensor. The
+    definition of torch._fused_adamw_ (its operations ordered differently: equal within fp32 rounding):
+    g = grad / grad_scale; w *= 1 - lr * weight_decay; m = lerp(m, g, 1 - beta1); v = beta2 v + (1 - beta2) g^2;
+    w -= lr / (1 - beta1^step) * m / (sqrt(v / (1 - beta2^step)) + eps)."""
+    bias1 = 1.0 - beta1 ** step
+    bias2 = 1.0 - beta2 ** step
+    g = grad.float() if grad_scale == 1.0 else grad.float() / grad_scale  # never the gradient itself, in place
+    m = exp_avg.float()  # the same tensor when already fp32: updated in place
+    v = exp_avg_sq.float()
+    m.lerp_(g, 1.0 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+    w = target.float()
+    if weight_decay:
+        w.mul_(1.0 - lr * weight_decay)
+    denom = (v / bias2).sqrt_().add_(eps)
+    w.addcdiv_(m, denom, value=-lr / bias1)
+    # Store back whatever is not already the fp32 tensor updated in place.
+    if exp_avg.dtype != torch.float32:
+        exp_avg.copy_(m)
+    if exp_avg_sq.dtype != torch.float32:
+        exp_avg_sq.copy_(v)
+    if target.dtype != torch.float32:
+        target.copy_(w)
+
+
+def _one_dtype(s: _Slot, target: torch.Tensor, grad: torch.Tensor) -> bool:
+    """Whether torch's fused AdamW takes the slot: its updated tensor, gradient and moments of one dtype."""
+    return target.dtype == grad.dtype == s.exp_avg.dtype == s.exp_avg_sq.dtype
+
+
+def _device_scalar(value: float, device: torch.device) -> torch.Tensor:
+    """fp32 [] on ``device``, filled there (no copy from the host, no sync)."""
+    return torch.full((), float(value), dtype=torch.float32, device=device)
 
 
 def _weights_changed() -> None:

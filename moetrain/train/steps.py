@@ -7,11 +7,13 @@ everything the step reports (``StepResult``). That read is the step's only host 
 
 A strategy runs the two phases, ``forward_backward`` and ``update``:
 - ``EagerStep``: the trainer's forward + backward; the update decided on the host: the read comes first (loss
-  terms, grad norm, load imbalance), then clip, AdamW and the expert-bias update run where both are finite. For
-  optimizer state that mixes precisions (AdamW's explicit per-tensor path reads the step count on the host).
+  terms, grad norm, load imbalance), then clip, AdamW and the expert-bias update run where both are finite. Where
+  some parameter's update takes AdamW's explicit per-tensor path, which reads the step count on the host
+  (optimizer state that mixes precisions without the Triton kernel: on the CPU, or without triton).
 - ``DeviceUpdateStep``: the trainer's forward + backward; the update with no host in the loop
-  (``device_update``: clip and skip inside torch's fused AdamW); the read comes after it. Where every parameter
-  takes the fused path.
+  (``device_update``: clip and skip inside the Triton AdamW kernel or torch's fused one); the read comes after it.
+  Where every parameter takes one of those (``PrecisionAwareAdamW.explicit_slots()`` empty): on CUDA with triton,
+  any optimizer state.
 - ``GraphReplayStep`` (graphed_step.py): both phases replayed from CUDA graphs (train.cuda_graph).
 ``Trainer.step_mode`` chooses among them.
 """

@@ -276,9 +276,10 @@ class Trainer:
             resume.set_aside_later(self.out_dir, self.resume_from, self.warn)
 
     def _step_modes(self) -> tuple[StepStrategy, StepStrategy | None]:
-        """(the eager strategy, the graph strategy or None). Eagerly, where every parameter takes torch's fused
-        AdamW the update runs on the device, clip and skip inside it (no pass over the gradients to scale them, no
-        host sync before the update); mixed-precision state keeps the update decided on the host."""
+        """(the eager strategy, the graph strategy or None). Eagerly, where every parameter's update runs on the
+        device (the Triton AdamW kernel, any dtypes; torch's fused AdamW, one dtype) clip and skip are inside it
+        (no pass over the gradients to scale them, no host sync before the update); where some parameter takes the
+        explicit path (mixed-precision state without the kernel) the update is decided on the host."""
         cfg, t, o = self.cfg, self.cfg.train, self.cfg.optim
         bias_rate = cfg.moe.expert_bias_update_rate if cfg.is_moe and cfg.moe.expert_bias else None
         graph_mode = None

@@ -12,7 +12,7 @@ from moetrain import cli
 from moetrain.bench import common
 from moetrain.errors import UserError
 
-GPU_TOOLS = ("moe", "train", "rows", "host", "gaps", "kernels")
+GPU_TOOLS = ("moe", "train", "rows", "host", "gaps", "kernels", "optim")
 
 
 def test_every_registered_bench_names_a_module_with_main():

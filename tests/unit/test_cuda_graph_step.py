@@ -24,9 +24,9 @@ def test_config_refuses_what_a_graph_cannot_hold(override, named):
 
 @pytest.mark.parametrize("override", ["optim.exp_avg_dtype=bf16", "optim.main_grads_dtype=bf16",
                                       "precision.master_weights=false"])
-def test_config_refuses_optimizer_state_the_captured_update_cannot_take(override):
-    with pytest.raises(ConfigError, match="train.cuda_graph captures the optimizer step"):
-        load_config(overrides=["train.cuda_graph=true", override])
+def test_config_accepts_mixed_precision_optimizer_state(override):
+    """The Triton AdamW kernel captures any dtype combination; without triton the graph refuses it when built."""
+    assert load_config(overrides=["train.cuda_graph=true", override]).train.cuda_graph
 
 
 def test_config_accepts_the_fused_and_torch_expert_paths():
@@ -61,11 +61,14 @@ def test_accumulation_needs_main_grads_for_every_parameter():
         GraphedStep(model, opt, 2, 1, 8, torch.device("cpu"), 1.0, None)
 
 
-def test_graph_refuses_mixed_precision_optimizer_state():
+def test_graph_refuses_mixed_precision_optimizer_state_without_the_kernel():
     from moetrain.train.graphed_step import GraphedStep
 
-    model, opt = _optimizer("optim.exp_avg_dtype=bf16")  # fp32 master weights, bf16 first moment
-    with pytest.raises(UserError, match="captures the optimizer step, which needs one dtype"):
+    model, opt = _optimizer("optim.exp_avg_dtype=bf16")  # fp32 master weights, bf16 first moment; CPU: no kernel
+    with pytest.raises(UserError, match="mixed-precision optimizer state needs the Triton AdamW kernel"):
+        GraphedStep(model, opt, 1, 1, 8, torch.device("cpu"), 1.0, None)
+    opt.kernel = True  # where the kernel takes every parameter, only the device is left to refuse
+    with pytest.raises(UserError, match="train.cuda_graph needs a CUDA device"):
         GraphedStep(model, opt, 1, 1, 8, torch.device("cpu"), 1.0, None)
 
 
@@ -124,9 +127,11 @@ def _train(tmp_path, name, *overrides):
 @pytest.mark.parametrize("extra", [
     [],  # fp32 main grads: the captured hooks accumulate
     ["train.micro_batch_size=4", "train.global_batch_size=8"],  # two micro-batches per step
-    # no main grads (replays write param.grad), bf16 moments (the captured update needs one dtype per parameter)
+    # no main grads (replays write param.grad), bf16 moments: every dtype one
     ["optim.main_grads_dtype=bf16", "precision.master_weights=false", "optim.exp_avg_dtype=bf16",
      "optim.exp_avg_sq_dtype=bf16"],
+    # mixed-precision state: fp32 master weights and main grads, bf16 moments (the Triton AdamW kernel captured)
+    ["optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"],
     # FP8 experts: the replays quantize the weights the captured optimizer step moved (no copy from capture time)
     ["precision.fp8_recipe=rowwise", "train.micro_batch_size=4", "train.global_batch_size=8"],
     ["precision.fp8_recipe=blockwise"],
