@@ -186,7 +186,8 @@ class TrainConfig:
     cuda_graph: bool = doc(False, "After two eager steps, replay each micro-batch's forward + backward and each "
                                   "step's update (norm, clip, AdamW) from CUDA graphs (for host-bound steps: small "
                                   "models, small micro-batches). CUDA only; not with recompute, compile or "
-                                  "moe.backend=reference; mixed-precision optimizer state needs triton (the Triton AdamW kernel).")
+                                  "moe.backend=reference; optimizer state in one dtype, unless "
+                                  "optim.triton_kernel updates mixed-precision state on the device.")
     max_skipped_steps: int = doc(5, "Abort after this many consecutive steps with a non-finite loss or grad.")
     tensorboard: bool = doc(False, "Also write TensorBoard scalars under out_dir/tensorboard.")
     overwrite: bool = doc(
@@ -224,6 +225,11 @@ class OptimConfig:
     main_grads_dtype: Dtype = doc("fp32", "Dtype gradients are accumulated in.")
     exp_avg_dtype: Dtype = doc("fp32", "Dtype of Adam's first moment.")
     exp_avg_sq_dtype: Dtype = doc("fp32", "Dtype of Adam's second moment.")
+    triton_kernel: bool = doc(
+        False, "The optimizer step as Triton multi-tensor kernels on CUDA (moetrain.kernels.adamw): the gradient "
+        "norm in one pass, then AdamW and the master -> parameter copy in one pass per dtype combination, "
+        "mixed-precision state included (then updated on the device, capturable by train.cuda_graph). Off until "
+        "measured on a GPU; the reference is the explicit per-tensor path.")
     distributed: bool = doc(False, "Retired (must stay false): with more than one rank FSDP2 shards the optimizer "
                                    "state, gradients and parameters (beyond ZeRO-1's optimizer-state sharding).")
 
@@ -689,9 +695,21 @@ def _check_cuda_graph(cfg: Config) -> None:
             f"train.cuda_graph does not combine with {', '.join(clash)} (recompute re-runs the forward inside "
             "the backward, compile has its own graphs, the reference expert loop reads expert counts on the "
             "host); turn one of them off")
-    # Any optimizer state: the captured update is the Triton AdamW kernel (every dtype combination) or torch's
-    # fused one (one dtype); without triton, mixed-precision state is refused when the graph is built
-    # (graphed_step.GraphedStep: it knows the device and whether triton is installed).
+    # the captured update is torch's fused AdamW (updated tensor, gradient and both moments in one dtype), or with
+    # optim.triton_kernel the Triton AdamW kernel for any state (without triton on the device, refused when the
+    # graph is built: graphed_step.GraphedStep knows the device)
+    if o.triton_kernel:
+        return
+    target = "fp32" if precision.master_weights and precision.dtype != "fp32" else precision.dtype
+    state = {"optim.main_grads_dtype": o.main_grads_dtype, "optim.exp_avg_dtype": o.exp_avg_dtype,
+             "optim.exp_avg_sq_dtype": o.exp_avg_sq_dtype}
+    odd = [f"{k}={v}" for k, v in state.items() if v != target]
+    if odd:
+        raise ConfigError(
+            f"train.cuda_graph captures the optimizer step, which needs the weights it updates ({target}: "
+            f"precision.dtype={precision.dtype}, master_weights={precision.master_weights}), their "
+            f"gradients and both Adam moments in one dtype; {', '.join(odd)} differ: set them to {target}, "
+            "set optim.triton_kernel=true, or train.cuda_graph=false")
 
 
 FP8_BUILT = ("none", "tensorwise", "rowwise", "blockwise", "mxfp8")

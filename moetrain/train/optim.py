@@ -64,12 +64,12 @@ class PrecisionAwareAdamW:
         ``norm_outer_group`` (the pipeline group) sums the ranks' shares, and ``norm_excluded`` names the slots whose
         gradient another rank already counts (a tied weight's second copy).
 
-        ``kernel``: the Triton multi-tensor path for every slot whose tensors are contiguous; None: where they are
-        on CUDA and triton is installed; True: on any device (the CPU under TRITON_INTERPRET, in tests); False:
-        never. ``fused``: torch's fused AdamW where the dtypes agree (False, with kernel False: the explicit path
+        ``kernel``: the Triton multi-tensor path for every slot whose tensors are contiguous; None: as
+        optim.triton_kernel says (true: where they are on CUDA and triton is installed; false: never); True: on any
+        device (the CPU under TRITON_INTERPRET, in tests); False: never. ``fused``: torch's fused AdamW where the dtypes agree (False, with kernel False: the explicit path
         for every slot). Both are plain attributes, read at every step (``moetrain bench optim`` switches them)."""
         self.cfg = optim
-        self.kernel = kernel
+        self.kernel = kernel if kernel is not None else (None if optim.triton_kernel else False)
         self._kernel_path = None  # optim_kernels.KernelPath, made on first use
         self.norm_groups: list[tuple] | None = None
         self.norm_outer_group = None

@@ -24,9 +24,12 @@ def test_config_refuses_what_a_graph_cannot_hold(override, named):
 
 @pytest.mark.parametrize("override", ["optim.exp_avg_dtype=bf16", "optim.main_grads_dtype=bf16",
                                       "precision.master_weights=false"])
-def test_config_accepts_mixed_precision_optimizer_state(override):
-    """The Triton AdamW kernel captures any dtype combination; without triton the graph refuses it when built."""
-    assert load_config(overrides=["train.cuda_graph=true", override]).train.cuda_graph
+def test_mixed_precision_optimizer_state_needs_the_triton_kernel(override):
+    """torch's fused AdamW (the captured update without optim.triton_kernel) takes one dtype; the Triton AdamW kernel
+    captures any dtype combination (without triton the graph refuses it when built)."""
+    with pytest.raises(ConfigError, match=r"in one dtype; .* differ: set them to \w+, set optim.triton_kernel=true"):
+        load_config(overrides=["train.cuda_graph=true", override])
+    assert load_config(overrides=["train.cuda_graph=true", override, "optim.triton_kernel=true"]).train.cuda_graph
 
 
 def test_config_accepts_the_fused_and_torch_expert_paths():
@@ -131,7 +134,7 @@ def _train(tmp_path, name, *overrides):
     ["optim.main_grads_dtype=bf16", "precision.master_weights=false", "optim.exp_avg_dtype=bf16",
      "optim.exp_avg_sq_dtype=bf16"],
     # mixed-precision state: fp32 master weights and main grads, bf16 moments (the Triton AdamW kernel captured)
-    ["optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"],
+    ["optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16", "optim.triton_kernel=true"],
     # FP8 experts: the replays quantize the weights the captured optimizer step moved (no copy from capture time)
     ["precision.fp8_recipe=rowwise", "train.micro_batch_size=4", "train.global_batch_size=8"],
     ["precision.fp8_recipe=blockwise"],
