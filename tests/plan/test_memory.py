@@ -206,3 +206,28 @@ def test_fsdp_pipeline_rank_keeps_its_blocks_gathered_and_gathers_once():
         2 * m_flat * flat_gather + reduce)
     r = project_memory(c, H200).ranks[0]
     assert r.other >= fs.gathered_forward  # alive at every moment of the step's forward and backward
+
+
+def test_expert_parallel_keeps_the_received_rows_and_their_regroup_index():
+    """Under expert parallelism FC1 computes on the rows the all-to-all received (distributed.expert_parallel): it
+    keeps them [M, H] and the int64 regroup index [M], not the fused path's int32 gather index; the all-to-all's
+    backward adds one [M, H] receive buffer at the combine's and FC1's backward."""
+    base = ["model.num_layers=2", "parallel.dp=8", "train.global_batch_size=8", "train.micro_batch_size=1",
+            "train.seq_length=1024"]
+    one, ep = cfg("qwen3-30b-a3b", *base), cfg("qwen3-30b-a3b", *base, "parallel.ep=8")
+    d1, d8 = A.resolve_dims(one), A.resolve_dims(ep)
+    M, H, E = 1024 * 8, 2048, 128
+    t1 = {t.name: t.bytes for t in A.routed_experts(one, d1)}
+    t8 = {t.name: t.bytes for t in A.routed_experts(ep, d8)}
+    assert t1["gather idx"] == 4 * M + 4 * E and "gather idx" not in t8
+    assert t8["expert input (received rows)"] == 2 * M * H and t8["regroup idx"] == 8 * M
+    assert A.total(A.routed_experts(ep, d8)) - A.total(A.routed_experts(one, d1)) == 2 * M * H + 8 * M - 4 * M - 4 * E
+    saved1, saved8 = A.block_terms(one, d1, True, None, "none"), A.block_terms(ep, d8, True, None, "none")
+    extra1 = A.block_backward_extra(one, d1, True, None, "none", 2, saved1)
+    extra8 = A.block_backward_extra(ep, d8, True, None, "none", 2, saved8)
+    # the largest moment is FC1's backward (its [M, 2I] and [M, H] gradients), one receive buffer more under EP; the
+    # received rows are counted in the saved terms, freed at the same moment as the fused path's gather index
+    I = 768
+    freed_1 = 2 * M * I + 2 * M * 2 * I  # FC2 input, FC1 output (the fused path keeps no combine rows)
+    assert extra1 == 2 * M * 2 * I + 2 * 2 * M * H - freed_1
+    assert extra8 == extra1 + 2 * M * H
