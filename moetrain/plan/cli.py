@@ -43,7 +43,7 @@ def cmd_memory(args) -> int:
     from moetrain.plan.report import memory_json, memory_table
 
     rep = project_memory(cfg, hw, attention=args.attention, moe_imbalance=args.moe_imbalance)
-    print(memory_json(cfg, rep) if args.json else memory_table(cfg, rep))
+    print(memory_json(cfg, rep, hw) if args.json else memory_table(cfg, rep))
     return 0
 
 
@@ -71,7 +71,7 @@ def cmd_perf(args) -> int:
             from moetrain.plan.timeline_render import render_png
 
             render_png([tl], args.png)
-    print(perf_json(cfg, rep) if args.json else perf_table(cfg, rep, hw))
+    print(perf_json(cfg, rep, hw) if args.json else perf_table(cfg, rep, hw))
     return 0
 
 
