@@ -216,14 +216,18 @@ def cmd_tune(args) -> int:
     written = R.write_winner(cands[0], path, command.strip())
     title = (f"{base.model.name} on {args.gpus} x {hw.name} ({hw.hbm_gib:g} GiB), global batch {space.global_batch} "
              f"x {base.train.seq_length}: top {len(cands)} of the search ({result.stats.seconds:.1f} s)")
-    print(R.result_json(cands, result, hw, args.gpus, written) if args.json else R.table(cands, result, hw, title))
     if not args.json:
-        print(f"winner written to {written} (moetrain train --config {written})")
+        print(R.table(cands, result, hw, title))
+        print(f"winner written to {written} (moetrain train --config {written})", flush=True)
+    validation = None
     if args.validate:
-        from moetrain.plan.tune_validate import run_validation
+        from moetrain.plan import tune_validate as V
 
-        run_validation(cands, hw, top=args.validate_top, steps=args.steps, out_dir=args.validate_out,
-                       json_out=args.json)
+        validation = V.run_validation(cands, hw, top=args.validate_top, steps=args.steps, out_dir=args.validate_out)
+        if not args.json:
+            print(V.text(validation))
+    if args.json:
+        print(R.result_json(cands, result, hw, args.gpus, written, validation))
     return 0
 
 

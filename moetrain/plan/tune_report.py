@@ -144,13 +144,16 @@ def table(cands: list[Candidate], result: TuneResult, hw, title: str) -> str:
     return buf.getvalue().rstrip()
 
 
-def result_json(cands: list[Candidate], result: TuneResult, hw, gpus: int, winner_yaml: str | None) -> str:
+def result_json(cands: list[Candidate], result: TuneResult, hw, gpus: int, winner_yaml: str | None,
+                validation: dict | None = None) -> str:
     from moetrain.plan.provenance import inputs
 
-    return json.dumps({"candidates": [c.to_dict(i) for i, c in enumerate(cands, 1)],
-                       "why": why(cands, result), "search": result.stats.to_dict(),
-                       "limit_gib": result.limit_gib, "hardware": hw.name, "gpus": gpus,
-                       "inputs": inputs(hw), "notes": result.notes, "winner_yaml": winner_yaml}, indent=1)
+    out = {"candidates": [c.to_dict(i) for i, c in enumerate(cands, 1)], "why": why(cands, result),
+           "search": result.stats.to_dict(), "limit_gib": result.limit_gib, "hardware": hw.name, "gpus": gpus,
+           "inputs": inputs(hw), "notes": result.notes, "winner_yaml": winner_yaml}
+    if validation is not None:
+        out["validation"] = validation
+    return json.dumps(out, indent=1)
 
 
 def write_winner(c: Candidate, path: str, command: str) -> str:
