@@ -183,6 +183,17 @@ def _tune_space(args, base):
                  plan_only=args.plan_only, fixed=fixed)
 
 
+def _tune_command(args) -> str:
+    """The search's inputs as one command line (the winner YAML's first line)."""
+    parts = ["moetrain plan tune", f"--config {args.config}" if args.config else f"--preset {args.preset or 'tiny'}",
+             *args.overrides, f"--gpus {args.gpus}", f"--hardware {args.hardware}"]
+    for flag, value in (("--gpu-memory", args.gpu_memory), ("--global-batch", args.global_batch),
+                        ("--optim", args.optim), ("--max-mbs", args.max_mbs), ("--max-vpp", args.max_vpp)):
+        if value is not None:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts + (["--plan-only"] if args.plan_only else []))
+
+
 def cmd_tune(args) -> int:
     import dataclasses
 
@@ -207,13 +218,15 @@ def cmd_tune(args) -> int:
                         f"{space.global_batch}: {result.stats.shapes} shapes, {result.stats.infeasible} pipeline "
                         "options out of memory even with every block recomputed; try more GPUs, a smaller "
                         "train.seq_length, or --plan-only for context parallelism")
+    if args.plan_only:
+        result.notes.append("--plan-only: candidates with parallel.cp or parallel.etp > 1 are projections only; "
+                            "moetrain train refuses them today")
     extra = [f"train.global_batch_size={space.global_batch}"] if args.global_batch else []
     loader = lambda over: load_config(path=args.config, preset=args.preset,  # noqa: E731
                                       overrides=list(args.overrides) + extra + over)
     cands = R.official(result, loader, hw, args.attention, args.moe_imbalance, args.dp_overlap)
     path = args.out or f"runs/tune/{base.model.name}-{args.gpus}x{hw.name}.yaml"
-    command = "moetrain plan tune " + " ".join(sys.argv[1:] if sys.argv[1:2] == ["plan"] else sys.argv[1:])
-    written = R.write_winner(cands[0], path, command.strip())
+    written = R.write_winner(cands[0], path, _tune_command(args))
     title = (f"{base.model.name} on {args.gpus} x {hw.name} ({hw.hbm_gib:g} GiB), global batch {space.global_batch} "
              f"x {base.train.seq_length}: top {len(cands)} of the search ({result.stats.seconds:.1f} s)")
     if not args.json:

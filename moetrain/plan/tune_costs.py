@@ -5,12 +5,14 @@ tensor- and expert-parallel collectives, main-grad hooks) independently of the o
 embedding, the MTP heads, the head + loss and the hooks of the parameters outside the blocks. So a stage's (f, b, w)
 is exactly the sum of
 
-* one entry per block: its class (MoE or dense, sliding window, FP8 dense linears, MTP depth) and recompute mode;
-* one "rest" entry per (embedding?, MTP depths, loss?) combination: the stage's work outside its blocks.
+* one entry per decoder block: its class (MoE or dense, sliding window, FP8 dense linears) and recompute mode;
+* one "rest" entry per (embedding?, MTP depths with their recompute modes, loss?): the stage's work outside its
+  decoder blocks.
 
 ``StageCosts`` computes each entry once per shape (degrees, micro-batch, optimizer precision) with ``stage_times``
 itself on a one-entry stage, and composes any layout from them (tests/plan/test_tune.py checks the composition
-against ``stage_times`` and ``project_perf``). The parameters per rank compose the same way (``stage_params``).
+against ``stage_times`` and ``project_perf``). A stage's parameters are ``memory.stage_params``', cached by what the
+stage holds.
 
 Lower bounds (valid for every layout, schedule and recompute choice of a shape): the busiest rank computes at least
 the whole model's work divided by pp (recompute only adds), the step adds at least the tail of an average rank
@@ -102,7 +104,8 @@ class StageCosts:
 
     def _with(self, base: str, full: list[int]) -> Config:
         c = self.cfg
-        return dataclasses.replace(c, train=dataclasses.replace(c.train, recompute=base, recompute_layer_ids=full or None))
+        train = dataclasses.replace(c.train, recompute=base, recompute_layer_ids=full or None)
+        return dataclasses.replace(c, train=train)
 
     def block(self, gid: int, mode: str) -> Work:
         """One decoder block (its stage holds nothing else, so no hook outside it is charged)."""

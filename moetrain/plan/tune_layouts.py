@@ -4,10 +4,11 @@ A layout splits the model's items in order, the embedding E, the decoder layers 
 into n = pp x vpp stages (``config.pipeline_layout``'s grammar). The stages of a pipeline run at the pace of the
 slowest one, so the first layout minimises the largest stage's work (f + b + w per micro-batch, no recompute): a
 contiguous min-max partition, exact (the smallest threshold among the sums of contiguous runs for which a greedy
-split needs at most n stages), each stage then closing near an even share of the rest under that threshold. That puts fewer layers beside the embedding and the loss, and more cheap dense layers
-together ("embedding/loss-aware"). The second gives every stage the same number of layers, the remainder to the
-middle stages (so the first and the last, which also hold E and L, get fewer). The third splits like the first with
-the MTP depths and the loss as two items, so that the depths may end the penultimate stage.
+split needs at most n stages), each stage then closing near an even share of the rest under that threshold. That
+puts fewer layers beside the embedding and the loss, and more cheap dense layers together ("embedding/loss-aware").
+The second gives every stage the same number of layers, the remainder to the middle stages (so the first and the
+last, which also hold E and L, get fewer). The third splits like the first with the MTP depths and the loss as two
+items, so that the depths may end the penultimate stage.
 
 Every layout returned parses back to the same stages (``config.pipeline_layout.expand``). Pure Python.
 """

@@ -105,7 +105,8 @@ def why(cands: list[Candidate], result: TuneResult) -> list[str]:
                  ("recompute", f.recompute_s, o.recompute_s),
                  ("bubble", f.makespan_s - f.busy_s, o.makespan_s - o.busy_s), ("tail", f.tail_s, o.tail_s)]
         parts.sort(key=lambda p: p[1] - p[2])
-        gains = ", ".join(f"{name} {a:.3f} vs {b:.3f} s" for name, a, b in parts if abs(a - b) > 1e-4 * w.perf.step_time_s)
+        gains = ", ".join(f"{name} {a:.3f} vs {b:.3f} s" for name, a, b in parts
+                          if abs(a - b) > 1e-4 * w.perf.step_time_s)
         lines.append(f"against {o.shape.describe()} {o.schedule if o.shape.pp > 1 else ''}"
                      f"{f' vpp {o.vpp}' if o.vpp > 1 else ''} ({other.perf.step_time_s:.3f} s, "
                      f"{_rel(other.perf.step_time_s, w.perf.step_time_s)}): {gains or 'equal parts'}")
@@ -141,6 +142,8 @@ def table(cands: list[Candidate], result: TuneResult, hw, title: str) -> str:
         con.print(line)
     if cands and cands[0].found.layout:
         con.print(f"winner layout: {cands[0].found.layout}")
+    for note in result.notes:
+        con.print(f"note: {note}")
     return buf.getvalue().rstrip()
 
 
@@ -164,6 +167,8 @@ def write_winner(c: Candidate, path: str, command: str) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     head = (f"# {command}\n# winner: {c.perf.step_time_s:.3f} s/step, {c.perf.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
             f"peak {c.memory.peak_gib:.1f} GiB allocated on the worst pipeline rank ({c.memory.verdict})\n")
+    if c.cfg.parallel.cp > 1 or c.cfg.parallel.etp > 1:
+        head += "# plan only: moetrain train refuses parallel.cp > 1 and parallel.etp > 1 today\n"
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(head + dump_config(c.cfg) + "\n")
     tmp.replace(out)

@@ -178,7 +178,8 @@ def summarize(runs: list[Run]) -> dict:
     for r in runs:
         m = r.measured
         row = {"run": r.name, "candidate": r.candidate, "kind": r.kind, "gpus": r.nproc,
-               "layers": r.cfg.model.num_layers, "projected_step_s": r.projected_s, "projected_peak_gib": r.projected_gib,
+               "layers": r.cfg.model.num_layers, "projected_step_s": r.projected_s,
+               "projected_peak_gib": r.projected_gib,
                "measured_step_s": m.get("step_time_s"), "measured_peak_gib": m.get("peak_mem_gib"),
                "error": m.get("error")}
         if "error" not in m:

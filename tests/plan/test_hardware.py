@@ -81,4 +81,5 @@ def test_every_builtin_profile_says_where_each_number_comes_from():
     assert "peak_tflops" in h200["datasheet"] and "inter_node_latency_us" in h200["assumption"]
     mi = inputs(load_hardware("mi355x"))
     assert "gemm_efficiency" in mi["hardware"]["assumption"] and "never measured" in mi["compute"]
-    assert "H200" in inputs(load_hardware("h200"))["compute"] and "never" not in inputs(load_hardware("h200"))["compute"]
+    h200_compute = inputs(load_hardware("h200"))["compute"]
+    assert "H200" in h200_compute and "never" not in h200_compute

@@ -199,7 +199,8 @@ def test_fsdp_pipeline_rank_keeps_its_blocks_gathered_and_gathers_once():
     link = comm.Link(50e9, 1e-5)
     gather = comm.all_gather(2 * sp.dense, 4, link) + comm.all_gather(2 * sp.expert, 1, link)
     reduce = comm.reduce_scatter(4 * sp.dense, 4, link) + comm.reduce_scatter(4 * sp.expert, 1, link)
-    assert fsdp.comm_seconds(c, comm, H200, sp.dense, sp.expert, 8, (link, link, link)) == pytest.approx(gather + reduce)
+    links = (link, link, link)
+    assert fsdp.comm_seconds(c, comm, H200, sp.dense, sp.expert, 8, links) == pytest.approx(gather + reduce)
     m_flat = flat.grad_accum_steps
     flat_gather = comm.all_gather(2 * sp.dense, 4, link) + comm.all_gather(2 * sp.expert, 1, link)
     assert fsdp.comm_seconds(flat, comm, H200, sp.dense, sp.expert, m_flat, (link, link, link)) == pytest.approx(

@@ -229,3 +229,19 @@ def test_cli_user_errors_are_one_line(extra, match, capsys, tmp_path):
     assert main([*CLI, *extra, "--out", str(tmp_path / "w.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and match in err
+
+
+def test_the_space_keeps_what_the_trainer_builds_and_plan_only_adds_cp_and_etp():
+    from moetrain.plan.tune_space import shapes
+
+    base = ds()
+    space = Space(gpus=16, global_batch=64, max_mbs=1, optim=("fp32",))
+    got = shapes(base, space)
+    assert {s.cp for s in got} == {1} and {s.etp for s in got} == {1}
+    assert {s.tp for s in got} == {1, 2, 4, 8}  # a node at most; heads 128, vocab 129280, FFN sizes divide
+    assert {s.pp for s in got} == {1, 2, 4}  # 6 layers + 1 MTP depth: at most 7 stages' worth, pp dividing 16
+    assert all(s.ep % s.tp == 0 or s.tp % s.ep == 0 for s in got)
+    hsdp = [s for s in got if s.dp_replicate > 1]  # shards inside a node, replicas across nodes
+    assert hsdp and all(s.dp // s.dp_replicate * s.tp * s.cp == 8 for s in hsdp)
+    wide = shapes(base, dataclasses.replace(space, plan_only=True))
+    assert {s.cp for s in wide} > {1} and {s.etp for s in wide} > {1} and set(got) < set(wide)
