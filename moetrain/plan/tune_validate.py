@@ -9,6 +9,8 @@ For each of the top candidates, in the tuner's order:
   that per GPU, to keep the rows) with every parallel degree 1 and the deepest depth
   (<= 8 layers) the planner says fits this GPU. Tensor parallelism, pipelines and communication are not in a proxy.
 
+A proxy that repeats an earlier run's config (candidates differing only in their pipeline or data parallelism) is
+skipped: the runs rank distinct configs, so ask for more candidates (--top) than runs (--validate-top).
 Every run is projected on this GPU's hardware profile (the built-in one its name maps to, else the tuner's) and
 measured in a fresh process: step time = the median of the steps after the first two (metrics.jsonl), peak memory
 = the largest ``peak_mem_gib`` (rank 0's) or, for pipelines, the largest per-rank peak of pp_timeline. Printed: per
@@ -102,7 +104,9 @@ def proxy_overrides(cfg, layers: int) -> dict:
 
 
 def plan_runs(cands, hw_local, gpus: int, gpu_gib: float, top: int, steps: int, out_dir: str) -> list[Run]:
-    """The runs for the first ``top`` candidates (``tune_report.Candidate``), each projected on ``hw_local``."""
+    """Up to ``top`` runs for the candidates (``tune_report.Candidate``) in order, each projected on ``hw_local``.
+    A candidate whose run would repeat an earlier one's config (proxies of candidates that differ only in what a
+    proxy leaves out: the pipeline, data parallelism) is skipped, so the runs rank distinct configs."""
     import dataclasses
 
     from moetrain.config.load import dump_config
@@ -111,8 +115,10 @@ def plan_runs(cands, hw_local, gpus: int, gpu_gib: float, top: int, steps: int, 
     from moetrain.plan.tune_space import derive
 
     hw_here = dataclasses.replace(hw_local, hbm_gib=gpu_gib)
-    runs = []
-    for i, c in enumerate(cands[:top], 1):
+    runs, seen = [], set()
+    for i, c in enumerate(cands, 1):
+        if len(runs) == top:
+            break
         cfg, kind = c.cfg, "real"
         if cfg.parallel.world_size > gpus:
             kind, cfg = "proxy", None
@@ -123,11 +129,15 @@ def plan_runs(cands, hw_local, gpus: int, gpu_gib: float, top: int, steps: int, 
                     break
             if cfg is None:
                 continue  # not even one layer of its per-GPU work fits here
+        text = dump_config(cfg)
+        if text in seen:
+            continue
+        seen.add(text)
         run = Run(f"candidate-{i}-{kind}", i, kind, cfg, cfg.parallel.world_size, steps=steps)
         folder = Path(out_dir) / run.name
         folder.mkdir(parents=True, exist_ok=True)
         run.config_path, run.out_dir = str(folder / "config.yaml"), str(folder / "run")
-        Path(run.config_path).write_text(dump_config(cfg) + "\n")
+        Path(run.config_path).write_text(text + "\n")
         run.projected_s = project_perf(cfg, hw_here, dp_overlap=0.0).step_time_s
         run.projected_gib = project_memory(cfg, hw_here).peak_gib
         runs.append(run)

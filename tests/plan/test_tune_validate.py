@@ -13,7 +13,7 @@ from moetrain.plan.memory import project_memory
 from moetrain.plan.perf import project_perf
 from moetrain.plan.tune import Options, tune
 from moetrain.plan.tune_report import official
-from moetrain.plan.tune_space import Space
+from moetrain.plan.tune_space import Space, derive
 
 DS = ["model.num_layers=6", "moe.first_k_dense=1", "moe.num_experts=16", "train.seq_length=1024"]
 H200 = load_hardware("h200-sxm")
@@ -22,21 +22,27 @@ H200 = load_hardware("h200-sxm")
 @pytest.fixture(scope="module")
 def cands():
     base = load_config(preset="deepseek-v3", overrides=DS)
-    res = tune(base, H200, Space(gpus=8, global_batch=64, max_mbs=2, optim=("fp32",), max_vpp=2), Options(top_k=3))
+    res = tune(base, H200, Space(gpus=8, global_batch=64, max_mbs=2, optim=("fp32",), max_vpp=2), Options(top_k=10))
     return official(res, lambda over: load_config(preset="deepseek-v3", overrides=DS + over), H200, "auto", 1.0, 0.5)
 
 
 def test_one_gpu_runs_proxies_of_each_candidates_per_gpu_work(cands, tmp_path):
     runs = V.plan_runs(cands, H200, 1, 139.8, 3, 8, str(tmp_path))
-    assert [r.candidate for r in runs] == [1, 2, 3] and all(r.kind == "proxy" and r.nproc == 1 for r in runs)
-    for run, c in zip(runs, cands):
-        p, full = run.cfg, c.cfg
+    assert len(runs) == 3 and all(r.kind == "proxy" and r.nproc == 1 for r in runs)
+    order = [r.candidate for r in runs]
+    assert order == sorted(order) and order[0] == 1
+    texts = [open(r.config_path).read() for r in runs]
+    assert len(set(texts)) == 3  # distinct configs: candidates whose proxy repeats an earlier one are skipped
+    for run in runs:
+        p, full = run.cfg, cands[run.candidate - 1].cfg
         assert p.parallel.world_size == 1 and p.parallel.pp == p.parallel.tp == p.parallel.ep == 1
         assert p.moe.num_experts == max(16 // full.parallel.ep, 8) and p.moe.topk == 8  # local experts, same rows
         assert p.train.micro_batch_size == full.train.micro_batch_size and p.grad_accum_steps == 2
         assert (p.optim.exp_avg_dtype, p.optim.main_grads_dtype) == (full.optim.exp_avg_dtype,
                                                                      full.optim.main_grads_dtype)
-        assert p.model.num_layers == 6  # the whole depth fits one H200 here
+        k = p.model.num_layers  # the deepest that fits one H200
+        assert project_memory(p, H200).verdict == "fits"
+        assert k == 6 or project_memory(derive(full, V.proxy_overrides(full, k + 1)), H200).verdict != "fits"
         written = load_config(path=run.config_path)
         assert run.projected_s == pytest.approx(project_perf(written, H200, dp_overlap=0.0).step_time_s)
         assert run.projected_gib == pytest.approx(project_memory(written, H200).peak_gib)
@@ -51,8 +57,6 @@ def test_proxy_depth_shrinks_to_what_fits_the_gpu(cands, tmp_path):
     layers = small[0].cfg.model.num_layers
     assert 1 <= layers < 6 and project_memory(small[0].cfg, gpu).verdict == "fits"
     deeper = V.proxy_overrides(cands[0].cfg, layers + 1)
-    from moetrain.plan.tune_space import derive
-
     assert project_memory(derive(cands[0].cfg, deeper), gpu).verdict != "fits"  # the deepest that fits
     assert V.plan_runs(cands, H200, 1, 40.0, 1, 8, str(tmp_path)) == []  # not even one layer: left out
 
@@ -75,15 +79,15 @@ def test_read_measurement_takes_the_median_after_warm_up_and_the_largest_peak(tm
 
 
 def test_rankings_and_errors_with_a_fake_runner(cands, tmp_path, capsys):
-    factor = {1: 1.10, 2: 0.80, 3: 1.00}  # measured = projected / factor: run 2 turns out slowest
-    fake = lambda run: {"step_time_s": run.projected_s / factor[run.candidate], "peak_mem_gib": run.projected_gib}
+    factors = iter([1.10, 0.80, 1.00])  # measured = projected / factor: the second run turns out slowest
+    fake = lambda run: {"step_time_s": run.projected_s / next(factors), "peak_mem_gib": run.projected_gib}
     s = V.run_validation(cands, H200, top=3, steps=5, out_dir=str(tmp_path), runner=fake,
                          machine=(1, "NVIDIA H200", 139.8))
     proj = {r["candidate"]: r["projected_step_s"] for r in s["runs"]}
     meas = {r["candidate"]: r["measured_step_s"] for r in s["runs"]}
     assert s["projected_order"] == sorted(proj, key=proj.get) and s["measured_order"] == sorted(meas, key=meas.get)
     assert [r["step_error_pct"] for r in s["runs"]] == pytest.approx([10.0, -20.0, 0.0])
-    assert s["tuner_order"] == [1, 2, 3] and json.loads((tmp_path / "summary.json").read_text()) == s
+    assert s["tuner_order"] == sorted(proj) and json.loads((tmp_path / "summary.json").read_text()) == s
     assert V.spearman([1, 2, 3], [1, 2, 3]) == 1.0 and V.spearman([1, 2, 3], [3, 2, 1]) == -1.0
     assert "Spearman" in V.text(s)
 
@@ -95,7 +99,7 @@ def test_cli_validate_with_a_fake_machine_and_runner(monkeypatch, tmp_path, caps
     monkeypatch.setattr(V, "subprocess_runner", lambda run: {"step_time_s": run.projected_s * 1.05,
                                                              "peak_mem_gib": run.projected_gib})
     rc = main(["tune", "--preset", "deepseek-v3", *DS, "--gpus", "8", "--global-batch", "64", "--max-mbs", "2",
-               "--optim", "fp32", "--max-vpp", "2", "--top", "2", "--json", "--out", str(tmp_path / "w.yaml"),
+               "--optim", "fp32", "--max-vpp", "2", "--top", "8", "--json", "--out", str(tmp_path / "w.yaml"),
                "--validate", "--validate-top", "2", "--steps", "4", "--validate-out", str(tmp_path / "v")])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
