@@ -21,7 +21,10 @@ parameters excluded: tests/plan/test_activations.py), for example:
   keeps nothing: no gradient flows through it); the expert path keeps FC1's input (the permuted
   rows [M, H]; on the fused path, moe.backend auto/triton on CUDA, the token rows [T, H] and a
   row index instead), FC1 output [M, 2I] (SwiGLU's only input), FC2 input [M, I], and the
-  combine's FC2 output rows [M, H], fp32 weights and dropped-assignment mask.
+  combine's FC2 output rows [M, H], fp32 weights and dropped-assignment mask. Under expert parallelism
+  FC1 keeps the received rows [M, H] and their int64 regroup index (never the fused gather), and the
+  all-to-all's backward holds a receive buffer [M, H] (not measured on a GPU yet: the terms follow
+  distributed.expert_parallel's code).
 * Routed rows M = tokens x top-k (x --moe-imbalance on the busiest rank). A capacity factor
   does not shrink them: our ops keep every assignment (dropped ones ride with the last expert
   and are weighted by zero), so capacity only adds its mask.
@@ -297,7 +300,12 @@ def routed_experts(cfg: Config, d: Dims) -> list[Term]:
     e, H = cfg.moe, cfg.model.hidden_size
     M, b, I = expert_rows(cfg, d), d.b, e.moe_ffn_hidden_size / d.etp
     out = [Term("permute idx", 8 * M)]  # the inverse permutation, shared by FC1's backward and the combine
-    if moe_plan(cfg, d).fused:  # FC1 reads x [T, H] (see moe_mlp) through int32 row indices; offs [E] int32
+    if d.ep > 1:
+        # expert parallelism (distributed.expert_parallel): the experts compute on the received rows, regrouped by
+        # an int64 index that the regrouping, the probs' regrouping and the combine's way back all keep; FC1 keeps
+        # the received rows themselves (no fused gather from x on this path)
+        out += [Term("expert input (received rows)", b * M * H, wgrad=True), Term("regroup idx", 8 * M)]
+    elif moe_plan(cfg, d).fused:  # FC1 reads x [T, H] (see moe_mlp) through int32 row indices; offs [E] int32
         out += [Term("gather idx", 4 * M + 4 * e.num_experts / d.ep)]
     else:
         out += [Term("expert input", b * M * H, wgrad=True)]
@@ -454,18 +462,22 @@ def block_backward_extra(cfg: Config, d: Dims, moe: bool, window: int | None, gr
             moments.append(b * T * (2 * sh + H) + g(2 * sh * H, so_far))
         # FC2's output rows, kept by the weighted combine (the fused path without biases weighs in SwiGLU)
         rows_kept = 0.0 if fused and not e.expert_linear_bias else b * M * H
+        # expert parallelism: the all-to-all's backward receives each gradient into a buffer of its own beside the
+        # one it sends (the combine's, then FC1's input gradient on its way back)
+        a2a = b * M * H if d.ep > 1 else 0.0
         # combine backward: the gradient of FC2's output rows (the torch version also gathers the rows)
-        moments.append((1 if fused else 2) * b * M * H + g(0.0, so_far))
+        moments.append((1 if fused else 2) * b * M * H + a2a + g(0.0, so_far))
         so_far += d_expert_params(cfg, d) / 3
         moments.append(b * M * H + b * M * I - rows_kept + g(d_expert_params(cfg, d) / 3, so_far))
         so_far += 2 * d_expert_params(cfg, d) / 3
         freed = rows_kept + b * M * I + b * M * 2 * I  # combine rows, FC2 input, FC1 output
         # FC1 backward: dh, dx_perm, and on the fused path x_perm gathered again for the weight gradient
-        moments.append(b * M * 2 * I + (2 if fused else 1) * b * M * H - freed
+        moments.append(b * M * 2 * I + (2 if fused else 1) * b * M * H + a2a - freed
                        + g(2 * d_expert_params(cfg, d) / 3, so_far))
         so_far += e.num_experts * H
         mlp_saved = sum(t.bytes for t in saved if t.name.startswith(("router", "group", "top-k", "capacity",
-                        "moe", "permute", "expert", "fc", "act", "bias", "combine", "shared")))
+                        "moe", "permute", "regroup", "expert", "fc", "act", "bias",
+                        "combine", "shared")))
     else:
         F = m.ffn_hidden_size / d.tp
         rows = F if m.activation == "gelu" else 2 * F

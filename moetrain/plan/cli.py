@@ -1,4 +1,4 @@
-"""`moetrain plan memory | perf | validate | timeline`: argparse wiring for the planner.
+"""`moetrain plan memory | perf | validate | timeline | tune`: argparse wiring for the planner.
 
 ``register(commands, add_config_source)`` adds the ``plan`` command tree to the subparsers
 object of moetrain/cli.py. ``plan memory`` and ``plan perf`` (without --measure) import torch only
@@ -43,7 +43,7 @@ def cmd_memory(args) -> int:
     from moetrain.plan.report import memory_json, memory_table
 
     rep = project_memory(cfg, hw, attention=args.attention, moe_imbalance=args.moe_imbalance)
-    print(memory_json(cfg, rep) if args.json else memory_table(cfg, rep))
+    print(memory_json(cfg, rep, hw) if args.json else memory_table(cfg, rep))
     return 0
 
 
@@ -71,7 +71,7 @@ def cmd_perf(args) -> int:
             from moetrain.plan.timeline_render import render_png
 
             render_png([tl], args.png)
-    print(perf_json(cfg, rep) if args.json else perf_table(cfg, rep, hw))
+    print(perf_json(cfg, rep, hw) if args.json else perf_table(cfg, rep, hw))
     return 0
 
 
@@ -161,6 +161,89 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def _tune_space(args, base):
+    from moetrain.plan.tune_space import OPTIM, TUNED_KEYS, Space
+
+    if args.gpus < 1:
+        raise UserError(f"--gpus = {args.gpus}: must be >= 1")
+    if args.top < 1:
+        raise UserError(f"--top = {args.top}: must be >= 1")
+    if args.gpu_memory is not None and args.gpu_memory <= 0:
+        raise UserError(f"--gpu-memory = {args.gpu_memory}: must be > 0 GiB")
+    optim = tuple(x for x in args.optim.split(",") if x)
+    bad = [x for x in optim if x not in OPTIM]
+    if bad or not optim:
+        raise UserError(f"--optim {args.optim!r}: valid names are {', '.join(OPTIM)} (comma-separated)")
+    gbs = args.global_batch or base.train.global_batch_size
+    if gbs < 1:
+        raise UserError(f"--global-batch = {gbs}: must be >= 1")
+    user = {text.partition("=")[0].strip() for text in args.overrides}  # the keys the command line set
+    fixed = tuple((k, getattr(getattr(base, k.split(".")[0]), k.split(".")[1])) for k in TUNED_KEYS if k in user)
+    return Space(gpus=args.gpus, global_batch=gbs, optim=optim, max_mbs=args.max_mbs, max_vpp=args.max_vpp,
+                 plan_only=args.plan_only, fixed=fixed)
+
+
+def _tune_command(args) -> str:
+    """The search's inputs as one command line (the winner YAML's first line)."""
+    parts = ["moetrain plan tune", f"--config {args.config}" if args.config else f"--preset {args.preset or 'tiny'}",
+             *args.overrides, f"--gpus {args.gpus}", f"--hardware {args.hardware}"]
+    for flag, value in (("--gpu-memory", args.gpu_memory), ("--global-batch", args.global_batch),
+                        ("--optim", args.optim), ("--max-mbs", args.max_mbs), ("--max-vpp", args.max_vpp)):
+        if value is not None:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts + (["--plan-only"] if args.plan_only else []))
+
+
+def cmd_tune(args) -> int:
+    import dataclasses
+
+    from moetrain.config.load import load_config
+    from moetrain.plan import tune_report as R
+    from moetrain.plan.tune import Options, tune
+
+    _check_options(args)
+    base = _load(args)
+    hw = _hardware(args)
+    if args.gpu_memory is not None:
+        hw = dataclasses.replace(hw, hbm_gib=args.gpu_memory, sources={**hw.sources, "hbm_gib": "user (--gpu-memory)"})
+    space = _tune_space(args, base)
+    if args.global_batch:
+        base = dataclasses.replace(base, train=dataclasses.replace(base.train, global_batch_size=args.global_batch))
+    opts = Options(top_k=args.top, attention=args.attention, moe_imbalance=args.moe_imbalance,
+                   dp_overlap=args.dp_overlap)
+    result = tune(base, hw, space, opts, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    if not result.found:
+        raise UserError(f"no configuration of {base.model.name} on {args.gpus} x {hw.name} fits "
+                        f"{result.limit_gib:.1f} GiB per GPU (the planner's fits limit) with global batch "
+                        f"{space.global_batch}: {result.stats.shapes} shapes, {result.stats.infeasible} pipeline "
+                        "options out of memory even with every block recomputed; try more GPUs, a smaller "
+                        "train.seq_length, or --plan-only for context parallelism")
+    if args.plan_only:
+        result.notes.append("--plan-only: candidates with parallel.cp or parallel.etp > 1 are projections only; "
+                            "moetrain train refuses them today")
+    extra = [f"train.global_batch_size={space.global_batch}"] if args.global_batch else []
+    loader = lambda over: load_config(path=args.config, preset=args.preset,  # noqa: E731
+                                      overrides=list(args.overrides) + extra + over)
+    cands = R.official(result, loader, hw, args.attention, args.moe_imbalance, args.dp_overlap)
+    path = args.out or f"runs/tune/{base.model.name}-{args.gpus}x{hw.name}.yaml"
+    written = R.write_winner(cands[0], path, _tune_command(args))
+    title = (f"{base.model.name} on {args.gpus} x {hw.name} ({hw.hbm_gib:g} GiB), global batch {space.global_batch} "
+             f"x {base.train.seq_length}: top {len(cands)} of the search ({result.stats.seconds:.1f} s)")
+    if not args.json:
+        print(R.table(cands, result, hw, title))
+        print(f"winner written to {written} (moetrain train --config {written})", flush=True)
+    validation = None
+    if args.validate:
+        from moetrain.plan import tune_validate as V
+
+        validation = V.run_validation(cands, hw, top=args.validate_top, steps=args.steps, out_dir=args.validate_out)
+        if not args.json:
+            print(V.text(validation))
+    if args.json:
+        print(R.result_json(cands, result, hw, args.gpus, written, validation))
+    return 0
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", metavar="NAME|FILE", default="h200-sxm",
                    help="built-in profile (a100-80gb-sxm, h100-sxm, h200-sxm, b200, mi300x, mi355x) or a YAML file")
@@ -173,7 +256,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(commands, add_config_source) -> None:
-    """Add `plan memory | perf | validate | timeline` to the argparse subparsers object ``commands``."""
+    """Add `plan memory | perf | validate | timeline | tune` to the argparse subparsers object ``commands``."""
     plan = commands.add_parser("plan", help="project memory and step time before using GPUs").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True)
 
@@ -204,6 +287,36 @@ def register(commands, add_config_source) -> None:
     p.add_argument("--step", type=int, metavar="N", help="the recorded step of run directories (default: the last)")
     _common(p)
     p.set_defaults(func=cmd_timeline, overrides=[])
+
+    p = plan.add_parser("tune", help="search parallel degrees, pipeline layouts, schedules, recompute and "
+                                     "precision for the fastest step that fits; write the winner as a YAML",
+                        description="Keys set on the command line (key=value) stay fixed; the search takes the "
+                                    "rest. parallel.cp and parallel.etp stay 1 (the trainer refuses more) unless "
+                                    "--plan-only.")
+    add_config_source(p)
+    _common(p)
+    p.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs of the job")
+    p.add_argument("--gpu-memory", type=float, metavar="GiB", help="memory per GPU instead of the profile's")
+    p.add_argument("--global-batch", type=int, metavar="B", help="sequences per step (default: the config's)")
+    p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to print (default 5)")
+    p.add_argument("--out", metavar="FILE.yaml", help="where the winner goes (default runs/tune/MODEL-NxHW.yaml)")
+    p.add_argument("--optim", default="fp32,bf16-moments,bf16-grads-moments", metavar="NAMES",
+                   help="optimizer precisions to try: fp32, bf16-moments, bf16-grads-moments (fp32 master weights "
+                        "kept), bf16-all (none); comma-separated")
+    p.add_argument("--max-mbs", type=int, default=8, metavar="N", help="largest micro-batch tried (default 8)")
+    p.add_argument("--max-vpp", type=int, default=8, metavar="N", help="most virtual stages per rank (default 8)")
+    p.add_argument("--plan-only", action="store_true",
+                   help="also parallel.cp and parallel.etp > 1: a projection only, moetrain train refuses them today")
+    p.add_argument("--dp-overlap", type=float, default=0.5, metavar="F",
+                   help="fraction of data-parallel communication hidden behind compute (default 0.5, as plan perf)")
+    p.add_argument("--validate", action="store_true",
+                   help="then run the top candidates that fit this machine with the real trainer (one GPU: reduced "
+                        "depth proxies) and compare projected with measured step time, memory and ranking")
+    p.add_argument("--validate-top", type=int, default=3, metavar="K", help="candidates --validate runs (default 3)")
+    p.add_argument("--steps", type=int, default=12, metavar="N", help="steps per --validate run (default 12)")
+    p.add_argument("--validate-out", metavar="DIR", default="runs/plan-tune-validate",
+                   help="per-candidate results of --validate")
+    p.set_defaults(func=cmd_tune)
 
     from moetrain.plan.validate_configs import ALL_CONFIGS, CALIBRATION_CONFIGS, CONFIG_NAMES
 

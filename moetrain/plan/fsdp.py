@@ -12,11 +12,13 @@ over dp_shard x cp ranks, routed experts (already split over ep x etp) over the 
 * optimizer: the Adam moments of the shard;
 * gathered: the unsharded parameters (compute dtype) alive while a block runs: the root (embedding, head, final
   norm: kept between forward and backward) plus the current and the prefetched block; in backward one block's
-  unsharded gradient and its reduce-dtype copy for the reduce-scatter.
+  unsharded gradient and its reduce-dtype copy for the reduce-scatter. A pipeline rank (pp > 1) keeps every block
+  of its stages gathered from its first forward to the step's end (``apply_fsdp(reshard_blocks=False)``: torch's
+  schedule runs many forwards before their backwards), so all its local parameters are gathered.
 
-Communication per step: each block's parameters all-gathered in forward and again in backward on every
-micro-batch (blocks reshard after forward), the gradients reduce-scattered once (and all-reduced over
-dp_replicate under HSDP). Pure Python.
+Communication per step: without a pipeline each block's parameters are all-gathered in forward and again in
+backward on every micro-batch (blocks reshard after forward); a pipeline rank gathers them once, in its first
+forward. The gradients are reduce-scattered once (and all-reduced over dp_replicate under HSDP). Pure Python.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 def applies(cfg: Config) -> bool:
     """Whether the trainer shards with FSDP2: any job of more than one rank."""
     return cfg.parallel.world_size > 1
+
+
+def pipelined(cfg: Config) -> bool:
+    """Whether the blocks stay gathered for the whole step (a pipeline rank: ``reshard_blocks=False``)."""
+    return cfg.parallel.pp > 1
 
 
 def shard_degrees(cfg: Config) -> tuple[int, int]:
@@ -63,7 +70,7 @@ def memory(cfg: Config, dense: float, expert: float, root: float, largest_block:
     sd, se = shard_degrees(cfg)
     shard = dense / sd + expert / se
     b_s, b_p, b_g = storage_bytes(cfg), DTYPE_BYTES[cfg.precision.dtype], DTYPE_BYTES[o.main_grads_dtype]
-    gathered = b_p * (root + 2 * largest_block)
+    gathered = b_p * ((dense + expert) if pipelined(cfg) else (root + 2 * largest_block))
     return FsdpMemory(
         params=b_s * shard, grads=b_s * shard, accumulated=b_g * (dense + expert) if m > 1 else 0.0,
         optimizer=(DTYPE_BYTES[o.exp_avg_dtype] + DTYPE_BYTES[o.exp_avg_sq_dtype]) * shard,
@@ -76,7 +83,8 @@ def comm_seconds(cfg: Config, comm, hw, dense: float, expert: float, m: int, lin
     sd, se = shard_degrees(cfg)
     b_p, b_g = DTYPE_BYTES[cfg.precision.dtype], DTYPE_BYTES[cfg.optim.main_grads_dtype]
     dense_link, expert_link, replicate_link = links
-    gathers = 2 * m * (comm.all_gather(b_p * dense, sd, dense_link) + comm.all_gather(b_p * expert, se, expert_link))
+    rounds = 1 if pipelined(cfg) else 2 * m  # gathered once per step, or in forward and backward per micro-batch
+    gathers = rounds * (comm.all_gather(b_p * dense, sd, dense_link) + comm.all_gather(b_p * expert, se, expert_link))
     reduce = comm.reduce_scatter(b_g * dense, sd, dense_link) + comm.reduce_scatter(b_g * expert, se, expert_link)
     replicas = cfg.parallel.dp_replicate
     if replicas > 1:

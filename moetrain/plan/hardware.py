@@ -8,7 +8,9 @@ Keys (units in the name): peak_tflops {bf16, fp16, fp8, tf32, fp32} dense TFLOP/
 usable device memory; hbm_tbps memory bandwidth; gpus_per_node; intra_node_gbps and
 inter_node_gbps per GPU per direction (GB/s); intra/inter_node_latency_us per collective step;
 launch_overhead_us host time to launch one eager kernel; gemm_efficiency and hbm_efficiency the
-fractions of the peaks that large GEMMs and copies really reach; optional ``measured`` numbers.
+fractions of the peaks that large GEMMs and copies really reach; optional ``measured`` numbers;
+``sources``: for each key, where its number comes from (measured, datasheet, reference design,
+assumption), reported by ``inputs``.
 
 Pure Python; no torch.
 """
@@ -28,6 +30,8 @@ ALIASES = {
     "mi300": "mi300x", "mi355": "mi355x", "b200-sxm": "b200",
 }
 REQUIRED = ("peak_tflops", "hbm_gib", "hbm_tbps", "gpus_per_node", "intra_node_gbps", "inter_node_gbps")
+TIMING_KEYS = ("intra_node_latency_us", "inter_node_latency_us", "launch_overhead_us", "gemm_efficiency",
+               "hbm_efficiency")
 
 
 @dataclass
@@ -46,7 +50,18 @@ class Hardware:
     gemm_efficiency: float = 0.75
     hbm_efficiency: float = 0.85
     measured: dict[str, float] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
     source: str = ""
+
+    def inputs(self) -> dict[str, list[str]]:
+        """The profile's numbers grouped by where they come from (``sources``; "unstated" for a key without one,
+        e.g. in a user's own profile). The ``measured`` numbers are measured on the profile's GPU."""
+        out: dict[str, list[str]] = {}
+        for key in REQUIRED + TIMING_KEYS:
+            out.setdefault(self.sources.get(key, "unstated"), []).append(key)
+        if self.measured:
+            out.setdefault("measured", []).extend(f"measured.{k}" for k in self.measured)
+        return out
 
     def peak(self, dtype: str) -> float:
         """Peak dense TFLOP/s for a compute dtype (fp32 matmuls without TF32 use ``fp32``)."""

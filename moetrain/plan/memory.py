@@ -41,6 +41,7 @@ Pure Python.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from moetrain.config.schema import Config
 from moetrain.models import accounting as acc
@@ -48,7 +49,7 @@ from moetrain.plan import activations as A
 from moetrain.plan import fsdp
 from moetrain.plan.layout import Layout, Stage, parse_layout
 from moetrain.plan.schedule_orders import Action, rank_actions
-from moetrain.plan.simulator import peak_in_flight
+from moetrain.plan.simulator import in_flight_states, peak_of_states
 
 GiB = 2**30
 WORKSPACE = 64 * 2**20  # cuBLAS + cuBLASLt workspaces, measured on H200 (allocated at the first GEMM)
@@ -231,23 +232,31 @@ def _window(cfg: Config, layer: int) -> int | None:
     return cfg.model.sliding_window if acc.uses_sliding_window(cfg, layer) else None
 
 
-def stage_block_terms(cfg: Config, d: A.Dims, stage: Stage) -> list[tuple[int, list[A.Term], list[A.Term]]]:
-    """(block id, saved terms, terms without recompute) for every block of the stage, in order."""
+def stage_block_terms(cfg: Config, d: A.Dims, stage: Stage, memo: dict | None = None
+                      ) -> list[tuple[int, list[A.Term], list[A.Term]]]:
+    """(block id, saved terms, terms without recompute) for every block of the stage, in order. ``memo``: a dict
+    kept for one (cfg, d): blocks of the same kind, window and mode have the same terms."""
+    memo = {} if memo is None else memo
+
+    def terms(moe: bool, win: int | None, mode: str) -> list[A.Term]:
+        if (moe, win, mode) not in memo:
+            memo[(moe, win, mode)] = A.block_terms(cfg, d, moe, win, mode)
+        return memo[(moe, win, mode)]
+
     out = []
     for i in stage.layers:
         moe, win = cfg.is_moe_layer(i), _window(cfg, i)
-        out.append((i, A.block_terms(cfg, d, moe, win, block_mode(cfg, i)), A.block_terms(cfg, d, moe, win, "none")))
+        out.append((i, terms(moe, win, block_mode(cfg, i)), terms(moe, win, "none")))
     for dep in stage.mtp:
         gid = cfg.model.num_layers + dep
-        out.append((gid, A.block_terms(cfg, d, cfg.is_moe, None, block_mode(cfg, gid)),
-                    A.block_terms(cfg, d, cfg.is_moe, None, "none")))
+        out.append((gid, terms(cfg.is_moe, None, block_mode(cfg, gid)), terms(cfg.is_moe, None, "none")))
     return out
 
 
-def stage_activation_bytes(cfg: Config, d: A.Dims, stage: Stage) -> tuple[float, float]:
+def stage_activation_bytes(cfg: Config, d: A.Dims, stage: Stage, memo: dict | None = None) -> tuple[float, float]:
     """(all saved bytes, wgrad-only bytes) of one micro-batch on one stage."""
     terms: list[A.Term] = []
-    for _, t, _ in stage_block_terms(cfg, d, stage):
+    for _, t, _ in stage_block_terms(cfg, d, stage, memo):
         terms += t
     for _ in stage.mtp:
         terms += A.mtp_extra_terms(cfg, d)
@@ -262,6 +271,12 @@ def rank_orders(cfg: Config, layout: Layout, m: int) -> list[list[Action]]:
     """Each pipeline rank's compute actions in torch's order for parallel.pp_schedule (one rank without
     pipelining: each micro-batch forward through its stages, then backward)."""
     return rank_actions(cfg.parallel.pp_schedule, layout.pp, layout.vpp, m)
+
+
+@lru_cache(maxsize=256)
+def rank_states(schedule: str, pp: int, vpp: int, m: int) -> tuple:
+    """Each rank's ``simulator.in_flight_states`` under ``schedule`` (its order walked once per degrees)."""
+    return tuple(in_flight_states(order) for order in rank_actions(schedule, pp, vpp, m))
 
 
 def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbalance: float = 1.0,
@@ -280,12 +295,13 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
     sharded = fsdp.applies(cfg)
     if sharded:
         master = 0  # the sharded fp32 parameters are the master weights
-    orders = rank_orders(cfg, layout, m)
+    states = rank_states(p.pp_schedule, layout.pp, layout.vpp, m)
 
     act_of: dict[int, float] = {}
     wgrad_of: dict[int, float] = {}
+    memo: dict = {}
     for st in layout.stages:
-        act_of[st.index], wgrad_of[st.index] = stage_activation_bytes(cfg, d, st)
+        act_of[st.index], wgrad_of[st.index] = stage_activation_bytes(cfg, d, st, memo)
 
     ranks = []
     for r in range(layout.pp):
@@ -297,7 +313,7 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
         params = b_p * n
         grads_full = b_g * n
         optimizer = (master + b_m + b_v) * n
-        in_flight_bytes = peak_in_flight(orders[r], act_of, wgrad_of)
+        in_flight_bytes = peak_of_states(states[r], act_of, wgrad_of)
         mb_bytes = sum(act_of[st.index] for st in stages) / max(len(stages), 1)
         persistent_grads = not separate_grads
         grads_pre = grads_full if (persistent_grads and (m > 1 or layout.pp > 1)) else 0.0
@@ -337,7 +353,7 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
         L = cfg.model.num_layers
         grads_mode = "lazy" if lazy else ("hook" if separate_grads else "none")
         tuning, first_step = tuning_bytes(cfg, device), 0.0
-        for gid, saved, full in reversed(stage_block_terms(cfg, d, last)):
+        for gid, saved, full in reversed(stage_block_terms(cfg, d, last, memo)):
             moe = cfg.is_moe if gid >= L else cfg.is_moe_layer(gid)
             win = _window(cfg, gid) if gid < L else None
             recomputed = max(A.total(full) - A.total(saved), 0.0)  # rebuilt in this block's backward

@@ -231,6 +231,26 @@ def ep_all_to_all(cfg: Config, d, hw, ranks: RankLayout) -> float:
     return comm.all_to_all(d.b * d.Tr * cfg.moe.topk * H, p.ep, ranks.stride("ep"), hw, d.moe_imbalance)
 
 
+def rank_tail(cfg: Config, hw, dense: float, expert: float, n_blocks: int, dp_overlap: float
+              ) -> tuple[float, float, dict[str, float], float]:
+    """What a pipeline rank holding ``dense`` and ``expert`` local parameters in ``n_blocks`` blocks adds after its
+    pipeline work: (data-parallel communication seconds, the exposed part, the optimizer's parts, the whole tail =
+    exposed + optimizer + the per-step overhead)."""
+    p = cfg.parallel
+    g, n_opt = 0.0, dense + expert  # one rank: nothing to reduce
+    if fsdp.applies(cfg):
+        ranks = RankLayout.from_config(p)
+        sd, se = fsdp.shard_degrees(cfg)
+        links = (comm.group_link(hw, sd, ranks.stride("cp")), comm.group_link(hw, se, ranks.stride("efsdp")),
+                 comm.group_link(hw, p.dp_replicate, ranks.stride("dp_replicate")))
+        g = fsdp.comm_seconds(cfg, comm, hw, dense, expert, cfg.grad_accum_steps, links)
+        n_opt = dense / sd + expert / se
+    exposed = (1.0 - dp_overlap) * g
+    opt = optimizer_time(cfg, hw, n_opt, TENSORS_PER_BLOCK * max(n_blocks, 1) + 3)
+    overhead = STEP_OVERHEAD_GRAPH_S if cfg.train.cuda_graph else STEP_OVERHEAD_S
+    return g, exposed, opt, exposed + sum(opt.values()) + overhead
+
+
 def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: float = 1.0, dp_overlap: float = 0.5,
                  measured: dict | None = None, measured_hooks: bool = False) -> PerfReport:
     p, t = cfg.parallel, cfg.train
@@ -260,20 +280,9 @@ def project_perf(cfg: Config, hw, *, attention: str = "auto", moe_imbalance: flo
     bubbles = [tl.bubble_fraction(r) for r in range(layout.pp)]
 
     # data parallel + optimizer, per pipeline rank
-    replicate_link = comm.group_link(hw, p.dp_replicate, ranks.stride("dp_replicate"))
     per_rank, tails = [], []
     for r, sp in enumerate(ranks_params):
-        g, n_opt = 0.0, sp.total  # one rank: nothing to reduce
-        if fsdp.applies(cfg):
-            sd, se = fsdp.shard_degrees(cfg)
-            links = (comm.group_link(hw, sd, ranks.stride("cp")), comm.group_link(hw, se, ranks.stride("efsdp")),
-                     replicate_link)
-            g = fsdp.comm_seconds(cfg, comm, hw, sp.dense, sp.expert, m_mb, links)
-            n_opt = sp.dense / sd + sp.expert / se
-        exposed = (1.0 - dp_overlap) * g
-        n_tensors = TENSORS_PER_BLOCK * max(len(sp.by_block), 1) + 3
-        opt = optimizer_time(cfg, hw, n_opt, n_tensors)
-        tail = exposed + sum(opt.values()) + (STEP_OVERHEAD_GRAPH_S if cfg.train.cuda_graph else STEP_OVERHEAD_S)
+        g, exposed, opt, tail = rank_tail(cfg, hw, sp.dense, sp.expert, len(sp.by_block), dp_overlap)
         tails.append(tail)
         stg = layout.stages_of_rank(r)
         per_rank.append({

@@ -1,8 +1,9 @@
 """Rendering of planner results: rich tables for people, JSON for programs.
 
 JSON keys are a stable interface (add, never rename): memory -> peak_gib, verdict, per_rank
-[{pp_rank, params_gib, grads_gib, optimizer_gib, activations_gib, other_gib, total_gib, ...}];
-perf -> step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu, bubble_fraction, host_bound_fraction, per_rank.
+[{pp_rank, params_gib, grads_gib, optimizer_gib, activations_gib, other_gib, total_gib, ...}], inputs;
+perf -> step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu, bubble_fraction, host_bound_fraction, per_rank,
+inputs (``provenance.inputs``: which numbers are measured, datasheet or assumed).
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ def config_summary(cfg) -> str:
             f"{' ids=' + str(t.recompute_layer_ids) if t.recompute_layer_ids else ''}, {cfg.precision.dtype}")
 
 
-def memory_json(cfg, rep: MemoryReport) -> str:
+def memory_json(cfg, rep: MemoryReport, hw=None) -> str:
     out = {"model": cfg.model.name, **rep.to_dict()}
+    if hw is not None:
+        from moetrain.plan.provenance import inputs
+
+        out["inputs"] = inputs(hw)
     return json.dumps(out, indent=1)
 
 
@@ -59,8 +64,13 @@ def memory_table(cfg, rep: MemoryReport) -> str:
 HOST_BOUND_WARN = 0.25  # host_bound_fraction from which plan perf warns
 
 
-def perf_json(cfg, rep) -> str:
-    return json.dumps({"model": cfg.model.name, **rep.to_dict()}, indent=1)
+def perf_json(cfg, rep, hw=None) -> str:
+    out = {"model": cfg.model.name, **rep.to_dict()}
+    if hw is not None:
+        from moetrain.plan.provenance import inputs
+
+        out["inputs"] = inputs(hw, measured_blocks=rep.mode == "measured")
+    return json.dumps(out, indent=1)
 
 
 def perf_table(cfg, rep, hw) -> str:

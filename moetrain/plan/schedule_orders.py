@@ -72,7 +72,7 @@ class _StandInStage:
         self.stage_index_to_group_rank = None
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def _torch_steps(schedule: str, pp: int, vpp: int, m: int) -> tuple[tuple[Step, ...], ...]:
     try:
         from torch.distributed.pipelining import schedules as ts
@@ -85,9 +85,9 @@ def _torch_steps(schedule: str, pp: int, vpp: int, m: int) -> tuple[tuple[Step, 
         sched = cls(_StandInStage(pp, n_stages, 0), m)
     else:
         sched = cls([_StandInStage(pp, n_stages, c * pp) for c in range(vpp)], m)
-    out = []
+    out, kinds = [], _kinds(ts)
     for rank in range(pp):
-        steps = [_convert(a, ts) for a in sched.pipeline_order[rank] if a is not None and a.is_compute_op]
+        steps = [_convert(a, ts, kinds) for a in sched.pipeline_order[rank] if a is not None and a.is_compute_op]
         out.append(tuple(steps))
     if schedule == "1f1b":
         out = [_renumber_forwards(steps) for steps in out]
@@ -100,9 +100,12 @@ def _no_lowering(self, *args, **kwargs) -> None:
     names it otherwise the lowering runs: slower, same order."""
 
 
-def _convert(action, ts) -> Step:
-    kinds = {ts._ComputationType.FORWARD: "F", ts._ComputationType.BACKWARD_INPUT: "I",
-             ts._ComputationType.BACKWARD_WEIGHT: "W", ts._ComputationType.FULL_BACKWARD: "B"}
+def _kinds(ts) -> dict:
+    return {ts._ComputationType.FORWARD: "F", ts._ComputationType.BACKWARD_INPUT: "I",
+            ts._ComputationType.BACKWARD_WEIGHT: "W", ts._ComputationType.FULL_BACKWARD: "B"}
+
+
+def _convert(action, ts, kinds: dict) -> Step:
     if action.computation_type == ts._ComputationType.OVERLAP_F_B:
         return tuple(Action(kinds[a.computation_type], a.microbatch_index, a.stage_index) for a in action.sub_actions)
     return (Action(kinds[action.computation_type], action.microbatch_index, action.stage_index),)

@@ -92,15 +92,32 @@ def peak_in_flight(order: list, act: dict[int, float], wgrad: dict[int, float] |
     """Peak saved-activation bytes on one rank walking its ops in order (anything with ``kind``, ``mb``,
     ``stage``: schedule_orders.Action or timeline.Op). F adds the stage's activations; a backward frees them,
     keeping the weight-gradient part (``wgrad``) where a W of the same stage and micro-batch follows; W frees that."""
-    wgrad = wgrad or {}
+    return peak_of_states(in_flight_states(order), act, wgrad)
+
+
+def in_flight_states(order: list) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """The distinct states a rank's order passes through right after each forward (where the saved activations
+    peak), each as ((stage, micro-batches whose activations are kept, micro-batches whose weight-gradient part
+    alone is kept), ...) by stage. A long order repeats few states: the peak over them is that of the walk."""
     deferred = {(op.stage, op.mb) for op in order if op.kind == "W"}
-    cur = peak = 0.0
+    kept: dict[int, int] = {}
+    wgrad_only: dict[int, int] = {}
+    seen: dict[tuple, None] = {}
     for op in order:
         if op.kind == "F":
-            cur += act[op.stage]
-            peak = max(peak, cur)
+            kept[op.stage] = kept.get(op.stage, 0) + 1
+            state = tuple((s, kept.get(s, 0), wgrad_only.get(s, 0)) for s in sorted(set(kept) | set(wgrad_only)))
+            seen.setdefault(state, None)
         elif op.kind in ("I", "B"):
-            cur -= act[op.stage] - (wgrad.get(op.stage, 0.0) if (op.stage, op.mb) in deferred else 0.0)
+            kept[op.stage] -= 1
+            if (op.stage, op.mb) in deferred:
+                wgrad_only[op.stage] = wgrad_only.get(op.stage, 0) + 1
         else:
-            cur -= wgrad.get(op.stage, 0.0)
-    return peak
+            wgrad_only[op.stage] -= 1
+    return tuple(seen)
+
+
+def peak_of_states(states, act: dict[int, float], wgrad: dict[int, float] | None = None) -> float:
+    """The peak saved bytes over ``in_flight_states``."""
+    wgrad = wgrad or {}
+    return max((sum(n * act[s] + k * wgrad.get(s, 0.0) for s, n, k in st) for st in states), default=0.0)

@@ -66,3 +66,20 @@ def test_trainer_mfu_peaks_agree_with_the_planner_profiles():
         hw = load_hardware(name)
         # the profile's description is what torch.cuda.get_device_name() would contain
         assert peak_tflops(hw.description, "bf16") == pytest.approx(hw.peak("bf16"), rel=2e-3), name
+
+
+def test_every_builtin_profile_says_where_each_number_comes_from():
+    from moetrain.plan.hardware import REQUIRED, TIMING_KEYS, list_builtin
+    from moetrain.plan.provenance import inputs
+
+    for name in list_builtin():
+        hw = load_hardware(name)
+        assert set(hw.sources) == set(REQUIRED + TIMING_KEYS), name
+        assert set(hw.sources.values()) <= {"measured", "datasheet", "reference design", "assumption"}, name
+    h200 = load_hardware("h200-sxm").inputs()
+    assert {"hbm_gib", "launch_overhead_us", "gemm_efficiency", "measured.copy_tbps"} <= set(h200["measured"])
+    assert "peak_tflops" in h200["datasheet"] and "inter_node_latency_us" in h200["assumption"]
+    mi = inputs(load_hardware("mi355x"))
+    assert "gemm_efficiency" in mi["hardware"]["assumption"] and "never measured" in mi["compute"]
+    h200_compute = inputs(load_hardware("h200"))["compute"]
+    assert "H200" in h200_compute and "never" not in h200_compute

@@ -178,3 +178,57 @@ def test_the_first_step_holds_one_tuning_output_more_during_moe_backward():
     for untuned in (project_memory(cfg("deepseek-v3", *over, "moe.backend=torch"), H200),
                     project_memory(cfg("deepseek-v3", *over), H200, device="cpu")):
         assert untuned.first_step_gib == pytest.approx(untuned.peak_gib)
+
+
+def test_fsdp_pipeline_rank_keeps_its_blocks_gathered_and_gathers_once():
+    """A pipeline rank's blocks stay all-gathered from the first forward to the step's end (apply_fsdp with
+    reshard_blocks=False): every local parameter in the compute dtype, one all-gather per step; without a pipeline
+    the root and two blocks, gathered in forward and backward of every micro-batch."""
+    from moetrain.plan import comm, fsdp
+
+    base = ["model.num_layers=4", "parallel.dp=4", "parallel.ep=4", "train.micro_batch_size=1", "train.seq_length=1024",
+            "train.global_batch_size=32"]
+    c = cfg("qwen3-30b-a3b", *base, "parallel.pp=2")
+    sp = stage_params(c, parse_layout(c).stages[0])
+    fs = fsdp.memory(c, sp.dense, sp.expert, sp.embed, max(sp.by_block.values()), c.grad_accum_steps)
+    assert fs.gathered_forward == 2 * (sp.dense + sp.expert)
+    flat = cfg("qwen3-30b-a3b", *base)
+    sf = stage_params(flat, parse_layout(flat).stages[0])
+    ff = fsdp.memory(flat, sf.dense, sf.expert, sf.embed + sf.head, max(sf.by_block.values()), flat.grad_accum_steps)
+    assert ff.gathered_forward == 2 * (sf.embed + sf.head + 2 * max(sf.by_block.values()))
+    link = comm.Link(50e9, 1e-5)
+    gather = comm.all_gather(2 * sp.dense, 4, link) + comm.all_gather(2 * sp.expert, 1, link)
+    reduce = comm.reduce_scatter(4 * sp.dense, 4, link) + comm.reduce_scatter(4 * sp.expert, 1, link)
+    links = (link, link, link)
+    assert fsdp.comm_seconds(c, comm, H200, sp.dense, sp.expert, 8, links) == pytest.approx(gather + reduce)
+    m_flat = flat.grad_accum_steps
+    flat_gather = comm.all_gather(2 * sp.dense, 4, link) + comm.all_gather(2 * sp.expert, 1, link)
+    assert fsdp.comm_seconds(flat, comm, H200, sp.dense, sp.expert, m_flat, (link, link, link)) == pytest.approx(
+        2 * m_flat * flat_gather + reduce)
+    r = project_memory(c, H200).ranks[0]
+    assert r.other >= fs.gathered_forward  # alive at every moment of the step's forward and backward
+
+
+def test_expert_parallel_keeps_the_received_rows_and_their_regroup_index():
+    """Under expert parallelism FC1 computes on the rows the all-to-all received (distributed.expert_parallel): it
+    keeps them [M, H] and the int64 regroup index [M], not the fused path's int32 gather index; the all-to-all's
+    backward adds one [M, H] receive buffer at the combine's and FC1's backward."""
+    base = ["model.num_layers=2", "parallel.dp=8", "train.global_batch_size=8", "train.micro_batch_size=1",
+            "train.seq_length=1024"]
+    one, ep = cfg("qwen3-30b-a3b", *base), cfg("qwen3-30b-a3b", *base, "parallel.ep=8")
+    d1, d8 = A.resolve_dims(one), A.resolve_dims(ep)
+    M, H, E = 1024 * 8, 2048, 128
+    t1 = {t.name: t.bytes for t in A.routed_experts(one, d1)}
+    t8 = {t.name: t.bytes for t in A.routed_experts(ep, d8)}
+    assert t1["gather idx"] == 4 * M + 4 * E and "gather idx" not in t8
+    assert t8["expert input (received rows)"] == 2 * M * H and t8["regroup idx"] == 8 * M
+    assert A.total(A.routed_experts(ep, d8)) - A.total(A.routed_experts(one, d1)) == 2 * M * H + 8 * M - 4 * M - 4 * E
+    saved1, saved8 = A.block_terms(one, d1, True, None, "none"), A.block_terms(ep, d8, True, None, "none")
+    extra1 = A.block_backward_extra(one, d1, True, None, "none", 2, saved1)
+    extra8 = A.block_backward_extra(ep, d8, True, None, "none", 2, saved8)
+    # the largest moment is FC1's backward (its [M, 2I] and [M, H] gradients), one receive buffer more under EP; the
+    # received rows are counted in the saved terms, freed at the same moment as the fused path's gather index
+    I = 768
+    freed_1 = 2 * M * I + 2 * M * 2 * I  # FC2 input, FC1 output (the fused path keeps no combine rows)
+    assert extra1 == 2 * M * 2 * I + 2 * 2 * M * H - freed_1
+    assert extra8 == extra1 + 2 * M * H
