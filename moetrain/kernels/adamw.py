@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moetrain.kernels.grouped_gemm_configs import interpreter_numpy_shim, interpreting
+from moetrain.kernels.grouped_gemm_configs import interpreter_numpy_shim, interpreter_rounding_shim, interpreting
 from moetrain.kernels.host import cdiv
 from moetrain.kernels.launch import launch
 
@@ -156,7 +156,7 @@ def _programs(table: TensorTable, tile: Tile) -> int:
     """The persistent grid: the tile's programs per SM, never more than there are chunks."""
     if interpreting():
         interpreter_numpy_shim()
-        _interpreter_bf16_shim()
+        interpreter_rounding_shim()
     device = table.table.device
     if device.type == "cuda":
         from moetrain.runtime.cuda_device import sm_count
@@ -165,30 +165,6 @@ def _programs(table: TensorTable, tile: Tile) -> int:
     else:
         cap = tile.cpu_programs
     return max(1, min(table.total_chunks, cap))
-
-
-_BF16_SHIM_DONE = False
-
-
-def _interpreter_bf16_shim() -> None:
-    # Triton 3.6's interpreter casts float32 -> bfloat16 by dropping mantissa bits; the GPU rounds to nearest even
-    # (cvt.rn.bf16.f32), as torch does. Cast through torch instead (interpreter only; other conversions untouched).
-    global _BF16_SHIM_DONE
-    if _BF16_SHIM_DONE:
-        return
-    _BF16_SHIM_DONE = True
-    import numpy as np
-    from triton.runtime import interpreter as itp
-
-    original = itp._convert_float
-
-    def convert(input, input_dtype, output_dtype, rounding_mode):
-        if output_dtype == tl.bfloat16 and input_dtype == tl.float32:
-            t = torch.from_numpy(np.ascontiguousarray(input).view(np.float32).copy())
-            return t.to(torch.bfloat16).view(torch.uint16).numpy().reshape(input.shape)
-        return original(input, input_dtype, output_dtype, rounding_mode)
-
-    itp._convert_float = convert
 
 
 # ---- kernels ---------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from moetrain.kernels.fp8_blockwise import _band_row_tile
-from moetrain.kernels.grouped_gemm_configs import interpreter_fp8_shim, interpreter_numpy_shim, interpreting
+from moetrain.kernels.grouped_gemm_configs import interpreter_rounding_shim, interpreter_numpy_shim, interpreting
 from moetrain.kernels.launch import launch
 
 MX = 32  # values per scale
@@ -50,7 +50,7 @@ def e8m0_to_fp32(s: torch.Tensor) -> torch.Tensor:
 def _prepare() -> None:
     if interpreting():
         interpreter_numpy_shim()
-        interpreter_fp8_shim()
+        interpreter_rounding_shim()
 
 
 @triton.jit

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from moetrain.kernels.launch import launch
-from moetrain.kernels.grouped_gemm_configs import interpreter_fp8_shim, interpreter_numpy_shim, interpreting
+from moetrain.kernels.grouped_gemm_configs import interpreter_rounding_shim, interpreter_numpy_shim, interpreting
 
 BLOCK = 128
 CHUNK = 16  # rows of a tile in registers at a time
@@ -31,7 +31,7 @@ E4M3_MAX = 448.0
 def _prepare() -> None:
     if interpreting():
         interpreter_numpy_shim()
-        interpreter_fp8_shim()
+        interpreter_rounding_shim()
 
 
 @triton.jit

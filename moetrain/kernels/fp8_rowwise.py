@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from moetrain.kernels.fp8_quantize import _scale_and_inverse
-from moetrain.kernels.grouped_gemm_configs import interpreter_fp8_shim, interpreter_numpy_shim, interpreting
+from moetrain.kernels.grouped_gemm_configs import interpreter_rounding_shim, interpreter_numpy_shim, interpreting
 from moetrain.kernels.launch import launch
 
 E4M3_MAX = 448.0
@@ -39,7 +39,7 @@ BLOCK_R = 32  # rows per program (rows kernel) or per chunk (group columns kerne
 def _prepare() -> None:
     if interpreting():
         interpreter_numpy_shim()
-        interpreter_fp8_shim()
+        interpreter_rounding_shim()
 
 
 @triton.jit

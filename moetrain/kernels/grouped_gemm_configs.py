@@ -225,31 +225,34 @@ def interpreter_numpy_shim() -> None:
     itp._patch_lang_tensor = patched
 
 
-def interpreter_fp8_shim() -> None:
-    # Triton 3.6's interpreter casts float32 -> e4m3 by dropping mantissa bits (no rounding, no carry into the
-    # exponent), so an interpreted quantizer differs from the GPU's round-to-nearest-even. Cast through torch
-    # instead (interpreter only; other conversions untouched).
-    global _FP8_SHIM_DONE
-    if _FP8_SHIM_DONE:
+def interpreter_rounding_shim() -> None:
+    """Triton 3.6's interpreter casts float32 -> e4m3 and float32 -> bfloat16 by dropping mantissa bits (no
+    rounding, no carry into the exponent), where the GPU rounds to nearest even (cvt.rn), as torch does: make those
+    two casts go through torch (interpreter only; other conversions untouched), so interpreted kernels write the
+    GPU's bits."""
+    global _ROUNDING_SHIM_DONE
+    if _ROUNDING_SHIM_DONE:
         return
-    _FP8_SHIM_DONE = True
+    _ROUNDING_SHIM_DONE = True
     import numpy as np
     import torch
     import triton.language as tl
     from triton.runtime import interpreter as itp
 
     original = itp._convert_float
+    through_torch = {tl.float8e4nv: (torch.float8_e4m3fn, torch.uint8), tl.bfloat16: (torch.bfloat16, torch.uint16)}
 
     def convert(input, input_dtype, output_dtype, rounding_mode):
-        if output_dtype == tl.float8e4nv and input_dtype == tl.float32:
+        if input_dtype == tl.float32 and output_dtype in through_torch:
+            dtype, bits = through_torch[output_dtype]
             t = torch.from_numpy(np.ascontiguousarray(input).view(np.float32).copy())
-            return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(input.shape)
+            return t.to(dtype).view(bits).numpy().reshape(input.shape)
         return original(input, input_dtype, output_dtype, rounding_mode)
 
     itp._convert_float = convert
 
 
-_FP8_SHIM_DONE = False
+_ROUNDING_SHIM_DONE = False
 
 
 # The "auto" backend's extra candidate beside the configs: torch._grouped_mm's form of the op (torch_grouped_mm.py).

@@ -225,7 +225,8 @@ class _Search:
             if not self.opts.exhaustive and key >= self.kth():
                 self.stats.stop_bound_s = key
                 break
-            {"shape": self.expand, "option": self.recompute, "ready": self.finish}[kind](*payload)
+            step = {"shape": self.expand, "option": self.recompute, "ready": self.finish}[kind]
+            step(*payload)
             self.note()
         self.stats.seconds = time.perf_counter() - self.started
         self.note(force=True)
