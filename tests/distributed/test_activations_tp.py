@@ -13,7 +13,7 @@ vocab-parallel loss) within 1%, as the single-device test allows.
 import torch
 from gloo_ranks import run_ranks
 
-from moetrain.bench.saved_bytes import StorageTracker
+from moetrain.bench.saved_bytes import StorageTracker, block_saved_bytes, seeded_block, storage
 from moetrain.config.load import load_config
 
 B, S = 2, 16
@@ -28,48 +28,13 @@ BLOCKS = {  # name: (overrides, MoE block?)
 }
 
 
-def storage(t) -> int:
-    return getattr(t, "_local_tensor", t).untyped_storage().data_ptr()
-
-
-def block_saved_bytes(cfg, moe: bool, sp: bool, mesh, mode: str, dtype) -> int:
-    import moetrain.models.attention as attention_mod
-    import moetrain.models.moe.layer as layer_mod
+def tp_block_saved_bytes(cfg, moe: bool, sp: bool, mesh, mode: str, dtype) -> int:
     from moetrain.distributed.tensor_parallel import parallelize_block
-    from moetrain.models import recompute
-    from moetrain.models.rope import RopeParams
-    from moetrain.models.transformer import DecoderLayer
 
-    torch.manual_seed(0)
-    blk = DecoderLayer(cfg, moe, None)
-    with torch.no_grad():
-        for name, p in blk.named_parameters():
-            p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * 0.05)
-    blk.to(dtype)
-    blk.set_recompute(mode)
+    blk = seeded_block(cfg, moe, None, mode, dtype)
     parallelize_block(blk, mesh, sequence_parallel=sp)
-    m = cfg.model
-    cos, sin = RopeParams.from_model_config(m, m.qk_rope_head_dim if m.attention_type == "mla" else
-                                            cfg.attn_head_dim).tables(S)
-    x = torch.randn(B, S // mesh.size() if sp else S, m.hidden_size, dtype=dtype, requires_grad=True)
-    tracker = StorageTracker({storage(p) for p in blk.parameters()} | {storage(cos), storage(sin)})
-
-    def recording_checkpoint(fn, *args):
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                tracker.record(a)
-        return recompute.checkpoint(fn, *args)
-
-    saved = attention_mod.checkpoint, layer_mod.checkpoint
-    attention_mod.checkpoint = layer_mod.checkpoint = recording_checkpoint
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
-            y = recording_checkpoint(blk, x, cos, sin) if mode == "full" else blk(x, cos, sin)
-    finally:
-        attention_mod.checkpoint, layer_mod.checkpoint = saved
-    kept = tracker.alive_bytes()
-    y.float().sum().backward()  # the graph is complete (every rank takes part in its collectives)
-    return kept
+    x = torch.randn(B, S // mesh.size() if sp else S, cfg.model.hidden_size, dtype=dtype, requires_grad=True)
+    return block_saved_bytes(cfg, blk, x)
 
 
 def _blocks_ranks(rank, world_size):
@@ -83,7 +48,7 @@ def _blocks_ranks(rank, world_size):
         for b, dtype in ((4, torch.float32), (2, torch.bfloat16)):
             for mode in ("none", "selective", "full"):
                 for sp in (False, True):
-                    measured = block_saved_bytes(cfg, moe, sp, mesh, mode, dtype)
+                    measured = tp_block_saved_bytes(cfg, moe, sp, mesh, mode, dtype)
                     d = A.Dims(B=B, S=S, b=b, tp=world_size, sp=sp, device="cpu")
                     projected = A.total(A.block_terms(cfg, d, moe, None, mode))
                     assert projected == measured, (name, b, mode, sp, projected, measured)

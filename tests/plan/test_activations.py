@@ -12,52 +12,17 @@ import dataclasses
 import pytest
 import torch
 
-import moetrain.models.attention as attention_mod
-import moetrain.models.moe.layer as layer_mod
-from moetrain.bench.saved_bytes import StorageTracker
+from moetrain.bench.saved_bytes import StorageTracker, block_saved_bytes, seeded_block
 from moetrain.config.load import load_config
-from moetrain.models.rope import RopeParams
-from moetrain.models.transformer import DecoderLayer, MoETransformer
+from moetrain.models.transformer import MoETransformer
 from moetrain.plan import activations as A
 
 DT = {4: torch.float32, 2: torch.bfloat16}
 
 
-def saved_bytes(cfg, moe, window, mode, dtype, monkeypatch, B=2, S=16):
-    torch.manual_seed(0)
-    blk = DecoderLayer(cfg, moe, window)
-    with torch.no_grad():
-        for name, p in blk.named_parameters():
-            p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * 0.05)
-    blk.to(dtype)
-    blk.set_recompute(mode)
-    m = cfg.model
-    rope_dim = m.qk_rope_head_dim if m.attention_type == "mla" else cfg.attn_head_dim
-    cos, sin = RopeParams.from_model_config(m, rope_dim).tables(S)
-    x = torch.randn(B, S, m.hidden_size, dtype=dtype, requires_grad=True)
-    skip = {p.untyped_storage().data_ptr() for p in blk.parameters()}
-    skip |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}
-    tracker = StorageTracker(skip)
-
-    from moetrain.models import recompute
-
-    def recording_checkpoint(fn, *args):
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                tracker.record(a)
-        return recompute.checkpoint(fn, *args)
-
-    monkeypatch.setattr(attention_mod, "checkpoint", recording_checkpoint)
-    monkeypatch.setattr(layer_mod, "checkpoint", recording_checkpoint)
-
-    with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
-        if mode == "full":
-            y = recording_checkpoint(blk, x, cos, sin)
-        else:
-            y = blk(x, cos, sin)
-    kept = tracker.alive_bytes()  # storages the autograd graph (or a checkpoint) still holds
-    y.float().sum().backward()  # the graph must be complete (the aux losses' included, through y)
-    return kept
+def saved_bytes(cfg, moe, window, mode, dtype, B=2):
+    x = torch.randn(B, cfg.train.seq_length, cfg.model.hidden_size, dtype=dtype, requires_grad=True)
+    return block_saved_bytes(cfg, seeded_block(cfg, moe, window, mode, dtype), x)
 
 
 def formula(cfg, moe, window, mode, b, B=2, S=16):
@@ -93,10 +58,10 @@ CASES = {
 @pytest.mark.parametrize("b", [4, 2], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
-def test_saved_bytes_equal_formula(name, mode, b, monkeypatch):
+def test_saved_bytes_equal_formula(name, mode, b):
     over, moe, window = CASES[name]
     cfg = tiny(**over)
-    measured = saved_bytes(cfg, moe, window, mode, DT[b], monkeypatch)
+    measured = saved_bytes(cfg, moe, window, mode, DT[b])
     assert formula(cfg, moe, window, mode, b) == measured
 
 
@@ -159,7 +124,7 @@ def test_context_parallel_halves_tokens():
 
 
 @pytest.mark.parametrize("fused_loss", [False, True])
-def test_mtp_and_model_level_saved_bytes(monkeypatch, fused_loss):
+def test_mtp_and_model_level_saved_bytes(fused_loss):
     """The whole model (fp32, tiny MLA with MTP) keeps the blocks + head + MTP extras; with train.fused_loss the LM
     and MTP losses keep their dh and dW instead of the head input and the log-softmax."""
     cfg = tiny(**{"train.fused_loss": fused_loss, "model.hidden_size": 64})  # H != T: dh and dW differ from the
