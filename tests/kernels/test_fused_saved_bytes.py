@@ -39,7 +39,7 @@ def test_fused_path_saved_bytes_equal_formula(case, mode, routing, monkeypatch):
     if routing == "auto":  # what backend auto runs on a GPU in bf16: the fused experts, PyTorch routing
         real_route = router_mod.route
         monkeypatch.setattr(router_mod, "route", lambda *a, **kw: real_route(*a, **{**kw, "impl": "torch"}))
-    measured = TA.saved_bytes(cfg, True, None, mode, torch.float32, monkeypatch)
+    measured = TA.saved_bytes(cfg, True, None, mode, torch.float32)
     if routing == "auto":
         cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, backend="auto"))
         real_plan = A.moe_plan  # this fp32 run stands in for bf16: the plan as in bf16
