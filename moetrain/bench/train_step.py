@@ -13,6 +13,8 @@ Contenders:
                            (torchao's float8 linears for attention, dense MLPs and shared experts)
   moetrain (..., cuda graph)   with --cuda-graph: the fp32-master contender with train.cuda_graph (forward +
                            backward replayed from one CUDA graph after two eager steps)
+  moetrain (bf16 state, K=V)   with --with K=V[,K=V...]: the bf16-state contender with those overrides
+                           (`master:K=V,...`: the fp32-master contender), e.g. --with train.fused_loss=true
   moetrain (..., torchrun world 1)   with --distributed: the fp32-master and bf16-state contenders through the
                            distributed trainer (a one-rank NCCL group in this process: FSDP2, the sharded
                            fp32 parameters as masters), against the single-device path in the same run
@@ -109,6 +111,11 @@ def hf_config(cfg: Config):
     import transformers
 
     m, e = cfg.model, cfg.moe
+    if (m.attention_type != "gqa" or m.attention_sinks or m.sliding_window or e.num_shared_experts or e.first_k_dense
+            or e.score_function != "softmax" or e.activation != "swiglu" or e.expert_linear_bias):
+        raise UserError(f"the transformers peer covers the Qwen3-MoE and Mixtral families (GQA without sinks or "
+                        f"windows, softmax routing, SwiGLU experts, no shared experts or dense layers); preset "
+                        f"{m.name!r} is not one: pass --no-peer")
     common = dict(vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
                   num_attention_heads=m.num_attention_heads, num_key_value_heads=cfg.kv_heads,
                   rms_norm_eps=m.norm_eps, tie_word_embeddings=m.tie_embeddings,
@@ -181,7 +188,8 @@ def hf_run(cfg: Config, steps: int, warmup: int, profile: bool = False) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="moetrain bench train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="moetrain bench train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="qwen3-30b-a3b")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq", type=int, default=4096)
@@ -199,19 +207,26 @@ def main(argv=None) -> None:
                         "bf16-state contender with the experts' GEMMs in each")
     parser.add_argument("--fp8-dense", default="", help="comma list of precision.fp8_dense recipes (tensorwise, "
                         "rowwise): add the bf16-state contender with the dense linears in each (torchao)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every moetrain contender and the peer's shape (repeatable), "
+                        "e.g. --set moe.num_experts=32 for a proxy")
+    parser.add_argument("--with", dest="variants", action="append", default=[], metavar="[master:]K=V[,K=V]",
+                        help="add the bf16-state (or with master: the fp32-master) contender with these overrides "
+                        "(repeatable)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     dense = [d for d in args.fp8_dense.split(",") if d]
     bad = [d for d in dense if d not in ("tensorwise", "rowwise")]
     if bad:
         raise UserError(f"--fp8-dense {', '.join(bad)}: not a precision.fp8_dense recipe; valid: tensorwise, rowwise")
-    if not torch.cuda.is_available():
-        raise UserError("moetrain bench train needs a CUDA GPU (none is visible)")
-
     base = [f"model.num_layers={args.layers}", f"train.seq_length={args.seq}", f"train.micro_batch_size={args.mbs}",
             f"train.global_batch_size={args.gbs or args.mbs}", "optim.warmup_steps=5", "optim.lr=3e-4",
-            "model.mtp_num_layers=0", "train.eval_interval=0", "train.log_interval=1000000"]
+            "model.mtp_num_layers=0", "train.eval_interval=0", "train.log_interval=1000000", *args.set]
     cfg = load_config(preset=args.preset, overrides=base)
+    if not args.no_peer:
+        hf_config(cfg)  # refuses, before any contender runs, a model the peer does not cover
+    if not torch.cuda.is_available():
+        raise UserError("moetrain bench train needs a CUDA GPU (none is visible)")
     bf16_state = ["precision.master_weights=false", "optim.main_grads_dtype=bf16",
                   "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"]
     rows = [moetrain_run(args.preset, base, "moetrain (fp32 master)", args.steps, args.warmup, [], args.profile),
@@ -222,6 +237,11 @@ def main(argv=None) -> None:
     for recipe in dense:
         rows.append(moetrain_run(args.preset, base, f"moetrain (bf16 state, fp8 dense {recipe})", args.steps,
                                  args.warmup, [*bf16_state, f"precision.fp8_dense={recipe}"], args.profile))
+    for variant in args.variants:
+        master, _, overrides = variant.partition(":") if variant.startswith("master:") else ("", "", variant)
+        name = f"moetrain ({'fp32 master' if master else 'bf16 state'}, {overrides})"
+        rows.append(moetrain_run(args.preset, base, name, args.steps, args.warmup,
+                                 [*([] if master else bf16_state), *overrides.split(",")], args.profile))
     if args.distributed:
         rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, torchrun world 1)", args.steps, args.warmup,
                                  [], distributed=True))
@@ -237,12 +257,14 @@ def main(argv=None) -> None:
     peak = peak_tflops(torch.cuda.get_device_name(), "bf16")
     print(f"\n{args.preset}, {args.layers} layers, seq {args.seq}, {cfg.train.global_batch_size} x {args.seq} "
           f"tokens/step, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print(f"{'contender':40s} {'ms/step':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>9s} "
+    width = max(40, *(len(r["name"]) for r in rows))
+    print(f"{'contender':{width}s} {'ms/step':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>9s} "
           f"{'loss first->last':>18s}")
     for r in rows:
         r["mfu"] = r["tflops_per_gpu"] / peak if peak else None
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        print(f"{r['name']:40s} {r['step_time_s'] * 1e3:8.1f} {r['tokens_per_s']:10,.0f} {r['tflops_per_gpu']:8.1f} "
+        print(f"{r['name']:{width}s} {r['step_time_s'] * 1e3:8.1f} {r['tokens_per_s']:10,.0f} "
+              f"{r['tflops_per_gpu']:8.1f} "
               f"{mfu:>6s} {r['peak_mem_gib']:9.1f} {r['first_loss']:8.3f}->{r['last_loss']:.3f}")
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))

@@ -171,3 +171,11 @@ def test_bench_train_names_a_bad_fp8_dense_recipe_before_any_gpu_check():
 
     with pytest.raises(UserError, match="--fp8-dense rowise: not a precision.fp8_dense recipe"):
         main(["--fp8-dense", "rowise"])
+
+
+def test_bench_train_refuses_a_peer_it_cannot_build_before_any_gpu_check():
+    from moetrain.bench.train_step import main
+
+    with pytest.raises(UserError, match="preset 'deepseek-v3' is not one: pass --no-peer"):
+        main(["--preset", "deepseek-v3", "--layers", "2", "--set", "moe.num_experts=32",
+              "--set", "moe.first_k_dense=1"])
