@@ -107,27 +107,16 @@ def moetrain_run(preset: str, base: list[str], name: str, steps: int, warmup: in
 
 
 def hf_config(cfg: Config):
-    """The transformers config of the same architecture (Qwen3-MoE and Mixtral families)."""
+    """The transformers config of the same architecture (the HF export's mapping; MTP dropped: transformers runs no
+    MTP head); UserError for a model no transformers family expresses."""
     import transformers
 
-    m, e = cfg.model, cfg.moe
-    if (m.attention_type != "gqa" or m.attention_sinks or m.sliding_window or e.num_shared_experts or e.first_k_dense
-            or e.score_function != "softmax" or e.activation != "swiglu" or e.expert_linear_bias):
-        raise UserError(f"the transformers peer covers the Qwen3-MoE and Mixtral families (GQA without sinks or "
-                        f"windows, softmax routing, SwiGLU experts, no shared experts or dense layers); preset "
-                        f"{m.name!r} is not one: pass --no-peer")
-    common = dict(vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-                  num_attention_heads=m.num_attention_heads, num_key_value_heads=cfg.kv_heads,
-                  rms_norm_eps=m.norm_eps, tie_word_embeddings=m.tie_embeddings,
-                  num_experts_per_tok=e.topk, output_router_logits=False,
-                  max_position_embeddings=max(cfg.train.seq_length, 4096))
-    if m.qk_norm:
-        return transformers.Qwen3MoeConfig(
-            **common, head_dim=cfg.attn_head_dim, num_experts=e.num_experts,
-            moe_intermediate_size=e.moe_ffn_hidden_size, intermediate_size=m.ffn_hidden_size,
-            norm_topk_prob=e.normalize_topk, decoder_sparse_step=1, mlp_only_layers=[])
-    return transformers.MixtralConfig(**common, num_local_experts=e.num_experts,
-                                      intermediate_size=e.moe_ffn_hidden_size)
+    from moetrain.models.hf_config import hf_config_from_cfg, infer_model_type
+
+    hf = hf_config_from_cfg(cfg, infer_model_type(cfg), dtype="bfloat16", drop_mtp=True)
+    hf["output_router_logits"] = False
+    hf["max_position_embeddings"] = max(cfg.train.seq_length, hf["max_position_embeddings"])
+    return transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
 
 
 def hf_run(cfg: Config, steps: int, warmup: int, profile: bool = False) -> dict:
@@ -224,7 +213,10 @@ def main(argv=None) -> None:
             "model.mtp_num_layers=0", "train.eval_interval=0", "train.log_interval=1000000", *args.set]
     cfg = load_config(preset=args.preset, overrides=base)
     if not args.no_peer:
-        hf_config(cfg)  # refuses, before any contender runs, a model the peer does not cover
+        try:
+            hf_config(cfg)  # refuses, before any contender runs, a model the peer does not cover
+        except UserError as e:
+            raise UserError(f"the transformers peer: {e}; pass --no-peer to run without it") from None
     if not torch.cuda.is_available():
         raise UserError("moetrain bench train needs a CUDA GPU (none is visible)")
     bf16_state = ["precision.master_weights=false", "optim.main_grads_dtype=bf16",

@@ -5,10 +5,12 @@ multiple of the block) in one launch, decay on and off in the same launch, steps
 On the CPU the kernels run in Triton's interpreter, with chunks of 128 elements (blocks of 32 or 64).
 
 Bounds: fp32 outputs within 1e-6 relative of the reference (elementwise, plus an absolute 1e-6 of the tensor's
-largest value for elements that cancel); bf16 outputs within one bf16 ulp of the reference's (the reference
-orders its fp32 operations differently, e.g. lerp for the first moment, so a value near a rounding boundary may
-round the other way; most are equal); the bf16 parameter copy of an fp32 master equals that master's rounding
-(round to nearest even) exactly."""
+largest value for elements that cancel); bf16 outputs within one bf16 ulp of the reference's, plus the same
+absolute term (the reference orders its fp32 operations differently, e.g. lerp for the first moment, and the GPU
+contracts multiply-adds, so a value near a rounding boundary may round the other way, and where the exact result
+is ~0, e.g. a bf16 gradient of exactly -9 x a bf16 first moment at beta1 = 0.9, both are fp32 residues of
+different sizes); the bf16 parameter copy of an fp32 master equals that master's rounding (round to nearest even)
+exactly."""
 
 import pytest
 import torch
@@ -52,6 +54,9 @@ def _state(combo, seed):
             (torch.randn(n, generator=gen) * 0.05).to(m),
             (torch.rand(n, generator=gen) * 0.01 + 1e-8).to(v),
         ])
+    for row in rows[1:]:  # the first moment's exact update is 0 here (module doc): both sides leave fp32 residues
+        row[3][:4] = torch.tensor([0.0625, -0.125, 0.03125, -0.046875]).to(m)  # rows of 7+: the bound's scale,
+        row[2][:4] = (-9 * row[3][:4].float()).to(grad)  # the largest value, is another element
     return [[t.to(DEVICE) if t is not None else None for t in row] for row in rows]
 
 
@@ -82,12 +87,12 @@ def _check(got: torch.Tensor, want: torch.Tensor, what: str, ulps: int = 1, atol
     assert got.dtype == want.dtype and not torch.isnan(got).any(), what
     got, want = got.cpu(), want.cpu()
     diff = (got.float() - want.float()).abs()
+    cancel = 1e-6 * want.abs().max().float() + atol
     if got.dtype == F32:
-        bound = 1e-6 * want.abs() + 1e-6 * want.abs().max() + atol
-        assert torch.all(diff <= bound), (what, (diff / bound).max().item())
+        bound = 1e-6 * want.abs() + cancel
     else:  # 16-bit: one ulp of the reference (bf16's ulp bounds fp16's for these magnitudes)
-        bound = ulps * _bf16_ulp(want)
-        assert torch.all(diff <= bound), (what, (diff / bound).max().item())
+        bound = ulps * _bf16_ulp(want) + cancel
+    assert torch.all(diff <= bound), (what, (diff / bound).max().item())
     return int((diff > 0).sum())
 
 

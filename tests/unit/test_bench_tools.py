@@ -10,6 +10,7 @@ import torch
 
 from moetrain import cli
 from moetrain.bench import common
+from moetrain.config.load import load_config
 from moetrain.errors import UserError
 
 GPU_TOOLS = ("moe", "train", "rows", "host", "gaps", "kernels", "optim")
@@ -176,6 +177,26 @@ def test_bench_train_names_a_bad_fp8_dense_recipe_before_any_gpu_check():
 def test_bench_train_refuses_a_peer_it_cannot_build_before_any_gpu_check():
     from moetrain.bench.train_step import main
 
-    with pytest.raises(UserError, match="preset 'deepseek-v3' is not one: pass --no-peer"):
-        main(["--preset", "deepseek-v3", "--layers", "2", "--set", "moe.num_experts=32",
-              "--set", "moe.first_k_dense=1"])
+    with pytest.raises(UserError, match="the transformers peer: .*MoE models only.*; pass --no-peer"):
+        main(["--preset", "tiny", "--set", "moe.num_experts=0"])
+
+
+@pytest.mark.parametrize("preset, over, family", [
+    ("qwen3-30b-a3b", [], "Qwen3MoeForCausalLM"), ("mixtral-8x7b", [], "MixtralForCausalLM"),
+    ("deepseek-v3", ["moe.num_experts=32", "moe.first_k_dense=1", "model.mtp_num_layers=1"], "DeepseekV3ForCausalLM"),
+    ("gpt-oss-20b", [], "GptOssForCausalLM")])
+def test_bench_train_peer_is_the_same_model(preset, over, family):
+    """The peer's transformers model has exactly moetrain's parameters (the export mapping; MTP dropped), at a
+    reduced width so that both build quickly on the CPU."""
+    transformers = pytest.importorskip("transformers")
+    from moetrain.bench.train_step import hf_config
+    from moetrain.models.transformer import MoETransformer
+
+    narrow = ["model.num_layers=2", "model.hidden_size=128", "model.ffn_hidden_size=256", "model.vocab_size=1000",
+              "moe.moe_ffn_hidden_size=64", "model.num_attention_heads=4", "model.num_query_groups=2",
+              "model.q_lora_rank=64", "model.kv_lora_rank=32"]
+    cfg = load_config(preset=preset, overrides=narrow + over)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config(cfg))
+    assert type(hf).__name__ == family
+    cfg = load_config(preset=preset, overrides=narrow + over + ["model.mtp_num_layers=0"])
+    assert sum(p.numel() for p in hf.parameters()) == sum(p.numel() for p in MoETransformer(cfg).parameters())
