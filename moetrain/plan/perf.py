@@ -13,8 +13,9 @@ step = pipeline makespan (simulator, p2p per boundary) + exposed DP communicatio
        ((1 - dp_overlap) x the data-parallel traffic: with more than one rank FSDP2's (``plan.fsdp``:
        parameter all-gathers in forward and backward per micro-batch, one gradient reduce-scatter), else
        nothing) + optimizer step (memory traffic of grad-norm, clipping, AdamW and
-       master->param copy at the copy bandwidth; the fused multi-tensor AdamW at FUSED_ADAMW of
-       it, floored by hardware.measured.fused_adamw_gelem_per_s) + zero_grad.
+       master->param copy at the copy bandwidth; our Triton kernels (optim.triton_kernel, the default) at
+       TRITON_ADAMW of it, floored by hardware.measured.triton_adamw_gelem_per_s; torch's fused multi-tensor
+       AdamW at FUSED_ADAMW, floored by hardware.measured.fused_adamw_gelem_per_s) + zero_grad.
 
 Outputs: step_time_s, tokens_per_s_per_gpu, tflops_per_gpu (accounting.train_flops_per_token,
 the trainer's numerator), mfu (over the hardware's dense peak for precision.dtype),
@@ -39,6 +40,10 @@ from moetrain.plan.memory import DTYPE_BYTES, block_mode, stage_params, StagePar
 from moetrain.plan.simulator import simulate
 
 FUSED_ADAMW = 0.75  # fraction of the copy bandwidth the fused AdamW kernel streams at (H200 fit)
+# Our Triton norm + AdamW kernels (kernels/adamw.py), `moetrain bench optim --params 2e9` on the H200: 0.93 of the
+# copy bandwidth (fp32 master, 34 B/param: 17.1 ms); bf16 state (16 B/param) is bound by the update's element rate
+# instead (8.8 ms for 2e9: hardware.measured.triton_adamw_gelem_per_s, 227)
+TRITON_ADAMW = 0.93
 STEP_OVERHEAD_S = 1.4e-3  # per step: host sync for metrics, loss bookkeeping; the median of (trainer - script step) on
 # the GPU-bound calibration configs with the trainer reading data ahead (+2.2, -2.5, +1.4 ms;
 # with clip inside the fused AdamW: +1.0, -2.5, -0.5 ms, kept at 1.4: see VALIDATION.md)
@@ -206,7 +211,13 @@ def optimizer_time(cfg: Config, hw, n_local: float, n_tensors: int) -> dict[str,
     fused = b_t == b_g == b_m == b_v
     # the norm reads the gradients; on the fused path the clip is the AdamW kernel's grad_scale (optim.step_on_device),
     # on the explicit path a scaling pass reads and writes them again
-    out = {"zero_grad": max(b_g * n_local / bw, 3 * eager_launch) if separate else 0.0,
+    zero_grad = max(b_g * n_local / bw, 3 * eager_launch) if separate else 0.0
+    if o.triton_kernel:  # one norm pass, then one update pass (clip as its grad_scale, the master copy written)
+        update = b_g + 2 * b_t + 2 * b_m + 2 * b_v + (b_p if master else 0)
+        rate = hw.measured.get("triton_adamw_gelem_per_s", 227.0 * hw.hbm_tbps / 4.8) * 1e9
+        return {"zero_grad": zero_grad, "grad_norm_clip": max(b_g * n_local / (bw * TRITON_ADAMW), 3 * launch),
+                "adamw": max(update * n_local / (bw * TRITON_ADAMW), n_local / rate, launch), "master_copy": 0.0}
+    out = {"zero_grad": zero_grad,
            "grad_norm_clip": max((1 if fused else 3) * b_g * n_local / bw, (8 if fused else 3) * launch)}
     if fused:
         stream = (2 * b_t + b_g + 2 * b_m + 2 * b_v) * n_local / (bw * FUSED_ADAMW)

@@ -156,14 +156,14 @@ def test_without_the_kernel_mixed_state_stays_on_the_explicit_path():
     assert len(opt.explicit_slots()) == len(opt.slots) == 5
     with pytest.raises(RuntimeError, match="step_on_device needs the Triton or the fused AdamW path"):
         opt.step_on_device(1e-2, torch.tensor(1.0), torch.tensor(1.0), 1.0)
-    # kernel=None follows optim.triton_kernel: off by default; on, the CPU still takes neither Triton nor (mixed
-    # dtypes) torch's fused kernel
-    auto = PrecisionAwareAdamW(Odd().named_parameters(), cfg, master_weights=True)
-    assert auto.kernel is False and auto.explicit_slots() == opt.explicit_slots()
+    # kernel=None follows optim.triton_kernel: on by default, where the CPU still takes neither Triton nor (mixed
+    # dtypes) torch's fused kernel; off, never
+    off = PrecisionAwareAdamW(Odd().named_parameters(), OptimConfig(exp_avg_dtype="bf16", triton_kernel=False),
+                              master_weights=True)
+    assert off.kernel is False and off.explicit_slots() == opt.explicit_slots()
     if not ON_GPU:
-        on = PrecisionAwareAdamW(Odd().named_parameters(), OptimConfig(exp_avg_dtype="bf16", triton_kernel=True),
-                                 master_weights=True)
-        assert on.kernel is None and on.explicit_slots() == opt.explicit_slots()
+        auto = PrecisionAwareAdamW(Odd().named_parameters(), cfg, master_weights=True)
+        assert auto.kernel is None and auto.explicit_slots() == opt.explicit_slots()
 
 
 @pytest.mark.slow

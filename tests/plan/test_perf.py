@@ -1,6 +1,8 @@
 """Step-time projection: roofline pieces by hand, communication formulas, the optimizer model,
 output consistency, and the step times measured on our H200."""
 
+import dataclasses
+
 import pytest
 
 from moetrain.config.load import load_config
@@ -17,6 +19,15 @@ from h200_measured import (  # this directory is on sys.path (pytest, no __init_
     HOST_BOUND)
 
 H200 = load_hardware("h200")
+
+
+def recorded_config(name):
+    """The validation config ``name`` as the recorded H200 runs ran it: torch's AdamW (they predate the Triton
+    optimizer kernels, optim.triton_kernel)."""
+    from moetrain.plan.validate import validation_config
+
+    c = validation_config(name, 6, "unused")
+    return dataclasses.replace(c, optim=dataclasses.replace(c.optim, triton_kernel=False))
 
 
 def cfg(preset="tiny", *over):
@@ -47,8 +58,21 @@ def test_collectives_by_hand():
     assert t == pytest.approx(max(7e9 / 450e9, 8e9 / 50e9) + 10e-6)
 
 
+def test_optimizer_time_triton_kernels_by_hand():
+    n = 1e9
+    bw = H200.mem_bw
+    master = optimizer_time(cfg("tiny"), H200, n, n_tensors=10)  # bf16 params; fp32 master, grads and moments
+    assert master["zero_grad"] == pytest.approx(4 * n / bw)
+    assert master["grad_norm_clip"] == pytest.approx(4 * n / (bw * 0.93))  # the norm pass
+    assert master["adamw"] == pytest.approx(30 * n / (bw * 0.93))  # G + 2T + 2M + 2V + the bf16 copy P
+    assert master["master_copy"] == 0.0
+    bf16 = optimizer_time(cfg("tiny", "precision.master_weights=false", "optim.main_grads_dtype=bf16",
+                              "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"), H200, n, n_tensors=10)
+    assert bf16["zero_grad"] == 0.0 and bf16["adamw"] == pytest.approx(n / 227e9)  # the element rate binds
+
+
 def test_optimizer_time_fused_fp32_state_by_hand():
-    c = cfg("tiny")  # bf16 params, fp32 master, grads and moments -> fused AdamW
+    c = cfg("tiny", "optim.triton_kernel=false")  # bf16 params, fp32 master, grads and moments -> fused AdamW
     n = 1e9
     t = optimizer_time(c, H200, n, n_tensors=10)
     bw = H200.mem_bw
@@ -164,10 +188,8 @@ def test_current_trainer_within_ten_percent_in_both_modes(name):
     """The latest validation run (2026-11-29 21:14, moetrain/plan/VALIDATION.md), of the trainer as it is: the eager
     step clips inside the fused AdamW.
     Roofline and measured mode (the blocks timed in that run); the constants were fitted on calibration configs only."""
-    from moetrain.plan.validate import validation_config
-
     _, step, blocks = {**MEASURED_S11, **MEASURED_S11_GRAPHS}[name]
-    cfg = validation_config(name, 6, "unused")
+    cfg = recorded_config(name)
     roof = project_perf(cfg, H200).step_time_s
     meas = project_perf(cfg, H200, dp_overlap=0.0, measured=blocks, measured_hooks=True).step_time_s
     assert roof == pytest.approx(step, rel=0.10)
@@ -176,9 +198,7 @@ def test_current_trainer_within_ten_percent_in_both_modes(name):
 
 @pytest.mark.parametrize("name", HOST_BOUND)
 def test_host_bound_projection_lies_within_the_hosts_spread(name):
-    from moetrain.plan.validate import validation_config
-
-    proj = project_perf(validation_config(name, 6, "unused"), H200).step_time_s
+    proj = project_perf(recorded_config(name), H200).step_time_s
     steps = [run[name][1] for run in (MEASURED, MEASURED_S3, MEASURED_S4, MEASURED_S5, MEASURED_S5_F, MEASURED_S6,
                                       MEASURED_S11)]
     steps += list(H200_S6_TINY_WIDE_STEPS)
@@ -199,10 +219,8 @@ def test_session6_within_ten_percent_in_both_modes(key):
     only). Measured mode for all; roofline for the graphed configs only: that eager step still ran a separate
     clip-scaling pass over the gradients, which the projection no longer counts (the 2026-11-29 21:14 run pins the
     eager roofline)."""
-    from moetrain.plan.validate import validation_config
-
     _, step, blocks = _s6(key)
-    cfg = validation_config(key[1], 6, "unused")
+    cfg = recorded_config(key[1])
     meas = project_perf(cfg, H200, dp_overlap=0.0, measured=blocks, measured_hooks=True).step_time_s
     assert meas == pytest.approx(step, rel=0.10)
     if key[0] is not None:
@@ -215,10 +233,8 @@ def test_session6_within_ten_percent_in_both_modes(key):
 def test_measured_mode_with_session5_blocks(name, run):
     """Blocks and head timed with the main-grad hooks (measured_hooks), on two hosts (the trainer before the clip fold). The host-bound tiny-wide came to -7.8% (E) and
     +11.9% (F): its steps wandered 50-73 ms within run E, so its blocks timed alone track its steps only roughly."""
-    from moetrain.plan.validate import validation_config
-
     _, step, blocks = {"E": MEASURED_S5, "F": MEASURED_S5_F}[run][name]
-    proj = project_perf(validation_config(name, 6, "unused"), H200, dp_overlap=0.0, measured=blocks,
+    proj = project_perf(recorded_config(name), H200, dp_overlap=0.0, measured=blocks,
                         measured_hooks=True).step_time_s
     assert proj == pytest.approx(step, rel=0.10)
 

@@ -25,11 +25,11 @@ def test_config_refuses_what_a_graph_cannot_hold(override, named):
 @pytest.mark.parametrize("override", ["optim.exp_avg_dtype=bf16", "optim.main_grads_dtype=bf16",
                                       "precision.master_weights=false"])
 def test_mixed_precision_optimizer_state_needs_the_triton_kernel(override):
-    """torch's fused AdamW (the captured update without optim.triton_kernel) takes one dtype; the Triton AdamW kernel
-    captures any dtype combination (without triton the graph refuses it when built)."""
+    """torch's fused AdamW (the captured update with optim.triton_kernel=false) takes one dtype; the Triton AdamW
+    kernel (the default) captures any dtype combination (without triton the graph refuses it when built)."""
     with pytest.raises(ConfigError, match=r"in one dtype; .* differ: set them to \w+, set optim.triton_kernel=true"):
-        load_config(overrides=["train.cuda_graph=true", override])
-    assert load_config(overrides=["train.cuda_graph=true", override, "optim.triton_kernel=true"]).train.cuda_graph
+        load_config(overrides=["train.cuda_graph=true", override, "optim.triton_kernel=false"])
+    assert load_config(overrides=["train.cuda_graph=true", override]).train.cuda_graph
 
 
 def test_config_accepts_the_fused_and_torch_expert_paths():
