@@ -82,6 +82,18 @@ def one_rank_launch():
 
 def moetrain_run(preset: str, base: list[str], name: str, steps: int, warmup: int, extra: list[str],
                  profile: bool = False, distributed: bool = False) -> dict:
+    """One moetrain contender's row; a contender that does not fit (the trainer's refusal or out of memory) is
+    reported in its row (``error``), and the others still run."""
+    try:
+        return _moetrain_run(preset, base, name, steps, warmup, extra, profile, distributed)
+    except (UserError, torch.OutOfMemoryError) as err:
+        gc.collect()
+        torch.cuda.empty_cache()
+        return {"name": name, "error": str(err).strip().splitlines()[0][:200]}
+
+
+def _moetrain_run(preset: str, base: list[str], name: str, steps: int, warmup: int, extra: list[str],
+                  profile: bool, distributed: bool) -> dict:
     from moetrain.train.trainer import run
 
     with tempfile.TemporaryDirectory() as out, (one_rank_launch() if distributed else contextlib.nullcontext()):
@@ -243,7 +255,12 @@ def main(argv=None) -> None:
         rows.append(moetrain_run(args.preset, base, "moetrain (fp32 master, cuda graph)", args.steps, args.warmup,
                                  ["train.cuda_graph=true"], args.profile))
     if not args.no_peer:
-        rows.append(hf_run(cfg, args.steps, args.warmup, args.profile))
+        try:
+            rows.append(hf_run(cfg, args.steps, args.warmup, args.profile))
+        except torch.OutOfMemoryError as err:
+            gc.collect()
+            torch.cuda.empty_cache()
+            rows.append({"name": "hf transformers", "error": str(err).strip().splitlines()[0][:200]})
         rows.append(moetrain_run(args.preset, base, "moetrain (bf16 state) again", args.steps, args.warmup,
                                  bf16_state))
     peak = peak_tflops(torch.cuda.get_device_name(), "bf16")
@@ -253,6 +270,9 @@ def main(argv=None) -> None:
     print(f"{'contender':{width}s} {'ms/step':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>9s} "
           f"{'loss first->last':>18s}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['name']:{width}s} {r['error']}")
+            continue
         r["mfu"] = r["tflops_per_gpu"] / peak if peak else None
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         print(f"{r['name']:{width}s} {r['step_time_s'] * 1e3:8.1f} {r['tokens_per_s']:10,.0f} "
