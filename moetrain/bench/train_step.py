@@ -137,13 +137,16 @@ def hf_run(cfg: Config, steps: int, warmup: int, profile: bool = False) -> dict:
     from moetrain.train.data import build_data
 
     torch.manual_seed(cfg.train.seed)
-    kwargs = dict(attn_implementation="sdpa", dtype=torch.bfloat16)
+    hf_cfg = hf_config(cfg)
+    # SDPA where the family takes it; GPT-OSS's attention sinks take flex attention (or eager) only
+    attn = "sdpa" if getattr(transformers.AutoModelForCausalLM._model_mapping[type(hf_cfg)], "_supports_sdpa",
+                             True) else "flex_attention"
+    kwargs = dict(attn_implementation=attn, dtype=torch.bfloat16)
     try:
-        model = transformers.AutoModelForCausalLM.from_config(
-            hf_config(cfg), experts_implementation="grouped_mm", **kwargs)
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg, experts_implementation="grouped_mm", **kwargs)
         impl = "grouped_mm"
     except TypeError:  # older transformers without the experts interface
-        model = transformers.AutoModelForCausalLM.from_config(hf_config(cfg), **kwargs)
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg, **kwargs)
         impl = "default"
     model.cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
@@ -183,7 +186,7 @@ def hf_run(cfg: Config, steps: int, warmup: int, profile: bool = False) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     step_time = statistics.median(times[warmup:])
-    return {"name": f"hf transformers ({impl})", "step_time_s": step_time, "tokens_per_s": tokens / step_time,
+    return {"name": f"hf transformers ({impl}, {attn})", "step_time_s": step_time, "tokens_per_s": tokens / step_time,
             "tflops_per_gpu": flops / step_time / 1e12, "peak_mem_gib": peak_gib,
             "first_loss": losses[0], "last_loss": losses[-1]}
 
