@@ -4,6 +4,7 @@ Runs in one process on one GPU, same model shape, same synthetic batches, same F
 (moetrain's accounting of the config, i.e. 6 x active matmul params + causal attention):
 
     moetrain bench train --preset qwen3-30b-a3b --layers 4 --seq 4096 --mbs 2
+    moetrain bench train --proxy deepseek-v3-ep8     (a named proxy: PROXIES below, 32k tokens a step)
 
 Contenders:
   moetrain (fp32 master)   bf16 params, fp32 master weights, fp32 main grads and Adam moments
@@ -44,6 +45,18 @@ from moetrain.config.schema import Config
 from moetrain.errors import UserError
 from moetrain.models.accounting import train_flops_per_token
 from moetrain.train.throughput import peak_tflops
+
+
+# The training proxies: reduced-depth models at >= 32k tokens per step (gradient accumulation), so the optimizer is
+# amortised as in real runs. deepseek-v3-ep8: the expert GEMM shapes one rank of EP8 runs (256 / 8 = 32 routed
+# experts, top-8), 1 dense + 3 MoE layers; no MTP layer, as transformers (the peer) runs none.
+PROXIES = {
+    "qwen3-4l": dict(preset="qwen3-30b-a3b", layers=4, seq=4096, mbs=2, gbs=8, set=[]),
+    "deepseek-v3-ep8": dict(preset="deepseek-v3", layers=4, seq=4096, mbs=1, gbs=8,
+                            set=["moe.num_experts=32", "moe.first_k_dense=1"]),
+    "mixtral-2l": dict(preset="mixtral-8x7b", layers=2, seq=4096, mbs=2, gbs=8, set=[]),
+    "gpt-oss-4l": dict(preset="gpt-oss-20b", layers=4, seq=4096, mbs=1, gbs=8, set=[]),
+}
 
 
 def top_kernels(trace: Path, steps: int, count: int = 12) -> str:
@@ -194,10 +207,12 @@ def hf_run(cfg: Config, steps: int, warmup: int, profile: bool = False) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="moetrain bench train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="qwen3-30b-a3b")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=4096)
-    parser.add_argument("--mbs", type=int, default=2)
+    parser.add_argument("--proxy", choices=sorted(PROXIES), default=None,
+                        help="a named training proxy (its preset, layers, seq, mbs, gbs and overrides; --set adds)")
+    parser.add_argument("--preset", default=None, help="default: qwen3-30b-a3b")
+    parser.add_argument("--layers", type=int, default=None, help="default: 4")
+    parser.add_argument("--seq", type=int, default=None, help="default: 4096")
+    parser.add_argument("--mbs", type=int, default=None, help="default: 2")
     parser.add_argument("--gbs", type=int, default=None, help="global batch (default: one micro-batch)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
@@ -219,6 +234,17 @@ def main(argv=None) -> None:
                         "(repeatable)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
+    shape = ("preset", "layers", "seq", "mbs", "gbs")
+    if args.proxy:
+        given = [f"--{k}" for k in shape if getattr(args, k) is not None]
+        if given:
+            raise UserError(f"--proxy {args.proxy} fixes the model and batch; drop {', '.join(given)} (or use --set)")
+        for k in shape:
+            setattr(args, k, PROXIES[args.proxy][k])
+        args.set = PROXIES[args.proxy]["set"] + args.set
+    for k, default in zip(shape, ("qwen3-30b-a3b", 4, 4096, 2, None)):
+        if getattr(args, k) is None:
+            setattr(args, k, default)
     dense = [d for d in args.fp8_dense.split(",") if d]
     bad = [d for d in dense if d not in ("tensorwise", "rowwise")]
     if bad:

@@ -200,3 +200,10 @@ def test_bench_train_peer_is_the_same_model(preset, over, family):
     assert type(hf).__name__ == family
     cfg = load_config(preset=preset, overrides=narrow + over + ["model.mtp_num_layers=0"])
     assert sum(p.numel() for p in hf.parameters()) == sum(p.numel() for p in MoETransformer(cfg).parameters())
+
+
+def test_bench_train_proxy_fixes_the_shape():
+    from moetrain.bench.train_step import main
+
+    with pytest.raises(UserError, match="--proxy qwen3-4l fixes the model and batch; drop --layers"):
+        main(["--proxy", "qwen3-4l", "--layers", "2"])
