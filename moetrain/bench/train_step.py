@@ -263,7 +263,8 @@ def main(argv=None) -> None:
     bf16_state = ["precision.master_weights=false", "optim.main_grads_dtype=bf16",
                   "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"]
     rows = [moetrain_run(args.preset, base, "moetrain (fp32 master)", args.steps, args.warmup, [], args.profile),
-            moetrain_run(args.preset, base, "moetrain (bf16 state)", args.steps, args.warmup, bf16_state)]
+            moetrain_run(args.preset, base, "moetrain (bf16 state)", args.steps, args.warmup, bf16_state,
+                         args.profile)]
     for recipe in filter(None, args.fp8.split(",")):
         rows.append(moetrain_run(args.preset, base, f"moetrain (bf16 state, fp8 {recipe})", args.steps, args.warmup,
                                  [*bf16_state, f"precision.fp8_recipe={recipe}"], args.profile))
