@@ -25,6 +25,8 @@ Bounds (per element):
 """
 
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -232,6 +234,82 @@ def test_registered_ops():
             [(tuple(r.shape), r.dtype, r.stride()) for r in real]
 
 
+# ---- the attention modules through the fused path (forced on the CPU through the interpreter) ------------------
+
+
+def _attention(kind, dtype):
+    from moetrain.config.schema import Config
+    from moetrain.models.attention import GQAAttention, MLAttention
+
+    cfg = Config()
+    m = cfg.model
+    m.hidden_size, m.num_attention_heads, m.norm_eps = 32, 4, 1e-5
+    if kind == "gqa":
+        m.num_query_groups, m.head_dim, m.qk_norm = 2, 64, True
+        build = GQAAttention
+    else:
+        m.attention_type, m.q_lora_rank, m.kv_lora_rank = "mla", 16, 16
+        m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim = 8, 64, 8
+        m.rope_scaling, m.rope_scaling_factor, m.rope_original_max_position = "yarn", 8.0, 4
+        build = MLAttention
+    torch.manual_seed(0)
+    attn = build(cfg)
+    with torch.no_grad():
+        for name, p in attn.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+    return attn.to(dtype).to(DEVICE), attn.rope
+
+
+def _step(attn, rope, x, dy):
+    cos, sin = rope.tables(x.shape[1], device=DEVICE)
+    xr = x.detach().requires_grad_()
+    y = attn(xr, cos, sin)
+    y.backward(dy)
+    module = getattr(attn, "_orig_mod", attn)  # (a compiled module's parameters are its original's)
+    grads = {n: p.grad.clone() for n, p in module.named_parameters()}
+    module.zero_grad(set_to_none=True)
+    return y.detach(), xr.grad, grads
+
+
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_attention_fused_path_matches_eager(kind, dtype_name, monkeypatch):
+    """GQAAttention with q/k norms and MLAttention (YaRN, the shared rope key rotated once and expanded): output,
+    input and parameter gradients through fused_rope as through the eager RMSNorm + apply_rope; fp32 within 1e-5
+    relative, bf16 within the eager bf16 path's own distance from the fp32 module (twice it, in the 2-norm)."""
+    dtype = DTYPES[dtype_name]
+    attn, rope = _attention(kind, dtype)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 32, generator=g).to(dtype).to(DEVICE)
+    dy = torch.randn(2, 5, 32, generator=g).to(dtype).to(DEVICE)
+    calls = []
+    real = R.fused_rope
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(R, "fused_rope", counted)
+    monkeypatch.setattr(R, "fused_rope_runs_here", lambda x, cos: False)
+    eager = _step(attn, rope, x, dy)
+    assert not calls
+    monkeypatch.setattr(R, "fused_rope_runs_here", lambda x, cos: True)
+    fused = _step(attn, rope, x, dy)
+    assert calls == [(2, 5, 4, 64), (2, 5, 1 if kind == "mla" else 2, 64)]  # q (MLA: q_rope), k (MLA: k_rope once)
+    pairs = [(fused[0], eager[0], "y"), (fused[1], eager[1], "dx")]
+    pairs += [(fused[2][n], eager[2][n], n) for n in eager[2]]
+    if dtype == F32:
+        for got, want, name in pairs:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item(), msg=name)
+        return
+    monkeypatch.setattr(R, "fused_rope_runs_here", lambda x, cos: False)
+    wide, _ = _attention(kind, F32)
+    ref = _step(wide, rope, x.float(), dy.float())
+    refs = [ref[0], ref[1]] + [ref[2][n] for n in eager[2]]
+    for (got, want, name), exact in zip(pairs, refs):
+        assert rel_err(got, exact) <= 2 * rel_err(want, exact) + 1e-3, name
+
+
 # ---- the bytes the module doc counts, and the compiled kernels -------------------------------------------------
 
 
@@ -321,3 +399,33 @@ def test_kernels_compile_for_sm90_without_spills_or_contraction():
         assert row["spill"] in (0, None), (name, row)
         assert row["fma"] == 0 and row["mul"] > 0, (name, row)
 
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's custom ops under aot_eager; the GPU's compile tests are "
+                    "tests/unit/test_compile.py")
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_attention_fused_path_compiles_in_one_graph(kind, monkeypatch):
+    """torch.compile(fullgraph=True) traces the attention modules through fused_rope's autograd.Function and its
+    custom ops (rope_fwd in the forward graph, rope_bwd in the backward), with the eager module's numbers."""
+    import copy
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
+    from test_compile import graph_recorder, moetrain_ops_in
+
+    monkeypatch.setattr(R, "fused_rope_runs_here", lambda x, cos: True)
+    attn, rope = _attention(kind, F32)
+    g = torch.Generator().manual_seed(1)
+    x, dy = torch.randn(2, 5, 32, generator=g), torch.randn(2, 5, 32, generator=g)
+    want = _step(attn, rope, x, dy)
+    torch._dynamo.reset()
+    graphs = []
+    try:
+        compiled = torch.compile(copy.deepcopy(attn), fullgraph=True, backend=graph_recorder(graphs))
+        got = _step(compiled, rope, x, dy)
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1
+    assert {"moetrain.rope_fwd.default", "moetrain.rope_bwd.default"} <= moetrain_ops_in(graphs)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-6)
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-6, atol=1e-6, msg=name)
