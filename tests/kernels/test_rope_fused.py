@@ -310,6 +310,35 @@ def test_attention_fused_path_matches_eager(kind, dtype_name, monkeypatch):
         assert rel_err(got, exact) <= 2 * rel_err(want, exact) + 1e-3, name
 
 
+# ---- what the fused path keeps for backward: the planner's CUDA terms -------------------------------------------
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU interpreter run; on a GPU plan validate measures the fused path")
+@pytest.mark.parametrize("b", [4, 2], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["none", "selective"])
+@pytest.mark.parametrize("kind", ["gqa-qknorm", "gqa", "mla"])
+def test_fused_path_saved_bytes_equal_the_cuda_formula(kind, mode, b, monkeypatch):
+    """A dense decoder block with fused_rope forced, measured with the storage tracker, equals the planner's block
+    terms on this CPU (its SDPA kernels) with the RoPE / q-k norm terms as on CUDA (``activations.rope_terms``):
+    with the norm, x (the projection output it views) and an fp32 rstd per row; without, nothing of its own."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "plan"))
+    import test_activations as TA
+
+    from moetrain.plan import activations as A
+
+    over = {"gqa-qknorm": {**TA.GQA, "model.qk_norm": "true"}, "gqa": TA.GQA, "mla": {}}[kind]
+    cfg = TA.tiny(**over)
+    monkeypatch.setattr(R, "fused_rope_runs_here", lambda x, cos: True)
+    measured = TA.saved_bytes(cfg, False, None, mode, TA.DT[b])
+    cpu, gpu = A.Dims(B=2, S=16, b=b, device="cpu"), A.Dims(B=2, S=16, b=b, device="cuda")
+    expected = A.total(A.block_terms(cfg, cpu, False, None, mode))
+    expected += A.total(A.rope_terms(cfg, gpu)) - A.total(A.rope_terms(cfg, cpu))
+    assert expected == measured
+    if kind == "gqa-qknorm":  # the fused op's own: q and k (b bytes) and their rstd, against eager's norms + tables
+        T, nh, kv, hd = 32, 4, 2, 8
+        assert A.total(A.rope_terms(cfg, gpu)) == (b * hd + 4) * T * (nh + kv)
+
+
 # ---- the bytes the module doc counts, and the compiled kernels -------------------------------------------------
 
 
