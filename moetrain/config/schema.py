@@ -77,6 +77,10 @@ class ModelConfig:
     mtp_num_layers: int = doc(0, "Multi-token-prediction depth (DeepSeek-V3: 1).")
     mtp_loss_scale: float = doc(0.1, "Weight of the MTP loss (averaged over depths).")
     init_std: float = doc(0.02, "Standard deviation of the normal weight initialisation.")
+    fused_rope: bool = doc(
+        True, "RoPE, with the q/k RMSNorm before it where the model has one, as one Triton kernel per tensor and "
+        "direction (moetrain.ops.rope) on CUDA with triton installed; it keeps only its input and an fp32 rstd per "
+        "row for backward. false: the eager RMSNorm and RoPE ops (the CPU always runs those). The planner follows it.")
 
 
 @dataclass

@@ -14,6 +14,11 @@ A window W lets query i see keys j with i - W < j <= i (W keys, itself included;
 With selective recompute the core is checkpointed: from q, k, v (after RoPE) to the per-head
 output before o_proj; projections, norms and RoPE keep their activations.
 
+RoPE (and GQA's q/k RMSNorm before it): on CUDA with triton installed, unless model.fused_rope is off,
+moetrain.ops.rope.fused_rope (one Triton kernel per tensor and direction, keeping only its input and an fp32
+rstd per row); elsewhere, and for GQA's q/k norms under tensor parallelism (DTensor weights), the eager
+RMSNorm and apply_rope. Both compute the same function (kernels.rope's doc says where they round differently).
+
 Tensor parallelism: forward reads the head counts off the projections' outputs (never ``self.nh``),
 so after ``ColwiseParallel`` on the q/k/v projections (GQA; q_proj or q_b_proj and kv_b_proj for
 MLA) with local outputs and ``RowwiseParallel`` on o_proj, each rank computes its nh/tp query heads
@@ -32,6 +37,7 @@ from moetrain.models.linear import Linear
 from moetrain.models.norm import RMSNorm
 from moetrain.models.recompute import checkpoint
 from moetrain.models.rope import RopeParams, apply_rope
+from moetrain.ops import rope as rope_ops
 
 
 def causal_mask(seq_len: int, window: int | None = None, device=None) -> torch.Tensor:
@@ -104,15 +110,33 @@ class GQAAttention(_CoreMixin, nn.Module):
         self.window = window
         self.rope = RopeParams.from_model_config(m, hd)
         self.scale = hd ** -0.5 * self.rope.softmax_scale_multiplier
+        self.fused_rope = m.fused_rope
+
+    def _fused(self, q: torch.Tensor, cos: torch.Tensor) -> bool:
+        """Whether q and k take the fused op: model.fused_rope, a tensor the kernels run on, and plain norm weights
+        (under tensor parallelism they are DTensors whose gradient comes back Partial: the eager norms run)."""
+        if not self.fused_rope or not rope_ops.fused_rope_runs_here(q, cos):
+            return False
+        if self.q_norm is None:
+            return True
+        from torch.distributed.tensor import DTensor
+
+        return not isinstance(self.q_norm.weight, DTensor)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, S, _ = x.shape
         q = self.q_proj(x).view(B, S, -1, self.hd)  # heads from the shapes: a TP rank holds nh/tp of them
         k = self.k_proj(x).view(B, S, -1, self.hd)
         v = self.v_proj(x).view(B, S, -1, self.hd)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if not self._fused(q, cos):
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        elif self.q_norm is None:
+            q, k = rope_ops.fused_rope(q, cos, sin), rope_ops.fused_rope(k, cos, sin)
+        else:
+            q = rope_ops.fused_rope(q, cos, sin, self.q_norm.weight, self.q_norm.eps)
+            k = rope_ops.fused_rope(k, cos, sin, self.k_norm.weight, self.k_norm.eps)
         o = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.sinks)
         return self.o_proj(o.transpose(1, 2).reshape(B, S, -1))
 
@@ -147,6 +171,7 @@ class MLAttention(_CoreMixin, nn.Module):
         self.window = window
         self.rope = RopeParams.from_model_config(m, self.rope_dim)
         self.scale = qk ** -0.5 * self.rope.softmax_scale_multiplier
+        self.fused_rope = m.fused_rope
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, S, _ = x.shape
@@ -159,8 +184,9 @@ class MLAttention(_CoreMixin, nn.Module):
         c, k_rope = self.kv_a_proj(x).split([self.kvl, self.rope_dim], dim=-1)
         kv = self.kv_b_proj(self.kv_a_norm(c)).view(B, S, -1, self.nope + self.dv)
         k_nope, v = kv.split([self.nope, self.dv], dim=-1)
-        q_rope = apply_rope(q_rope, cos, sin)
-        k_rope = apply_rope(k_rope.unsqueeze(2), cos, sin).expand(B, S, q_rope.shape[2], self.rope_dim)
+        rope = rope_ops.fused_rope if self.fused_rope and rope_ops.fused_rope_runs_here(q_rope, cos) else apply_rope
+        q_rope = rope(q_rope, cos, sin)
+        k_rope = rope(k_rope.unsqueeze(2), cos, sin).expand(B, S, q_rope.shape[2], self.rope_dim)  # rotated once
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope], dim=-1)
         o = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))

@@ -47,7 +47,7 @@ DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 # model.*/moe.* keys that do not shape the network (training choices); every other key of
 # those two sections is an architecture key and comes from the HF config.
 NOT_ARCH = {
-    "model.name", "model.from_hf", "model.mtp_loss_scale", "model.init_std",
+    "model.name", "model.from_hf", "model.mtp_loss_scale", "model.init_std", "model.fused_rope",
     "moe.expert_bias_update_rate", "moe.aux_loss_coeff", "moe.aux_loss_type", "moe.z_loss_coeff",
     "moe.capacity_factor", "moe.force_balance", "moe.backend",
 }

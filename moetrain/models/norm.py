@@ -9,6 +9,15 @@ import torch
 from torch import nn
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / sqrt(mean(x^2) + eps) over the last dim, in fp32 (fp64 stays fp64), result in x.dtype: the
+    computation of ``RMSNorm`` (whose doc says why the weight is applied before the cast)."""
+    dt = torch.promote_types(x.dtype, torch.float32)  # fp32 (fp64 stays fp64)
+    xf = x.to(dt)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.to(dt) * xf).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     """y = weight * x / sqrt(mean(x^2) + eps), all in fp32, result in x.dtype.
 
@@ -23,10 +32,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dt = torch.promote_types(x.dtype, torch.float32)  # fp32 (fp64 stays fp64)
-        xf = x.to(dt)
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.to(dt) * xf).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -16,7 +16,9 @@ parameters excluded: tests/plan/test_activations.py), for example:
   [B, nh, S]; GQA keeps k/v with kv heads. ``attention="unfused"`` models torch's math SDPA
   (fp32 copies of q, k, v and the fp32 probabilities [B, nh, S, S]); learned sinks (GPT-OSS)
   always take our explicit path (fp32 softmax over [S, S+1] plus a b-byte copy).
-* RoPE keeps only its cos/sin tables (a b-byte copy per call in bf16).
+* RoPE keeps only its cos/sin tables (a b-byte copy per call in bf16). On CUDA (model.fused_rope, the default) RoPE
+  and GQA's q/k norms run as one fused op per tensor (moetrain.ops.rope), which keeps only its input and an fp32
+  rstd per row with the norm, and nothing of its own without it (``rope_terms``).
 * MoE: the router's fp32 input copy, fp32 scores [T, E], indices (the group-limited selection
   keeps nothing: no gradient flows through it); the expert path keeps FC1's input (the permuted
   rows [M, H]; on the fused path, moe.backend auto/triton on CUDA, the token rows [T, H] and a
@@ -81,7 +83,7 @@ class Dims:
     etp: int = 1
     attention: str = "auto"  # auto | fused | unfused
     moe_imbalance: float = 1.0  # routed rows on the worst rank / average
-    device: str = "cuda"  # which SDPA kernels "auto" assumes: cuda | cpu
+    device: str = "cuda"  # which SDPA kernels "auto" assumes, and whether RoPE runs fused (rope_terms): cuda | cpu
     ep: int = 1
 
     @property
@@ -148,6 +150,34 @@ def rope_tables(d: Dims, rope_dim: int, calls: int = 2) -> list[Term]:
     return [Term("rope tables", calls * 2 * d.S * (rope_dim // 2) * d.b)]
 
 
+def fused_rope(cfg: Config, d: Dims) -> bool:
+    """Whether the attention's RoPE (and GQA's q/k norms) runs as moetrain.ops.rope's fused op: on CUDA unless
+    model.fused_rope is off (models.attention's rule at run time, on a machine with triton)."""
+    return d.device == "cuda" and cfg.model.fused_rope
+
+
+def rope_terms(cfg: Config, d: Dims) -> list[Term]:
+    """What RoPE, with GQA's per-head q/k RMSNorm before it, keeps for backward in one attention block.
+
+    Eager (the CPU, model.fused_rope off, and GQA's q/k norms under tensor parallelism, whose weights are DTensors):
+    each norm's fp32 input copy, normalised tensor and rsqrt, and the tables cast per call in 16-bit.
+    Fused (moetrain.ops.rope on CUDA): with the norm, x itself (a view of the q / k projection's output, b bytes,
+    kept by nothing else) and the fp32 rstd [rows]; the fp32 tables (shared by every layer) and the norm weight (a
+    parameter) by reference, so nothing else: without the norm (MLA's rope parts, GQA without qk_norm) nothing."""
+    m = cfg.model
+    T, b = d.T, d.b
+    if m.attention_type == "mla":
+        return [] if fused_rope(cfg, d) else rope_tables(d, m.qk_rope_head_dim)
+    nh, kv, hd = _heads(m.num_attention_heads, d.tp), _heads(cfg.kv_heads, d.tp), cfg.attn_head_dim
+    if not fused_rope(cfg, d) or (m.qk_norm and d.tp > 1):
+        out = norm("q_norm", T * nh, hd, b) + norm("k_norm", T * kv, hd, b) if m.qk_norm else []
+        return out + rope_tables(d, hd)
+    if not m.qk_norm:
+        return []
+    return [Term("q norm+rope input, rstd", b * T * nh * hd + 4 * T * nh),
+            Term("k norm+rope input, rstd", b * T * kv * hd + 4 * T * kv)]
+
+
 # ---- attention ----------------------------------------------------------------------------------
 
 def _core_fused(d: Dims, nh: float, kv: float, dq: int, dv: int, v_storage: float) -> list[Term]:
@@ -172,9 +202,7 @@ def gqa_attention(cfg: Config, d: Dims, window: int | None, selective: bool) -> 
     T, b, H = d.T, d.b, m.hidden_size
     nh, kv, hd = _heads(m.num_attention_heads, d.tp), _heads(cfg.kv_heads, d.tp), cfg.attn_head_dim
     out = [Term("qkv input", b * T * H, wgrad=True)]  # gathered under SP (module doc)
-    if m.qk_norm:
-        out += norm("q_norm", T * nh, hd, b) + norm("k_norm", T * kv, hd, b)
-    out += rope_tables(d, hd)
+    out += rope_terms(cfg, d)
     q, k, v = b * T * nh * hd, b * T * kv * hd, b * T * kv * hd
     if selective:
         # checkpointed core: its inputs q, k, v stay; o_proj keeps the core output.
@@ -211,7 +239,7 @@ def mla_attention(cfg: Config, d: Dims, selective: bool) -> list[Term]:
     out += norm("kv_a_norm", T, kvl, b) + [Term("kv_b input", b * T * kvl, wgrad=True)]
     if b == 4:  # fp32: the norm keeps the latent as a view of kv_a_proj's whole output (latent | rope key)
         out.append(Term("kv_a output (rope part)", 4 * T * m.qk_rope_head_dim))
-    out += rope_tables(d, m.qk_rope_head_dim)
+    out += rope_terms(cfg, d)
     kv_storage = b * T * nh * (m.qk_nope_head_dim + dv)  # v is a view of kv_b_proj's output
     if selective:
         return out + [Term("attn q", b * T * nh * qk), Term("attn k", b * T * nh * qk), Term("attn v", kv_storage),

@@ -8,6 +8,7 @@ would autotune bf16's candidates, see test_moe_fused.py; the GPU compile tests a
 """
 
 import copy
+import importlib
 import os
 import sys
 
@@ -20,7 +21,10 @@ if use_gpu_or_interpreter():
                 allow_module_level=True)
 
 from moetrain.kernels import sort_rows as sorting
+from moetrain.models.rope import RopeParams
 from moetrain.ops import custom_ops, router_gemm
+
+importlib.import_module("moetrain.ops.rope")  # registers rope_fwd / rope_bwd (the models import it too)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
 from test_compile import graph_recorder, layer_step, make_layer, moetrain_ops_in
@@ -75,6 +79,13 @@ def samples() -> list:
         ("route_backward", (rand(T, E), idx.clamp(min=0), None, rand(E), "sigmoid", False, 2.0)),
         ("router_mm_fp32", (rand(T, H, dtype=torch.bfloat16), rand(H, E, dtype=torch.bfloat16))),
     ]
+    # RoPE (+ q/k norm): x a column slice of a wider projection output (strides of a view), with and without the norm
+    cos, sin = RopeParams(8, yarn=True, factor=4.0, original_max_position=2).tables(3)
+    q = rand(2, 3, 2, 11)[..., 3:]
+    norm_w, dq = rand(8, dtype=torch.bfloat16), rand(2, 3, 2, 8).transpose(1, 2).contiguous().transpose(1, 2)
+    rstd = torch.rand(2, 3, 2, generator=g) + 0.5
+    out += [("rope_fwd", (q, cos, sin, norm_w, 1e-6)), ("rope_fwd", (q.bfloat16(), cos, sin, None, 1e-6)),
+            ("rope_bwd", (dq, q, cos, sin, norm_w, rstd)), ("rope_bwd", (dq, None, cos, sin, None, None))]
     labels = torch.tensor([3, -100, 0, 4, 1, 2])  # V = 5 vocabulary rows; chunks of 4 tokens: one uneven
     for need_dh, need_dw in ((True, True), (True, False), (False, True), (False, False)):
         out.append(("linear_cross_entropy", (x, rand(5, H), labels, 4, -100, 0, "", need_dh, need_dw, True)))

@@ -107,14 +107,36 @@ def test_tensor_and_sequence_parallel_split():
 @pytest.mark.parametrize("t", [1, 2, 8])
 def test_gpt_layer_with_selective_recompute_against_megatrons_34_sbh_over_t(t):
     """A plain GPT layer (bf16, MHA, GELU 4H) with TP + SP and selective recompute: (40 / t + 4) s b h against
-    Megatron's 34 s b h / t (the activations module doc says where they differ), plus rsqrt, weight copies, RoPE."""
+    Megatron's 34 s b h / t (the activations module doc says where they differ), plus rsqrt, weight copies, and
+    RoPE's bf16 tables where it runs eagerly (model.fused_rope off; the fused op keeps the shared fp32 tables)."""
     H, nh, S = 64, 8, 32
     cfg = tiny(**{**GQA, "model.hidden_size": H, "model.num_attention_heads": nh, "model.num_query_groups": nh,
                   "model.activation": "gelu", "model.ffn_hidden_size": 4 * H, "precision.dtype": "bf16"})
     d = A.Dims(B=1, S=S, b=2, tp=t, sp=t > 1, device="cuda")
-    rope = 2 * 2 * S * (H // nh // 2) * 2  # cos and sin in bf16, for q and for k
-    extras = 2 * (4 * S / t + 4 * H) + rope  # the two norms' rsqrt and fp32 weight copies
+    extras = 2 * (4 * S / t + 4 * H)  # the two norms' rsqrt and fp32 weight copies
     assert A.total(A.block_terms(cfg, d, False, None, "selective")) == (40 / t + 4) * S * H + extras
+    eager = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, fused_rope=False))
+    rope = 2 * 2 * S * (H // nh // 2) * 2  # cos and sin in bf16, for q and for k
+    assert A.total(A.block_terms(eager, d, False, None, "selective")) == (40 / t + 4) * S * H + extras + rope
+
+
+def test_rope_terms_eager_and_fused():
+    """RoPE with Qwen3's q/k norms (bf16, T = 32 tokens, 4 query / 2 kv heads of 8): eager keeps each norm's fp32
+    input copy, normalised tensor, rsqrt and fp32 weight copy, and the bf16 tables per call; the fused op (CUDA)
+    keeps q and k themselves and an fp32 rstd per row. Under tensor parallelism the norms run eagerly (DTensor
+    weights); without the norm (and for MLA) the fused op keeps nothing of its own."""
+    cfg = tiny(**{**GQA, "model.qk_norm": "true"})
+    T, nh, kv, hd, S = 32, 4, 2, 8, 16
+    rows = T * (nh + kv)
+    eager = rows * (8 * hd + 4) + 2 * 4 * hd + 2 * 2 * S * (hd // 2) * 2
+    gpu, cpu = A.Dims(B=2, S=S, b=2, device="cuda"), A.Dims(B=2, S=S, b=2, device="cpu")
+    assert A.total(A.rope_terms(cfg, cpu)) == eager
+    assert A.total(A.rope_terms(cfg, gpu)) == rows * (2 * hd + 4)
+    off = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, fused_rope=False))
+    assert A.total(A.rope_terms(off, gpu)) == eager
+    tp2 = A.Dims(B=2, S=S, b=2, tp=2, device="cuda")  # nh / 2, kv / 2 heads per rank, eager norms
+    assert A.total(A.rope_terms(cfg, tp2)) == rows // 2 * (8 * hd + 4) + 2 * 4 * hd + 2 * 2 * S * (hd // 2) * 2
+    assert A.total(A.rope_terms(tiny(**GQA), gpu)) == 0 and A.total(A.rope_terms(tiny(), gpu)) == 0
 
 
 def test_context_parallel_halves_tokens():
