@@ -79,11 +79,28 @@ from moetrain.ops.custom_ops import kernel_op
 from moetrain.runtime import loss_chunk
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp64 stays on the PyTorch path
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp32, or fp64 for fp64 inputs: the dtype of the log-softmax, the loss and the dW accumulator."""
     return torch.promote_types(dtype, torch.float32)
+
+
+_TRITON: list = []  # whether triton imports: a fact of the process, probed once
+
+
+def kernels_run_here(h: torch.Tensor) -> bool:
+    """Whether the chunks' elementwise work runs the Triton kernels (``kernels.cross_entropy``): CUDA inputs of bf16,
+    fp16 or fp32 with triton importable. Else the PyTorch path (the CPU, fp64), the kernels' reference; the tests
+    force the kernels on CPU tensors under Triton's interpreter by replacing this function."""
+    if not (h.is_cuda and h.dtype in KERNEL_DTYPES):
+        return False
+    if not _TRITON:
+        from moetrain.runtime.packages import triton_available
+
+        _TRITON.append(triton_available())
+    return _TRITON[0]
 
 
 def default_chunk_tokens(vocab_rows: int, dtype: torch.dtype = torch.float32) -> int:
@@ -164,7 +181,12 @@ def _global_stats(group, m, s, zt, holds):
     # all_gather_single from torch 2.13 on, which deprecates all_gather_into_tensor (the same collective)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(everyone, local, group=group)
-    everyone = everyone.view(R, 4, -1)
+    return combine_stats(everyone.view(R, 4, -1))
+
+
+def combine_stats(everyone: torch.Tensor):
+    """(lse, zt, held_by) [C] each from the R ranks' rows [R, 4, C] (max, sum of exp(z - max), label logit,
+    holds)."""
     ms, ss = everyone[:, 0], everyone[:, 1]
     top = ms.amax(0)
     lse = top + torch.log((ss * torch.exp(ms - top)).sum(0))
@@ -173,12 +195,23 @@ def _global_stats(group, m, s, zt, holds):
 
 def _chunk(h_c, weight, labels_c, ignore_index: int, vocab_start: int, group, grad: bool):
     """One chunk of C tokens: (loss [] acc, bad [C] bool: a label no rank holds, g [C, V] in h's dtype: the loss's
-    gradient w.r.t. the chunk's logits, or None without ``grad``)."""
-    dt = acc_dtype(h_c.dtype)
-    z = torch.mm(h_c, weight.t())  # [C, V] in h's dtype, fp32 accumulation inside the GEMM
+    gradient w.r.t. the chunk's logits, or None without ``grad``). The Triton kernels where ``kernels_run_here``,
+    else PyTorch (the reference: the same numbers up to fp32 rounding order)."""
     valid = labels_c != ignore_index
     local = labels_c - vocab_start
     holds = valid & (local >= 0) & (local < weight.shape[0])  # this rank's rows hold the label
+    # the logits z [C, V] in h's dtype, fp32 accumulation inside the GEMM; not bound here, so that the PyTorch path
+    # holds the only reference and frees a 16-bit z once it has its acc copy
+    if kernels_run_here(h_c):
+        return _chunk_kernels(torch.mm(h_c, weight.t()), labels_c, valid, holds, ignore_index, vocab_start, group,
+                              grad)
+    return _chunk_torch(torch.mm(h_c, weight.t()), local, valid, holds, group, grad)
+
+
+def _chunk_torch(z, local, valid, holds, group, grad: bool):
+    """``_chunk`` after the GEMM in PyTorch: the kernels' reference (module docstring). local: labels - vocab_start."""
+    dt = acc_dtype(z.dtype)
+    out_dtype = z.dtype
     idx = torch.where(holds, local, 0).unsqueeze(1)  # always in bounds: other rows are masked by holds
     zt = torch.where(holds, z.gather(1, idx).squeeze(1).to(dt), 0)  # the label's logit, 0 where not held here
     p = z.to(dt)  # is z itself for acc inputs
@@ -198,7 +231,66 @@ def _chunk(h_c, weight, labels_c, ignore_index: int, vocab_start: int, group, gr
     # softmax = exp(z - lse) = p * exp(m - lse) (m this rank's max), zero on ignored rows; minus the one-hot here
     p.mul_(torch.where(valid, torch.exp(m - lse), 0)[:, None])
     p.scatter_add_(1, idx, -holds.to(dt)[:, None])
-    return loss, bad, p.to(h_c.dtype)
+    return loss, bad, p.to(out_dtype)
+
+
+def _chunk_kernels(z, labels_c, valid, holds, ignore_index: int, vocab_start: int, group, grad: bool):
+    """``_chunk`` after the GEMM, through the kernels: the gradient is written over z (no acc copy). The whole
+    vocabulary here: one fused launch (or the statistics alone without ``grad``); vocab-parallel: the statistics,
+    the ranks' combined (``_global_stats``), then the gradient."""
+    if group is None and grad:
+        lse, zt = cross_entropy_fused(z, labels_c, ignore_index, vocab_start)
+        hits = holds
+    else:
+        m, s, zt = cross_entropy_stats(z, labels_c, ignore_index, vocab_start)
+        if group is None:
+            lse, hits = m + torch.log(s), holds
+        else:
+            lse, zt, held_by = _global_stats(group, m, s, zt, holds)
+            hits = held_by > 0
+        if grad:
+            cross_entropy_grad(z, labels_c, lse, ignore_index, vocab_start)
+    loss = torch.where(valid, lse - zt, 0).sum()
+    return loss, valid & ~hits, z if grad else None
+
+
+# The kernels (kernels.cross_entropy, imported on first use: it imports triton) as custom ops. z [C, V] bf16 / fp16 /
+# fp32, labels [C] int64; every statistic fp32 [C].
+
+def _kernels():
+    from moetrain.kernels import cross_entropy
+
+    return cross_entropy
+
+
+def _stats_fake(z, labels, ignore_index, vocab_start):
+    return tuple(z.new_empty(z.shape[0], dtype=torch.float32) for _ in range(3))
+
+
+@kernel_op("cross_entropy_stats", fake=_stats_fake)
+def cross_entropy_stats(z: torch.Tensor, labels: torch.Tensor, ignore_index: int,
+                        vocab_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m, s, zt): each row's max, sum of exp(z - m) and label logit (0 where not held here); z read once."""
+    return _kernels().row_stats(z, labels, ignore_index, vocab_start)
+
+
+@kernel_op("cross_entropy_grad", fake=lambda z, labels, lse, ignore_index, vocab_start: None, mutates_args=("z",))
+def cross_entropy_grad(z: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, ignore_index: int,
+                       vocab_start: int) -> None:
+    """Writes softmax - onehot (zero rows where ignored) over z, from each row's log-sum-exp lse fp32 [C]."""
+    _kernels().row_grad(z, labels, lse, ignore_index, vocab_start)
+
+
+def _fused_fake(z, labels, ignore_index, vocab_start):
+    return z.new_empty(z.shape[0], dtype=torch.float32), z.new_empty(z.shape[0], dtype=torch.float32)
+
+
+# tuples, not lists: functionalization refuses a list output from an op that mutates an input
+@kernel_op("cross_entropy_fused", fake=_fused_fake, mutates_args=("z",))
+def cross_entropy_fused(z: torch.Tensor, labels: torch.Tensor, ignore_index: int,
+                        vocab_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lse, zt), and the gradient written over z: the statistics and the gradient in one launch."""
+    return _kernels().row_fused(z, labels, ignore_index, vocab_start)
 
 
 def _raise_on_bad_labels(labels, bad, vocab_rows: int, vocab_start: int, ignore_index: int, group) -> None:
