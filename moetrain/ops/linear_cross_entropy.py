@@ -103,8 +103,12 @@ def kernels_run_here(h: torch.Tensor) -> bool:
     return _TRITON[0]
 
 
-def default_chunk_tokens(vocab_rows: int, dtype: torch.dtype = torch.float32) -> int:
-    """Tokens per chunk so that [C, vocab_rows] acc logits take at most CHUNK_BYTES (``runtime.loss_chunk``)."""
+def default_chunk_tokens(vocab_rows: int, dtype: torch.dtype = torch.float32, kernels: bool = False) -> int:
+    """Tokens per chunk so that one chunk's [C, vocab_rows] buffers take at most what CHUNK_BYTES of acc logits make
+    on the PyTorch path (``runtime.loss_chunk``); ``kernels``: the Triton path's chunk (3x for bf16/fp16, whose
+    kernels keep no acc copy), as ``kernels_run_here`` decides for the inputs."""
+    if kernels and dtype in KERNEL_DTYPES:
+        return loss_chunk.chunk_tokens(vocab_rows, 4, dtype.itemsize)
     return loss_chunk.chunk_tokens(vocab_rows, acc_dtype(dtype).itemsize)
 
 
@@ -391,7 +395,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     rank holds vocabulary rows [vocab_start, vocab_start + V) of the group's (vocab parallelism). check_labels: raise
     ValueError on a label no rank holds (one host sync); None checks labels on the CPU only."""
     _check_args(h, weight, labels, chunk_tokens)
-    chunk = chunk_tokens or default_chunk_tokens(weight.shape[0], h.dtype)
+    chunk = chunk_tokens or default_chunk_tokens(weight.shape[0], h.dtype, kernels_run_here(h))
     group_name = "" if vocab_group is None else vocab_group.group_name
     check = labels.device.type == "cpu" if check_labels is None else bool(check_labels)
     grad = torch.is_grad_enabled()

@@ -219,7 +219,7 @@ def _rel(a, b):
 @pytest.mark.parametrize("chunk", [7, None])
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
 def test_op_through_the_kernels_equals_the_pytorch_path(dtype, chunk, monkeypatch):
-    """Uneven chunks of 7 tokens, and the default chunk (one chunk here)."""
+    """Uneven chunks of 7 tokens, and the default chunk (the kernels' is 3x PyTorch's for bf16: one chunk here)."""
     T, V, H = 30, VOCABS[0], 16
     h, w, labels = _inputs(T, V, H, dtype)
     want = _op(h, w, labels, False, monkeypatch, chunk_tokens=chunk)
@@ -244,6 +244,17 @@ def test_op_without_grad_all_ignored_and_a_bad_label(monkeypatch):
     wrong[3] = V + 4  # no rank holds it: NaN, no host sync, no out-of-bounds read
     loss, count, dh, _ = _op(h, w, wrong, True, monkeypatch, chunk_tokens=6, check_labels=False)
     assert torch.isnan(loss) and torch.isfinite(dh).all()
+
+
+def test_default_chunk_follows_the_path(monkeypatch):
+    h, w, labels = _inputs(8, VOCABS[0], 8, BF16)
+    seen = []
+    real = lce.linear_cross_entropy_pass
+    monkeypatch.setattr(lce, "linear_cross_entropy_pass", lambda *a: seen.append(a[3]) or real(*a))
+    for kernels in (False, True):
+        _op(h, w, labels, kernels, monkeypatch, grad=False)
+    V = w.shape[0]
+    assert seen == [lce.default_chunk_tokens(V, BF16), 3 * lce.default_chunk_tokens(V, BF16)]
 
 
 # ---- the custom ops --------------------------------------------------------------------------------------------
