@@ -13,7 +13,8 @@ from a GEMM in the inputs' dtype (fp32 accumulation inside it, one rounding to t
 
 Per chunk of C tokens, in one pass: logits z [C, V] (the GEMM), z in acc, the row max m, p = exp(z - m) in place,
 the log-sum-exp, the chunk's loss, then the gradient of the loss w.r.t. z, softmax - onehot (rows of ignored tokens
-zero) in place of p, rounded to the inputs' dtype as g, and dh[chunk] = g @ weight [C, H] (a GEMM) and
+zero) in place of p, rounded to the inputs' dtype as g (on a GPU all of this after the GEMM is one Triton kernel
+over the b-byte z, g written over z: "Fused on a GPU" below), and dh[chunk] = g @ weight [C, H] (a GEMM) and
 dW_acc += g^T @ h[chunk] [V, H] (a GEMM into an acc accumulator: bf16 operands with an fp32 C on CUDA, through
 ``torch.addmm(out_dtype=)``, not yet run on a GPU; on the CPU the operands are upcast, whose products are exact, so
 the same numbers up to summation order). After the pass dW_acc
@@ -30,8 +31,9 @@ supported. Do not checkpoint the loss: it keeps only dh and dW anyway.
 Memory, bytes (b = the inputs' dtype size, 2 for bf16; C = the chunk):
   unfused: forward peak 10TV for bf16 (bf16 logits, their fp32 copy, the fp32 log-probs; 8TV for fp32), kept 4TV
            (the log-probs), backward peak about 10TV + 2VH (two fp32 [T, V] gradients, their bf16 cast, dW)
-  fused:   loop peak 4VH (dW_acc) + bTH (dh) + 4CV (the chunk's acc logits) + bCV below fp32 (the GEMM's output,
-           then g), then 4VH + bVH while dW_acc is rounded;
+  fused:   loop peak 4VH (dW_acc) + bTH (dh) + the chunk's transient: on the PyTorch path 4CV (the chunk's acc
+           logits) + bCV below fp32 (the GEMM's output, then g), with the kernels bCV (g written over the GEMM's
+           output; at 3x the C below fp32, so the same bytes); then 4VH + bVH while dW_acc is rounded;
            kept bTH + bVH; backward peak 2(bTH + bVH)
 The kept ratio is 4TV / (bTH + bVH), about 2T/H for bf16 and T << V: at T = 2048, V = 32768, H = 256 (the test),
 17 MiB against 256 MiB; the forward peak there with C = 256 is 81 MiB against 640 MiB. At DeepSeek-V3's T = 4096,
@@ -40,10 +42,11 @@ backward peak 3.5 GiB (unfused ~6.6 GiB); there the gain is the [T, V] passes av
 separate softmax forward and backward: a time not measured here), and the fused memory grows with T only through dh.
 With vocab parallelism every [V, H] term shrinks by R.
 
-Chunk: ``chunk_tokens`` (default ``default_chunk_tokens``): one chunk's acc logits are at most CHUNK_BYTES = 256 MiB,
-so C >= 512 rows up to V = 131072 (the GEMMs keep the tensor cores busy at M >= 512) while the chunk's transients
-(6CV bytes for bf16, 384 MiB) stay well under the unfused path's [T, V] buffers; C is a multiple of 128 (whole GEMM
-tiles).
+Chunk: ``chunk_tokens`` (default ``default_chunk_tokens``): on the PyTorch path one chunk's acc logits are at most
+CHUNK_BYTES = 256 MiB, so C >= 512 rows up to V = 131072 (the GEMMs keep the tensor cores busy at M >= 512) while
+the chunk's transients (6CV bytes for bf16, 384 MiB) stay well under the unfused path's [T, V] buffers; C is a
+multiple of 128 (whole GEMM tiles). The kernels' chunk keeps the same transient bytes: 3x the tokens below fp32
+(bCV against 6CV; Qwen3's V = 151936: 1152 tokens against 384), the same at fp32 (``runtime.loss_chunk``).
 
 Vocab parallelism (``vocab_group``, a ProcessGroup): every rank holds weight rows [vocab_start, vocab_start + V) of
 the vocabulary and the same h and labels (all tokens). Per chunk, each rank all-gathers its rows' statistics [4, C]
@@ -62,12 +65,18 @@ Labels: ignore_index rows contribute nothing (all ignored: (0, 0), zero gradient
 loss_sum NaN, which needs no host sync. With ``check_labels`` the op also raises ValueError naming the first such
 label, at the cost of one host sync; the default checks where that costs no device sync (labels on the CPU).
 
-Not fused here: the per-chunk elementwise work is 7 PyTorch ops over [C, V] (acc copy, max, subtract, exp, sum, scale,
-cast; the one-hot is a scatter of C elements), about 44 bytes of memory traffic per logit for bf16, against 2C*V*H
-flops per GEMM. A GPU kernel would read the bf16 logits twice (max and sum of exponentials in one online pass, then the
-gradient written in place over them): ~6 bytes per logit and no acc copy (the chunk's transient 2CV instead of 6CV,
-so 3x the chunk for the same memory). Left out because its gain is a GPU timing, which this CPU cannot measure; the
-vocab-parallel collective sits between its two passes.
+Fused on a GPU (``kernels.cross_entropy``, where ``kernels_run_here``: CUDA bf16 / fp16 / fp32 inputs with triton):
+the per-chunk elementwise work on the PyTorch path is 7 ops over [C, V] (acc copy, max, subtract, exp, sum, scale,
+cast; the one-hot is a scatter of C elements), about 44 bytes of memory traffic per logit for bf16 (32 for fp32),
+against 2C*V*H flops per GEMM. The kernels read the b-byte logits for the fp32 statistics (max and sum of
+exponentials in one online pass, and the label's logit) and then read them again to write the gradient over them:
+3b bytes per logit (6 for bf16, 12 for fp32), no acc copy, and the chunk 3x larger below fp32 for the same memory.
+Without vocab parallelism one fused launch per chunk does both passes (one program per row; its second pass walks
+the row backwards to start on blocks still in L2); with it the statistics kernel (b bytes per logit), the
+all-gather, then the gradient kernel (2b). Without a backward only the statistics: b bytes per logit against
+PyTorch's ~30. The numbers are the PyTorch path's (its code, ``_chunk_torch``, is the kernels' reference): the loss
+from the same fp32 statistics, the gradient exp(z - lse) - onehot rounded once to the inputs' dtype (PyTorch
+computes exp(z - m) * exp(m - lse): the same fp32 value to a few ulps, so the 16-bit g agrees to one ulp).
 """
 
 from __future__ import annotations
