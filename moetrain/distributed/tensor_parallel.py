@@ -241,7 +241,7 @@ def vocab_parallel_token_loss(normed, weight, labels: torch.Tensor) -> torch.Ten
     vocabulary rows, the log-sum-exp combined over the tp ranks per chunk and dh all-reduced (so the local
     gradient is the Replicate one). Every rank passes the same chunk size: the collectives must line up, and the
     default follows the rows held, which the last rank has fewer of. A plain fp32 [] mean, the same on every rank."""
-    from moetrain.ops.linear_cross_entropy import default_chunk_tokens, linear_cross_entropy_mean
+    from moetrain.ops.linear_cross_entropy import default_chunk_tokens, kernels_run_here, linear_cross_entropy_mean
 
     mesh = weight.device_mesh
     rows = -(-weight.shape[0] // mesh.size())  # Shard(0): ceil(V / tp) rows per rank, the last fewer
@@ -249,7 +249,7 @@ def vocab_parallel_token_loss(normed, weight, labels: torch.Tensor) -> torch.Ten
     H = x.shape[-1]
     return linear_cross_entropy_mean(x.reshape(-1, H), weight.to_local(), labels.reshape(-1),
                                      vocab_group=mesh.get_group(), vocab_start=mesh.get_local_rank() * rows,
-                                     chunk_tokens=default_chunk_tokens(rows, x.dtype))
+                                     chunk_tokens=default_chunk_tokens(rows, x.dtype, kernels_run_here(x)))
 
 
 def _plain_outputs(model, args, out):

@@ -22,7 +22,9 @@ check costs < 0.5 us) and the registered op inside it: the same function body ei
 
 Every op's implementation is fully annotated (the annotations make its schema) and returns new tensors (no output
 aliases an input); optional outputs are returned as a list whose length the inputs decide (custom ops cannot
-return None).
+return None). An op that writes over an input names it in ``mutates_args`` (the fused loss's gradient kernels write
+it over the logits, the point of the kernel: no second [C, V] buffer); its schema then says so, and functionalization
+(torch.compile) sees the write.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ NAMESPACE = "moetrain"
 REGISTERED: dict = {}
 
 
-def kernel_op(name: str, fake):
-    """Decorator: register ``impl`` as the custom op ``moetrain::<name>`` (no mutated arguments) with ``fake`` as its
-    fake implementation (the same signature; outputs from ``new_empty`` of the right shapes and dtypes), and return a
-    function that calls ``impl`` directly in eager mode and the op under torch.compile (module docstring)."""
+def kernel_op(name: str, fake, mutates_args: tuple[str, ...] = ()):
+    """Decorator: register ``impl`` as the custom op ``moetrain::<name>`` (mutating only the arguments named in
+    ``mutates_args``, none by default) with ``fake`` as its fake implementation (the same signature; outputs from
+    ``new_empty`` of the right shapes and dtypes), and return a function that calls ``impl`` directly in eager mode
+    and the op under torch.compile (module docstring)."""
 
     def register(impl):
-        defined = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=())
+        defined = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args))
         defined.register_fake(fake)
         overload = getattr(getattr(torch.ops, NAMESPACE), name).default
 

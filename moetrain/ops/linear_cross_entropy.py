@@ -13,7 +13,8 @@ from a GEMM in the inputs' dtype (fp32 accumulation inside it, one rounding to t
 
 Per chunk of C tokens, in one pass: logits z [C, V] (the GEMM), z in acc, the row max m, p = exp(z - m) in place,
 the log-sum-exp, the chunk's loss, then the gradient of the loss w.r.t. z, softmax - onehot (rows of ignored tokens
-zero) in place of p, rounded to the inputs' dtype as g, and dh[chunk] = g @ weight [C, H] (a GEMM) and
+zero) in place of p, rounded to the inputs' dtype as g (on a GPU all of this after the GEMM is one Triton kernel
+over the b-byte z, g written over z: "Fused on a GPU" below), and dh[chunk] = g @ weight [C, H] (a GEMM) and
 dW_acc += g^T @ h[chunk] [V, H] (a GEMM into an acc accumulator: bf16 operands with an fp32 C on CUDA, through
 ``torch.addmm(out_dtype=)``, not yet run on a GPU; on the CPU the operands are upcast, whose products are exact, so
 the same numbers up to summation order). After the pass dW_acc
@@ -30,8 +31,9 @@ supported. Do not checkpoint the loss: it keeps only dh and dW anyway.
 Memory, bytes (b = the inputs' dtype size, 2 for bf16; C = the chunk):
   unfused: forward peak 10TV for bf16 (bf16 logits, their fp32 copy, the fp32 log-probs; 8TV for fp32), kept 4TV
            (the log-probs), backward peak about 10TV + 2VH (two fp32 [T, V] gradients, their bf16 cast, dW)
-  fused:   loop peak 4VH (dW_acc) + bTH (dh) + 4CV (the chunk's acc logits) + bCV below fp32 (the GEMM's output,
-           then g), then 4VH + bVH while dW_acc is rounded;
+  fused:   loop peak 4VH (dW_acc) + bTH (dh) + the chunk's transient: on the PyTorch path 4CV (the chunk's acc
+           logits) + bCV below fp32 (the GEMM's output, then g), with the kernels bCV (g written over the GEMM's
+           output; at 3x the C below fp32, so the same bytes); then 4VH + bVH while dW_acc is rounded;
            kept bTH + bVH; backward peak 2(bTH + bVH)
 The kept ratio is 4TV / (bTH + bVH), about 2T/H for bf16 and T << V: at T = 2048, V = 32768, H = 256 (the test),
 17 MiB against 256 MiB; the forward peak there with C = 256 is 81 MiB against 640 MiB. At DeepSeek-V3's T = 4096,
@@ -40,10 +42,11 @@ backward peak 3.5 GiB (unfused ~6.6 GiB); there the gain is the [T, V] passes av
 separate softmax forward and backward: a time not measured here), and the fused memory grows with T only through dh.
 With vocab parallelism every [V, H] term shrinks by R.
 
-Chunk: ``chunk_tokens`` (default ``default_chunk_tokens``): one chunk's acc logits are at most CHUNK_BYTES = 256 MiB,
-so C >= 512 rows up to V = 131072 (the GEMMs keep the tensor cores busy at M >= 512) while the chunk's transients
-(6CV bytes for bf16, 384 MiB) stay well under the unfused path's [T, V] buffers; C is a multiple of 128 (whole GEMM
-tiles).
+Chunk: ``chunk_tokens`` (default ``default_chunk_tokens``): on the PyTorch path one chunk's acc logits are at most
+CHUNK_BYTES = 256 MiB, so C >= 512 rows up to V = 131072 (the GEMMs keep the tensor cores busy at M >= 512) while
+the chunk's transients (6CV bytes for bf16, 384 MiB) stay well under the unfused path's [T, V] buffers; C is a
+multiple of 128 (whole GEMM tiles). The kernels' chunk keeps the same transient bytes: 3x the tokens below fp32
+(bCV against 6CV; Qwen3's V = 151936: 1152 tokens against 384), the same at fp32 (``runtime.loss_chunk``).
 
 Vocab parallelism (``vocab_group``, a ProcessGroup): every rank holds weight rows [vocab_start, vocab_start + V) of
 the vocabulary and the same h and labels (all tokens). Per chunk, each rank all-gathers its rows' statistics [4, C]
@@ -62,12 +65,18 @@ Labels: ignore_index rows contribute nothing (all ignored: (0, 0), zero gradient
 loss_sum NaN, which needs no host sync. With ``check_labels`` the op also raises ValueError naming the first such
 label, at the cost of one host sync; the default checks where that costs no device sync (labels on the CPU).
 
-Not fused here: the per-chunk elementwise work is 7 PyTorch ops over [C, V] (acc copy, max, subtract, exp, sum, scale,
-cast; the one-hot is a scatter of C elements), about 44 bytes of memory traffic per logit for bf16, against 2C*V*H
-flops per GEMM. A GPU kernel would read the bf16 logits twice (max and sum of exponentials in one online pass, then the
-gradient written in place over them): ~6 bytes per logit and no acc copy (the chunk's transient 2CV instead of 6CV,
-so 3x the chunk for the same memory). Left out because its gain is a GPU timing, which this CPU cannot measure; the
-vocab-parallel collective sits between its two passes.
+Fused on a GPU (``kernels.cross_entropy``, where ``kernels_run_here``: CUDA bf16 / fp16 / fp32 inputs with triton):
+the per-chunk elementwise work on the PyTorch path is 7 ops over [C, V] (acc copy, max, subtract, exp, sum, scale,
+cast; the one-hot is a scatter of C elements), about 44 bytes of memory traffic per logit for bf16 (32 for fp32),
+against 2C*V*H flops per GEMM. The kernels read the b-byte logits for the fp32 statistics (max and sum of
+exponentials in one online pass, and the label's logit) and then read them again to write the gradient over them:
+3b bytes per logit (6 for bf16, 12 for fp32), no acc copy, and the chunk 3x larger below fp32 for the same memory.
+Without vocab parallelism one fused launch per chunk does both passes (one program per row; its second pass walks
+the row backwards to start on blocks still in L2); with it the statistics kernel (b bytes per logit), the
+all-gather, then the gradient kernel (2b). Without a backward only the statistics: b bytes per logit against
+PyTorch's ~30. The numbers are the PyTorch path's (its code, ``_chunk_torch``, is the kernels' reference): the loss
+from the same fp32 statistics, the gradient exp(z - lse) - onehot rounded once to the inputs' dtype (PyTorch
+computes exp(z - m) * exp(m - lse): the same fp32 value to a few ulps, so the 16-bit g agrees to one ulp).
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ from moetrain.ops.custom_ops import kernel_op
 from moetrain.runtime import loss_chunk
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp64 stays on the PyTorch path
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -86,8 +96,28 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def default_chunk_tokens(vocab_rows: int, dtype: torch.dtype = torch.float32) -> int:
-    """Tokens per chunk so that [C, vocab_rows] acc logits take at most CHUNK_BYTES (``runtime.loss_chunk``)."""
+_TRITON: list = []  # whether triton imports: a fact of the process, probed once
+
+
+def kernels_run_here(h: torch.Tensor) -> bool:
+    """Whether the chunks' elementwise work runs the Triton kernels (``kernels.cross_entropy``): CUDA inputs of bf16,
+    fp16 or fp32 with triton importable. Else the PyTorch path (the CPU, fp64), the kernels' reference; the tests
+    force the kernels on CPU tensors under Triton's interpreter by replacing this function."""
+    if not (h.is_cuda and h.dtype in KERNEL_DTYPES):
+        return False
+    if not _TRITON:
+        from moetrain.runtime.packages import triton_available
+
+        _TRITON.append(triton_available())
+    return _TRITON[0]
+
+
+def default_chunk_tokens(vocab_rows: int, dtype: torch.dtype = torch.float32, kernels: bool = False) -> int:
+    """Tokens per chunk so that one chunk's [C, vocab_rows] buffers take at most what CHUNK_BYTES of acc logits make
+    on the PyTorch path (``runtime.loss_chunk``); ``kernels``: the Triton path's chunk (3x for bf16/fp16, whose
+    kernels keep no acc copy), as ``kernels_run_here`` decides for the inputs."""
+    if kernels and dtype in KERNEL_DTYPES:
+        return loss_chunk.chunk_tokens(vocab_rows, 4, dtype.itemsize)
     return loss_chunk.chunk_tokens(vocab_rows, acc_dtype(dtype).itemsize)
 
 
@@ -164,7 +194,12 @@ def _global_stats(group, m, s, zt, holds):
     # all_gather_single from torch 2.13 on, which deprecates all_gather_into_tensor (the same collective)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(everyone, local, group=group)
-    everyone = everyone.view(R, 4, -1)
+    return combine_stats(everyone.view(R, 4, -1))
+
+
+def combine_stats(everyone: torch.Tensor):
+    """(lse, zt, held_by) [C] each from the R ranks' rows [R, 4, C] (max, sum of exp(z - max), label logit,
+    holds)."""
     ms, ss = everyone[:, 0], everyone[:, 1]
     top = ms.amax(0)
     lse = top + torch.log((ss * torch.exp(ms - top)).sum(0))
@@ -173,12 +208,23 @@ def _global_stats(group, m, s, zt, holds):
 
 def _chunk(h_c, weight, labels_c, ignore_index: int, vocab_start: int, group, grad: bool):
     """One chunk of C tokens: (loss [] acc, bad [C] bool: a label no rank holds, g [C, V] in h's dtype: the loss's
-    gradient w.r.t. the chunk's logits, or None without ``grad``)."""
-    dt = acc_dtype(h_c.dtype)
-    z = torch.mm(h_c, weight.t())  # [C, V] in h's dtype, fp32 accumulation inside the GEMM
+    gradient w.r.t. the chunk's logits, or None without ``grad``). The Triton kernels where ``kernels_run_here``,
+    else PyTorch (the reference: the same numbers up to fp32 rounding order)."""
     valid = labels_c != ignore_index
     local = labels_c - vocab_start
     holds = valid & (local >= 0) & (local < weight.shape[0])  # this rank's rows hold the label
+    # the logits z [C, V] in h's dtype, fp32 accumulation inside the GEMM; not bound here, so that the PyTorch path
+    # holds the only reference and frees a 16-bit z once it has its acc copy
+    if kernels_run_here(h_c):
+        return _chunk_kernels(torch.mm(h_c, weight.t()), labels_c, valid, holds, ignore_index, vocab_start, group,
+                              grad)
+    return _chunk_torch(torch.mm(h_c, weight.t()), local, valid, holds, group, grad)
+
+
+def _chunk_torch(z, local, valid, holds, group, grad: bool):
+    """``_chunk`` after the GEMM in PyTorch: the kernels' reference (module docstring). local: labels - vocab_start."""
+    dt = acc_dtype(z.dtype)
+    out_dtype = z.dtype
     idx = torch.where(holds, local, 0).unsqueeze(1)  # always in bounds: other rows are masked by holds
     zt = torch.where(holds, z.gather(1, idx).squeeze(1).to(dt), 0)  # the label's logit, 0 where not held here
     p = z.to(dt)  # is z itself for acc inputs
@@ -198,7 +244,66 @@ def _chunk(h_c, weight, labels_c, ignore_index: int, vocab_start: int, group, gr
     # softmax = exp(z - lse) = p * exp(m - lse) (m this rank's max), zero on ignored rows; minus the one-hot here
     p.mul_(torch.where(valid, torch.exp(m - lse), 0)[:, None])
     p.scatter_add_(1, idx, -holds.to(dt)[:, None])
-    return loss, bad, p.to(h_c.dtype)
+    return loss, bad, p.to(out_dtype)
+
+
+def _chunk_kernels(z, labels_c, valid, holds, ignore_index: int, vocab_start: int, group, grad: bool):
+    """``_chunk`` after the GEMM, through the kernels: the gradient is written over z (no acc copy). The whole
+    vocabulary here: one fused launch (or the statistics alone without ``grad``); vocab-parallel: the statistics,
+    the ranks' combined (``_global_stats``), then the gradient."""
+    if group is None and grad:
+        lse, zt = cross_entropy_fused(z, labels_c, ignore_index, vocab_start)
+        hits = holds
+    else:
+        m, s, zt = cross_entropy_stats(z, labels_c, ignore_index, vocab_start)
+        if group is None:
+            lse, hits = m + torch.log(s), holds
+        else:
+            lse, zt, held_by = _global_stats(group, m, s, zt, holds)
+            hits = held_by > 0
+        if grad:
+            cross_entropy_grad(z, labels_c, lse, ignore_index, vocab_start)
+    loss = torch.where(valid, lse - zt, 0).sum()
+    return loss, valid & ~hits, z if grad else None
+
+
+# The kernels (kernels.cross_entropy, imported on first use: it imports triton) as custom ops. z [C, V] bf16 / fp16 /
+# fp32, labels [C] int64; every statistic fp32 [C].
+
+def _kernels():
+    from moetrain.kernels import cross_entropy
+
+    return cross_entropy
+
+
+def _stats_fake(z, labels, ignore_index, vocab_start):
+    return tuple(z.new_empty(z.shape[0], dtype=torch.float32) for _ in range(3))
+
+
+@kernel_op("cross_entropy_stats", fake=_stats_fake)
+def cross_entropy_stats(z: torch.Tensor, labels: torch.Tensor, ignore_index: int,
+                        vocab_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m, s, zt): each row's max, sum of exp(z - m) and label logit (0 where not held here); z read once."""
+    return _kernels().row_stats(z, labels, ignore_index, vocab_start)
+
+
+@kernel_op("cross_entropy_grad", fake=lambda z, labels, lse, ignore_index, vocab_start: None, mutates_args=("z",))
+def cross_entropy_grad(z: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, ignore_index: int,
+                       vocab_start: int) -> None:
+    """Writes softmax - onehot (zero rows where ignored) over z, from each row's log-sum-exp lse fp32 [C]."""
+    _kernels().row_grad(z, labels, lse, ignore_index, vocab_start)
+
+
+def _fused_fake(z, labels, ignore_index, vocab_start):
+    return z.new_empty(z.shape[0], dtype=torch.float32), z.new_empty(z.shape[0], dtype=torch.float32)
+
+
+# tuples, not lists: functionalization refuses a list output from an op that mutates an input
+@kernel_op("cross_entropy_fused", fake=_fused_fake, mutates_args=("z",))
+def cross_entropy_fused(z: torch.Tensor, labels: torch.Tensor, ignore_index: int,
+                        vocab_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lse, zt), and the gradient written over z: the statistics and the gradient in one launch."""
+    return _kernels().row_fused(z, labels, ignore_index, vocab_start)
 
 
 def _raise_on_bad_labels(labels, bad, vocab_rows: int, vocab_start: int, ignore_index: int, group) -> None:
@@ -299,7 +404,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     rank holds vocabulary rows [vocab_start, vocab_start + V) of the group's (vocab parallelism). check_labels: raise
     ValueError on a label no rank holds (one host sync); None checks labels on the CPU only."""
     _check_args(h, weight, labels, chunk_tokens)
-    chunk = chunk_tokens or default_chunk_tokens(weight.shape[0], h.dtype)
+    chunk = chunk_tokens or default_chunk_tokens(weight.shape[0], h.dtype, kernels_run_here(h))
     group_name = "" if vocab_group is None else vocab_group.group_name
     check = labels.device.type == "cpu" if check_labels is None else bool(check_labels)
     grad = torch.is_grad_enabled()

@@ -424,16 +424,20 @@ def ce_transients(cfg: Config, d: Dims) -> tuple[float, float]:
     forward: the logits [T, V] in the parameter dtype plus their fp32 upcast (none for fp32)
     while the log-softmax is computed; backward: the fp32 gradients of the log-softmax output
     and input (8*T*V) while the saved log-softmax is still alive.
-    train.fused_loss: forward, one chunk's logits (fp32, and below fp32 the GEMM's output: C =
-    ``runtime.loss_chunk.chunk_tokens`` tokens) beside the fp32 dW accumulator [V, H] (below fp32; in fp32 it is the
-    kept dW itself); backward, the scaled copies of dh and dW (the saved ones alive until the node returns)."""
+    train.fused_loss: forward, one chunk's [C, V] buffers (C = ``runtime.loss_chunk.chunk_tokens`` tokens) beside
+    the fp32 dW accumulator [V, H] (below fp32; in fp32 it is the kept dW itself): on a GPU the Triton kernels' (the
+    GEMM's b-byte output, the gradient written over it: bCV, at 3x the chunk below fp32), else PyTorch's (fp32 logits,
+    and below fp32 the GEMM's output, then the gradient: 4CV + bCV); backward, the scaled copies of dh and dW (the
+    saved ones alive until the node returns)."""
     H, V = cfg.model.hidden_size, cfg.model.vocab_size / d.tp
     if cfg.train.fused_loss:
-        from moetrain.runtime.loss_chunk import chunk_tokens
+        from moetrain.runtime.loss_chunk import chunk_tokens, transient_bytes_per_logit
 
-        C = min(d.T, chunk_tokens(math.ceil(V)))
+        kernels = d.device == "cuda"
+        C = min(d.T, chunk_tokens(math.ceil(V), 4, d.b if kernels else None))
         low = d.b != 4
-        return 4 * C * V + (d.b * C * V + 4 * V * H if low else 0), d.b * (d.T * H + V * H)
+        chunk = transient_bytes_per_logit(d.b, kernels) * C * V
+        return chunk + (4 * V * H if low else 0), d.b * (d.T * H + V * H)
     TV = d.T * V
     fwd = d.b * TV + (4 * TV if d.b != 4 else 0)
     return fwd, 8 * TV

@@ -42,6 +42,8 @@ BWD_MEM = 2.0  # layer timed alone (plan calibration); backward elementwise traf
 ROW_COPY = 0.92
 CE_FWD = 0.62  # the cross-entropy's passes over [T, V] fp32 logits: few GB-sized streaming kernels, faster
 CE_BWD = 0.76  # than the blocks' elementwise mix (head alone, plan calibration: 0.60-0.68 / 0.72-0.78)
+CE_KERNEL = 0.80  # the fused loss's Triton kernels (kernels.cross_entropy), of the copy bandwidth: not measured,
+                  # set below the Triton AdamW's measured 0.93 (one program per row: a max reduction per block)
 KERNEL_FLOOR_S = 4e-6  # GPU time of the smallest kernel
 BWD_KERNELS = 2.0  # backward kernels / forward kernels (autograd nodes, accumulation); fitted to host-bound
                   # block backward times (tiny preset, H200 host)
@@ -282,7 +284,7 @@ def head_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:
     fw, bi, bw = Cost(), Cost(), Cost()
     _norm(fw, rf, "final norm", Th * H, b)
     if cfg.train.fused_loss:
-        _fused_loss_cost(fw, bi, rf, T, V, H, b)
+        _fused_loss_cost(fw, bi, rf, T, V, H, b, kernels=d.device == "cuda")
         bi.add("final norm", 2 * fw.parts["final norm"], 10)
         return BlockCost(fw, bi, bw)
     _linear(fw, bi, bw, rf, "head", T, V, H, b)
@@ -295,20 +297,28 @@ def head_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:
     return BlockCost(fw, bi, bw)
 
 
-def _fused_loss_cost(fw: Cost, bi: Cost, rf: Roofline, T: float, V: float, H: float, b: int) -> None:
+def _fused_loss_cost(fw: Cost, bi: Cost, rf: Roofline, T: float, V: float, H: float, b: int,
+                     kernels: bool = True) -> None:
     """train.fused_loss (``ops.linear_cross_entropy``), modelled, not yet measured: the head's three GEMMs all in the
-    forward, chunk by chunk (C = ``runtime.loss_chunk.chunk_tokens`` tokens); per chunk the fp32 dW accumulator is
-    read and written by its GEMM below fp32 (8VH bytes), and PyTorch's elementwise passes over the chunk's logits
-    move ~44 bytes per logit (fp32 copy, max, exp, sums, gradient, cast); the backward scales dh and dW."""
+    forward, chunk by chunk (C = ``runtime.loss_chunk.chunk_tokens`` tokens, the kernels' chunk on a GPU); per chunk
+    the fp32 dW accumulator is read and written by its GEMM below fp32 (8VH bytes); the backward scales dh and dW.
+    The elementwise work over the chunk's logits: on a GPU (``kernels``) the Triton kernels of
+    ``kernels.cross_entropy``, 3b bytes per logit (the fused kernel reads the b-byte logits twice and writes the
+    gradient over them once; the vocab-parallel statistics + gradient kernels move the same) at CE_KERNEL of the copy
+    bandwidth, one launch beside the chunk's small [C] ops; else PyTorch's passes, ~44 bytes per logit (fp32 copy,
+    max, exp, sums, gradient, cast: the module docstring of ``ops.linear_cross_entropy`` counts them)."""
     from moetrain.runtime.loss_chunk import chunk_tokens
 
-    C = min(T, chunk_tokens(math.ceil(V)))
+    C = min(T, chunk_tokens(math.ceil(V), 4, b if kernels else None))
     chunks = math.ceil(T / C)
     for name, shape in (("head", (C, V, H)), ("head dgrad", (C, H, V)), ("head wgrad", (V, H, C))):
         t, fl = rf.gemm(T, V, H, b, eff_shape=shape)  # the chunks' GEMMs: all T tokens at one chunk's efficiency
         fw.add(name, t, chunks, fl)
     acc = 8 * V * H * chunks if b != 4 else 0
-    fw.add("cross-entropy", rf.mem(44 * T * V + acc, 6, CE_FWD), 10 * chunks)
+    if kernels:
+        fw.add("cross-entropy", rf.mem(3 * b * T * V, 4 * chunks, CE_KERNEL) + rf.mem(acc, 0, CE_FWD), 4 * chunks)
+    else:
+        fw.add("cross-entropy", rf.mem(44 * T * V + acc, 6, CE_FWD), 10 * chunks)
     bi.add("cross-entropy", rf.mem(2 * b * (T * H + V * H), 2), 2)
 
 

@@ -1,7 +1,8 @@
 """ops.linear_cross_entropy vocab-parallel on 2 gloo ranks: each rank holds a contiguous block of the vocabulary's
 rows (an uneven split, 19 + 18 of 37); loss_sum, count and dh (whole on every rank) equal the one-rank result and each
 rank's dW its rows of the one-rank dW, fp64 to 1e-12 and fp32 to 1e-6; grad-free calls, a label no rank holds
-(ValueError on every rank, or NaN unchecked), and torch.compile(fullgraph=True) with the group."""
+(ValueError on every rank, or NaN unchecked), torch.compile(fullgraph=True) with the group, and the Triton kernels'
+vocab-parallel path (statistics kernel, all-gather, gradient kernel) under the CPU interpreter."""
 
 import torch
 from gloo_ranks import run_ranks
@@ -91,3 +92,37 @@ def _compiled(rank, world_size):
 
 def test_vocab_parallel_compiles_fullgraph():
     run_ranks(_compiled)
+
+
+def _through_the_kernels(rank, world_size, dtype_name, tol):
+    """The Triton kernels (kernels.cross_entropy) on the CPU interpreter (TRITON_INTERPRET from the parent): the
+    statistics kernel, the all-gather, the gradient kernel; against one rank through the fused kernel, and against
+    one rank's PyTorch path."""
+    import importlib
+
+    import torch.distributed as dist
+
+    lce = importlib.import_module("moetrain.ops.linear_cross_entropy")
+    torch_path = lce.kernels_run_here
+    lce.kernels_run_here = lambda x: x.dtype in lce.KERNEL_DTYPES
+    group, dtype = dist.group.WORLD, getattr(torch, dtype_name)
+    start = sum(ROWS[:rank])
+    rows = slice(start, start + ROWS[rank])
+    h, w, labels = _inputs(dtype)
+    got = _run(h, w[rows], labels, chunk_tokens=6, vocab_group=group, vocab_start=start)
+    one = _run(h, w, labels, chunk_tokens=6)
+    lce.kernels_run_here = torch_path
+    want = _run(h, w, labels, chunk_tokens=6)
+    for ref in (one, want):
+        assert int(got[1]) == int(ref[1])
+        assert rel(got[0], ref[0]) < 1e-6 and rel(got[2], ref[2]) < tol and rel(got[3], ref[3][rows]) < tol
+
+
+def test_vocab_parallel_through_the_kernels(monkeypatch):
+    import pytest
+
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned ranks import triton afresh
+    # bf16: dh is the sum of the ranks' bf16 partial products, each rounded (2.8e-3 relative here)
+    for dtype_name, tol in (("float32", 1e-6), ("bfloat16", 1e-2)):
+        run_ranks(_through_the_kernels, dtype_name, tol)

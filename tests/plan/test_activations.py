@@ -179,3 +179,17 @@ def test_attention_kernel_choice():
     assert A.attention_kernel(d32, gqa=False, same_dims=False, masked=True) == "fused"  # memory-efficient
     cpu = dataclasses.replace(d16, device="cpu")
     assert A.attention_kernel(cpu, gqa=False, same_dims=False, masked=False) == "unfused"
+
+
+def test_fused_loss_chunk_transient_follows_the_path():
+    """train.fused_loss's forward transient at V = 151936 (bf16, T = 8192): on a GPU the Triton kernels' chunk, 3x the
+    tokens (1152) of bCV bytes (the gradient written over the logits), else PyTorch's 384 tokens of 6CV (fp32 copy,
+    bf16 logits then gradient): no more bytes either way (runtime.loss_chunk); beside the fp32 dW accumulator."""
+    cfg = tiny(**{"train.fused_loss": True, "model.vocab_size": 151936})
+    H, V = cfg.model.hidden_size, 151936
+    gpu = A.ce_transients(cfg, A.Dims(B=1, S=8192, b=2, device="cuda"))[0]
+    cpu = A.ce_transients(cfg, A.Dims(B=1, S=8192, b=2, device="cpu"))[0]
+    assert gpu == 2 * 1152 * V + 4 * V * H
+    assert cpu == 6 * 384 * V + 4 * V * H
+    assert gpu <= cpu
+    assert A.ce_transients(cfg, A.Dims(B=1, S=8192, b=4, device="cuda"))[0] == 4 * 384 * V  # fp32: the same chunk

@@ -336,3 +336,25 @@ def test_fp8_dense_projects_faster_projections_in_the_converted_blocks_only():
     assert parts[True]["attn proj"] < 0.7 * parts[False]["attn proj"]
     assert parts[True]["fp8 cast"] > 0 and "fp8 cast" not in parts[False]
     assert parts[True]["experts fc1"] == parts[False]["experts fc1"]  # the routed experts follow fp8_recipe
+
+
+def test_fused_loss_projects_the_kernels_traffic_and_chunk_on_a_gpu():
+    """train.fused_loss at Qwen3 (V = 151936, H = 2048), T = 8192 bf16 tokens: on a GPU the Triton kernels move 3b = 6
+    bytes per logit over chunks of 1152 tokens (8 chunks), at CE_KERNEL of the copy bandwidth; PyTorch's passes ~44
+    bytes per logit over chunks of 384 (22 chunks); both pass over the fp32 dW accumulator once per chunk."""
+    import math
+
+    from moetrain.plan.activations import resolve_dims
+    from moetrain.plan.costs import CE_FWD, CE_KERNEL, head_cost
+
+    rf = Roofline(H200, "bf16")
+    c = cfg("qwen3-30b-a3b", "train.fused_loss=true", "train.seq_length=8192", "train.micro_batch_size=1")
+    d = resolve_dims(c)
+    T, V, H = 8192, 151936, 2048
+    assert d.T == T and c.model.vocab_size == V and c.model.hidden_size == H and d.b == 2
+    gpu = head_cost(c, d, rf).fwd.parts["cross-entropy"]
+    cpu = head_cost(c, dataclasses.replace(d, device="cpu"), rf).fwd.parts["cross-entropy"]
+    chunks = math.ceil(T / 1152)
+    assert gpu == pytest.approx(rf.mem(6 * T * V, 4 * chunks, CE_KERNEL) + rf.mem(8 * V * H * chunks, 0, CE_FWD))
+    assert cpu == pytest.approx(rf.mem(44 * T * V + 8 * V * H * math.ceil(T / 384), 6, CE_FWD))
+    assert gpu < 0.3 * cpu

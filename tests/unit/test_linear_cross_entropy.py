@@ -217,6 +217,21 @@ def test_default_chunk_keeps_a_chunks_logits_under_256_mib():
         assert default_chunk_tokens(V) * V * 4 <= 256 * 2**20
 
 
+def test_kernel_chunk_keeps_the_chunks_transient():
+    """The Triton path keeps no fp32 copy of the logits: its chunk's [C, V] buffers are the b-byte logits with the
+    gradient written over them (bCV), the PyTorch path's the fp32 copy plus the b-byte logits then gradient (6CV for
+    bf16, 4CV for fp32). So the kernels take 3x the tokens for bf16 / fp16 in the same bytes (runtime.loss_chunk),
+    the same tokens for fp32, and fp64 never runs them."""
+    assert default_chunk_tokens(151936, torch.bfloat16, kernels=True) == 1152  # Qwen3: 3 x 384
+    assert default_chunk_tokens(129280, torch.float16, kernels=True) == 1536  # DeepSeek-V3: 3 x 512
+    for V in (1000, 32768, 129280, 151936, 2**23, 2**30):
+        for dtype, b in ((torch.bfloat16, 2), (torch.float16, 2), (torch.float32, 4)):
+            torch_c, kernel_c = default_chunk_tokens(V, dtype), default_chunk_tokens(V, dtype, kernels=True)
+            assert kernel_c == (3 if b == 2 else 1) * torch_c
+            assert b * kernel_c * V <= (6 if b == 2 else 4) * torch_c * V  # never more than today's transient
+        assert default_chunk_tokens(V, torch.float64, kernels=True) == default_chunk_tokens(V, torch.float64)
+
+
 class PeakBytes:
     """The peak, over the aten ops run inside, of the bytes of live storages those ops created (views of their
     arguments and in-place results are not new), sampled after each op: a CPU stand-in for the allocator's peak."""
