@@ -31,7 +31,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def wants_weight_decay(name: str, param: nn.Parameter) -> bool:
     """Matrices decay; norms, biases (incl. expert biases b1/b2), sinks and embeddings do not."""
-    if param.dim() < 2:
+    return decays(name, param.dim())
+
+
+def decays(name: str, ndim: int) -> bool:
+    """``wants_weight_decay`` of a parameter of ``ndim`` dimensions (any framework's)."""
+    if ndim < 2:
         return False
     leaf = name.rsplit(".", 1)[-1]
     return leaf not in ("bias", "b1", "b2") and not name.startswith("embed.")

@@ -423,11 +423,19 @@ class _NoMetrics:
 
 
 def run(cfg: Config, *, show_progress: bool | None = None) -> TrainResult:
-    """Train as configured: ``Trainer(cfg).run()``, or the distributed trainer's under torchrun or with parallel
-    degrees above 1 (the pipeline trainer's with parallel.pp > 1); returns the per-step records. Raises UserError on
+    """Train as configured: ``Trainer(cfg).run()``, the JAX backend's trainer with train.backend=jax, or the
+    distributed trainer's under torchrun or with parallel degrees above 1 (the pipeline trainer's with
+    parallel.pp > 1); returns the per-step records. Raises UserError on
     user mistakes."""
     from moetrain.distributed.launch import wants_distributed
 
+    if cfg.train.backend == "jax":
+        from moetrain.jax import require_jax
+
+        require_jax()  # before the JAX modules import jax
+        from moetrain.jax.trainer import JaxTrainer
+
+        return JaxTrainer(cfg, show_progress=show_progress).run()
     if wants_distributed(cfg):
         if cfg.parallel.pp > 1:
             from moetrain.train.pipeline_trainer import PipelineTrainer

@@ -1,0 +1,93 @@
+"""`moetrain train train.backend=jax`: learning, exact resume, checkpoints that resume in the other backend, and
+the settings it refuses."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("flax")
+pytest.importorskip("optax")
+
+from moetrain.config.load import load_config  # noqa: E402
+from moetrain.errors import UserError  # noqa: E402
+from moetrain.train import checkpoint as ckpt  # noqa: E402
+from moetrain.train.trainer import run  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def small(out_dir, *extra, backend="jax"):
+    """The tiny preset shortened (as tests/unit/test_trainer.py's ``small``), in the given backend."""
+    return load_config(overrides=[
+        f"train.out_dir={out_dir}", "train.steps=20", "train.micro_batch_size=2", "train.global_batch_size=4",
+        "train.seq_length=32", "optim.warmup_steps=2", f"train.backend={backend}", *extra])
+
+
+def _rel(a: list, b: list) -> float:
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+def test_trains_tiny_with_falling_loss_and_complete_metrics(tmp_path):
+    result = run(small(tmp_path, "train.steps=30", "train.micro_batch_size=4", "train.global_batch_size=8",
+                       "train.seq_length=64"), show_progress=False)
+    losses = [r["loss"] for r in result.records]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 31))
+    first = records[0]
+    assert first["mtp_loss"] is not None and first["grad_norm"] > 0 and len(first["load_imbalance"]) == 4
+    assert not any(r["skipped"] for r in records)
+
+
+def test_resume_gives_identical_losses(tmp_path):
+    straight = run(small(tmp_path, "train.steps=8", "checkpoint.interval=4"), show_progress=False)
+    resumed = run(small(tmp_path, "train.steps=8", f"checkpoint.resume={tmp_path / 'checkpoints' / 'step_4'}"),
+                  show_progress=False)
+    assert [r["step"] for r in resumed.records] == [5, 6, 7, 8]
+    assert [r["loss"] for r in resumed.records] == [r["loss"] for r in straight.records[4:]]  # bit-identical
+    assert [r["grad_norm"] for r in resumed.records] == [r["grad_norm"] for r in straight.records[4:]]
+
+
+@pytest.mark.parametrize("first,then", [("torch", "jax"), ("jax", "torch")])
+def test_a_checkpoint_resumes_in_the_other_backend(tmp_path, first, then):
+    """Steps 1-3 in one backend, 4-6 resumed from its checkpoint in the other, against 1-6 in the first alone:
+    the same losses and gradient norms up to fp32 rounding (weights, Adam moments, step count, data position)."""
+    straight = run(small(tmp_path / "straight", "train.steps=6", backend=first), show_progress=False)
+    run(small(tmp_path / "mixed", "train.steps=3", backend=first), show_progress=False)
+    resumed = run(small(tmp_path / "mixed", "train.steps=6", "checkpoint.resume=auto", backend=then),
+                  show_progress=False)
+    assert [r["step"] for r in resumed.records] == [4, 5, 6]
+    assert _rel([r["loss"] for r in resumed.records], [r["loss"] for r in straight.records[3:]]) < 1e-5
+    assert _rel([r["grad_norm"] for r in resumed.records], [r["grad_norm"] for r in straight.records[3:]]) < 1e-4
+    assert ckpt.list_checkpoints(tmp_path / "mixed")[-1].name == "step_6"
+
+
+@pytest.mark.parametrize("override,named", [
+    ("precision.fp8_recipe=rowwise", "precision.fp8_recipe"), ("train.fused_loss=true", "train.fused_loss"),
+    ("parallel.dp=2", "parallel.dp = 2"), ("optim.exp_avg_sq_dtype=bf16", "optim.exp_avg_sq_dtype")])
+def test_what_it_does_not_run_is_one_clear_error(tmp_path, override, named):
+    with pytest.raises(UserError, match=named.replace(".", r"\.")):
+        run(small(tmp_path, override), show_progress=False)
+
+
+def test_without_jax_the_error_says_how_to_install(monkeypatch):
+    from moetrain import jax as backend
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flax" else real(name, *a))
+    with pytest.raises(UserError, match=r'flax, which is not installed: pip install -e "\.\[jax\]"'):
+        backend.require_jax()
+
+
+def test_cli_trains_with_the_jax_backend(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "moetrain", "train", "train.backend=jax", "train.steps=2",
+                           "train.micro_batch_size=2", "train.global_batch_size=2", "train.seq_length=16",
+                           f"train.out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "train.backend=jax" in proc.stderr
+    assert (tmp_path / "checkpoints" / "step_2").is_dir()
