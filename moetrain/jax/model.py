@@ -210,11 +210,12 @@ class Experts(nnx.Module):
         self.w2 = _normal(rngs, (E, H, I), std, dtype)
         self.b1 = nnx.Param(jnp.zeros((E, 2 * I), dtype)) if e.expert_linear_bias else None
         self.b2 = nnx.Param(jnp.zeros((E, H), dtype)) if e.expert_linear_bias else None
+        self.parallel_fn = None  # expert parallelism (moetrain.jax.expert_parallel) sets it: moe_experts' signature
 
     def __call__(self, xt, topk_idx, topk_weight, recompute: bool = False):
         b1 = None if self.b1 is None else self.b1[...]
         b2 = None if self.b2 is None else self.b2[...]
-        fn = partial(moe_experts, activation=self.activation)
+        fn = self.parallel_fn or partial(moe_experts, activation=self.activation)
         if recompute:
             fn = jax.checkpoint(fn)
         return fn(xt, topk_idx, topk_weight, self.w1[...], self.w2[...], b1, b2)
