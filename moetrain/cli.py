@@ -72,6 +72,8 @@ BENCHMARKS = {  # name: (module with main(argv), what it measures); bench/README
     "kernels": ("moetrain.bench.kernel_table", "the MoE layer's kernels eager against replayed from a CUDA graph"),
     "roofline": ("moetrain.bench.roofline", "skewed routing's cost of the six expert GEMMs by roofline (CPU)"),
     "optim": ("moetrain.bench.optim", "grad norm + AdamW update against their HBM floor, per dtype set and path"),
+    "jax": ("moetrain.bench.jax_gemm", "the JAX grouped GEMM (FC1 -> SwiGLU -> FC2 fwd+bwd) against jax.lax.ragged_dot, "
+                                       "tokamax and torch._grouped_mm"),
 }
 
 

@@ -15,7 +15,8 @@ Contenders:
   moetrain (..., cuda graph)   with --cuda-graph: the fp32-master contender with train.cuda_graph (forward +
                            backward replayed from one CUDA graph after two eager steps)
   moetrain (bf16 state, K=V)   with --with K=V[,K=V...]: the bf16-state contender with those overrides
-                           (`master:K=V,...`: the fp32-master contender), e.g. --with train.fused_loss=true
+                           (`master:K=V,...`: the fp32-master contender), e.g. --with train.fused_loss=true;
+                           --with train.backend=jax runs the JAX backend's trainer (moetrain.jax) in this process
   moetrain (..., torchrun world 1)   with --distributed: the fp32-master and bf16-state contenders through the
                            distributed trainer (a one-rank NCCL group in this process: FSDP2, the sharded
                            fp32 parameters as masters), against the single-device path in the same run
@@ -99,7 +100,10 @@ def moetrain_run(preset: str, base: list[str], name: str, steps: int, warmup: in
     reported in its row (``error``), and the others still run."""
     try:
         return _moetrain_run(preset, base, name, steps, warmup, extra, profile, distributed)
-    except (UserError, torch.OutOfMemoryError) as err:
+    except Exception as err:
+        # refusals and out-of-memory (torch's, or XLA's RESOURCE_EXHAUSTED for a JAX contender) make a row; bugs raise
+        if not isinstance(err, (UserError, torch.OutOfMemoryError)) and "RESOURCE_EXHAUSTED" not in str(err):
+            raise
         gc.collect()
         torch.cuda.empty_cache()
         return {"name": name, "error": str(err).strip().splitlines()[0][:200]}
@@ -260,6 +264,9 @@ def main(argv=None) -> None:
             raise UserError(f"the transformers peer: {e}; pass --no-peer to run without it") from None
     if not torch.cuda.is_available():
         raise UserError("moetrain bench train needs a CUDA GPU (none is visible)")
+    # A JAX contender shares the GPU with torch in this process: JAX must allocate as it goes, not take 75% of the
+    # memory when it starts (read when JAX starts its backend, so before any contender runs)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     bf16_state = ["precision.master_weights=false", "optim.main_grads_dtype=bf16",
                   "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16"]
     rows = [moetrain_run(args.preset, base, "moetrain (fp32 master)", args.steps, args.warmup, [], args.profile),

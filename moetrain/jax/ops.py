@@ -8,8 +8,9 @@ head dim, W sliding window, V vocab.
   the same YaRN frequencies, computed in numpy fp32); ``apply_rope(x [B, S, h, D], cos, sin)``: the "two halves"
   layout, in x's dtype (models.rope).
 * ``attention_core(q [B, nh, S, d], k [B, nkv, S, d], v [B, nkv, S, dv], scale, window, sinks [nh])`` -> [B, nh, S,
-  dv] in v's dtype: causal (query i sees keys j <= i, and i - j < W with a window), softmax in fp32, learned sinks
-  as an extra logit column without a value row (models.attention).
+  dv] in v's dtype: causal (query i sees keys j <= i, and i - j < W with a window); without sinks through
+  ``jax.nn.dot_product_attention`` (cuDNN flash attention on GPUs where it applies), with GPT-OSS's learned sinks
+  an explicit fp32 softmax with the sink as an extra logit column without a value row (models.attention).
 * ``gated_activation(gate, up, activation)``: swiglu or GPT-OSS's clamped swiglu (models.mlp).
 * ``cross_entropy(logits [..., V], labels [...])``: fp32 mean over labels != -100, 0 when all are ignored.
 """
@@ -80,6 +81,26 @@ def causal_mask(seq_len: int, window: int | None = None) -> jax.Array:
 
 def attention_core(q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float, window: int | None = None,
                    sinks: jax.Array | None = None) -> jax.Array:
+    if sinks is None:
+        return _fused_attention(q, k, v, scale, window)
+    return _explicit_attention(q, k, v, scale, window, sinks)
+
+
+def _fused_attention(q, k, v, scale: float, window: int | None) -> jax.Array:
+    """``jax.nn.dot_product_attention`` (cuDNN's flash attention where it applies, XLA elsewhere): causal, GQA,
+    the window as (W - 1 keys back, none ahead). Its value head dim must be the query's: MLA's narrower values are
+    zero-padded and the padding sliced off the output."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if dv < d:
+        v = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, d - dv)))
+    out = jax.nn.dot_product_attention(
+        q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), scale=scale, is_causal=True,
+        local_window_size=None if window is None else (window - 1, 0))
+    return out.transpose(0, 2, 1, 3)[..., :dv]
+
+
+def _explicit_attention(q, k, v, scale: float, window: int | None, sinks: jax.Array) -> jax.Array:
+    """Softmax over [QK^T * scale, sink] in fp32: the sink column takes probability mass and has no value row."""
     nh, nkv, S = q.shape[1], k.shape[1], q.shape[2]
     if nkv != nh:  # query head h uses kv head h // (nh / nkv)
         k = jnp.repeat(k, nh // nkv, axis=1)
@@ -87,11 +108,8 @@ def attention_core(q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float, wi
     dt = _compute_dtype(q.dtype)
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=dt) * scale
     scores = jnp.where(causal_mask(S, window), scores, -jnp.inf)
-    if sinks is not None:
-        sink = jnp.broadcast_to(sinks.astype(dt)[None, :, None, None], (q.shape[0], nh, S, 1))
-        probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
-    else:
-        probs = jax.nn.softmax(scores, axis=-1)
+    sink = jnp.broadcast_to(sinks.astype(dt)[None, :, None, None], (q.shape[0], nh, S, 1))
+    probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
     return jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v, preferred_element_type=dt).astype(v.dtype)
 
 

@@ -1,0 +1,25 @@
+"""`moetrain bench jax`: its timed layer runs (tiny shapes, CPU) and its checks refuse in one line."""
+
+import pytest
+
+pytest.importorskip("jax")
+
+from moetrain.bench import jax_gemm  # noqa: E402
+from moetrain.errors import UserError  # noqa: E402
+
+
+def test_group_sizes_cover_every_row():
+    assert jax_gemm.group_sizes(10, 3) == [3, 3, 4]
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_the_timed_layer_runs(impl, monkeypatch):
+    monkeypatch.setattr(jax_gemm, "_timed", lambda call: (call(), 1.0)[1])  # one call: the code path, not a time
+    assert jax_gemm.jax_layer_time(impl, 48, 32, 16, 3) == 1.0
+
+
+def test_refusals_are_one_line():
+    with pytest.raises(UserError, match="--impls foo"):
+        jax_gemm.main(["--impls", "foo"])
+    with pytest.raises(UserError, match="unknown shape"):
+        jax_gemm.main(["--shapes", "nope"])
