@@ -34,11 +34,11 @@ from moetrain.train.trainer import Trainer
 
 def check_supported(cfg) -> None:
     """One error for every setting the JAX backend does not run (nothing falls back silently)."""
-    t, p, m = cfg.train, cfg.precision, cfg.model
+    t, p = cfg.train, cfg.precision
     refused = {
         "precision.fp8_recipe": p.fp8_recipe != "none", "precision.fp8_dense": p.fp8_dense != "none",
         "train.compile": t.compile, "train.cuda_graph": t.cuda_graph, "train.fused_loss": t.fused_loss,
-        "model.from_hf": m.from_hf is not None, "moe.force_balance": cfg.is_moe and cfg.moe.force_balance != "none",
+        "moe.force_balance": cfg.is_moe and cfg.moe.force_balance != "none",
         "moe.backend": cfg.is_moe and cfg.moe.backend != "auto",
     }
     bad = [k for k, on in refused.items() if on]
@@ -151,6 +151,8 @@ class JaxTrainer(Trainer):
         dtype = jax_dtype(cfg)
         masters = dtype != jnp.float32 and cfg.precision.master_weights
         module = MoETransformer(cfg, rngs=nnx.Rngs(cfg.train.seed), dtype=jnp.float32 if masters else dtype)
+        if cfg.model.from_hf and not self.start.candidates:  # initial weights from HF (a resume overwrites them)
+            self._load_hf(module)
         prefixes = [f"{'layers' if gid < cfg.model.num_layers else 'mtp'}."
                     f"{gid if gid < cfg.model.num_layers else f'{gid - cfg.model.num_layers}.block'}.mlp."
                     for gid, blk in module.blocks() if blk.is_moe]
@@ -158,6 +160,17 @@ class JaxTrainer(Trainer):
         jax_optim.check_precision(cfg.optim, jnp.float32 if masters else dtype)
         self._compile_steps(handle)
         return handle
+
+    def _load_hf(self, module: MoETransformer) -> None:
+        """model.from_hf's weights through the torch model's importer (HF names, layouts, MLA's de-interleaved
+        RoPE rows), then moved by name."""
+        from moetrain.jax import convert
+        from moetrain.models import build_model as build_torch_model
+        from moetrain.models.hf import load_hf_weights
+
+        torch_model = build_torch_model(self.cfg)
+        load_hf_weights(torch_model, self.cfg.model.from_hf, progress=self.show_progress)
+        convert.from_torch(torch_model, module)
 
     def build_optimizer(self) -> JaxOptimizer:
         return JaxOptimizer(self.model, self.cfg.optim)

@@ -69,10 +69,36 @@ def test_a_checkpoint_resumes_in_the_other_backend(tmp_path, first, then):
 
 @pytest.mark.parametrize("override,named", [
     ("precision.fp8_recipe=rowwise", "precision.fp8_recipe"), ("train.fused_loss=true", "train.fused_loss"),
+    ("train.compile=true", "train.compile"),
     ("parallel.dp=2", "parallel.dp = 2"), ("optim.exp_avg_sq_dtype=bf16", "optim.exp_avg_sq_dtype")])
 def test_what_it_does_not_run_is_one_clear_error(tmp_path, override, named):
     with pytest.raises(UserError, match=named.replace(".", r"\.")):
         run(small(tmp_path, override), show_progress=False)
+
+
+def test_from_hf_starts_from_the_same_weights_as_torch(tmp_path):
+    """A tiny transformers DeepSeek-V3 as model.from_hf: the first step's loss is the torch backend's."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.DeepseekV3Config(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=48, moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+        topk_group=2, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=12,
+        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+    model = transformers.DeepseekV3ForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.15)
+    model.save_pretrained(tmp_path / "hf")
+    first = {}
+    for backend in ("torch", "jax"):
+        cfg = load_config(overrides=[f"model.from_hf={tmp_path / 'hf'}", f"train.out_dir={tmp_path / backend}",
+                                     "train.steps=1", "train.micro_batch_size=2", "train.global_batch_size=2",
+                                     "train.seq_length=16", f"train.backend={backend}"])
+        first[backend] = run(cfg, show_progress=False).records[0]["loss"]
+    assert abs(first["jax"] - first["torch"]) <= 1e-5 * first["torch"]
 
 
 def test_without_jax_the_error_says_how_to_install(monkeypatch):
