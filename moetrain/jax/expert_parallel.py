@@ -3,7 +3,8 @@ with static worst-case buffers, sync-free under jit.
 
 Legend: T tokens on one device, H hidden, E experts in all, EL = E / ep experts per device, K top-k,
 C = T * min(K, EL) rows a device may send to one peer (a token's K experts are distinct, so at most min(K, EL) of
-them live on one peer: nothing is ever dropped).
+them live on one peer: nothing is dropped), or fewer with moe.dispatcher_capacity (``peer_rows``): rows past it
+are dropped, as the torch side's sync-free dispatcher drops them.
 
 ``apply_expert_parallel(model, mesh, axis="ep")`` shards every MoE layer's w1/w2/b1/b2 on their expert dim over
 ``axis`` and makes the layers run ``moe_experts_ep``; the rest of the model stays as written (single-device code)
@@ -22,6 +23,7 @@ w1 [EL, 2I, H], w2 [EL, H, I]) computes what ``moe.moe_experts`` computes on the
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
@@ -39,11 +41,19 @@ def send_slots(owner: jax.Array, ep: int) -> jax.Array:
     return jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - 1, owner[:, None], axis=1)[:, 0]
 
 
-def moe_experts_ep(x, topk_idx, topk_weight, w1, w2, b1=None, b2=None, *, activation: str, axis: str, ep: int):
+def peer_rows(T: int, K: int, EL: int, ep: int, capacity: float | None) -> int:
+    """C: the worst case T * min(K, EL), or with ``capacity`` (moe.dispatcher_capacity) that factor of the even
+    share T * K / ep, whichever is smaller."""
+    worst = T * min(K, EL)
+    return worst if capacity is None else max(1, min(worst, math.ceil(capacity * T * K / ep)))
+
+
+def moe_experts_ep(x, topk_idx, topk_weight, w1, w2, b1=None, b2=None, *, activation: str, axis: str, ep: int,
+                   capacity: float | None = None):
     T, H = x.shape
     K = topk_idx.shape[1]
     EL = w1.shape[0]
-    C = T * min(K, EL)
+    C = peer_rows(T, K, EL, ep, capacity)  # rows past C to one peer are dropped (contribute 0)
     flat = topk_idx.reshape(-1)  # [M]; -1 = dropped by a capacity
     kept = flat >= 0
     owner = jnp.where(kept, flat // EL, 0)
@@ -62,17 +72,18 @@ def moe_experts_ep(x, topk_idx, topk_weight, w1, w2, b1=None, b2=None, *, activa
     return jnp.zeros_like(x).at[token].add(weighted)
 
 
-def sharded_moe_experts(mesh: Mesh, axis: str, activation: str):
+def sharded_moe_experts(mesh: Mesh, axis: str, activation: str, capacity: float | None = None):
     """``moe_experts``'s signature, run as ``moe_experts_ep`` under ``shard_map`` over ``axis`` of ``mesh``:
     tokens split over the axis, experts too (absent biases are None)."""
-    fn = partial(moe_experts_ep, activation=activation, axis=axis, ep=mesh.shape[axis])
+    fn = partial(moe_experts_ep, activation=activation, axis=axis, ep=mesh.shape[axis], capacity=capacity)
     return jax.shard_map(fn, mesh=mesh, in_specs=(P(axis),) * 7, out_specs=P(axis))
 
 
 def apply_expert_parallel(model, mesh: Mesh, axis: str = "ep") -> None:
     """Shard every MoE layer's routed experts of ``model`` (moetrain.jax.model.MoETransformer) over ``axis`` of
-    ``mesh`` and run them with all-to-all dispatch. The number of experts must divide by the axis size; the tokens of
-    each MoE call (batch x sequence) must too."""
+    ``mesh`` and run them with all-to-all dispatch, each device's rows to one peer bounded by
+    moe.dispatcher_capacity (null: the worst case, nothing dropped). The number of experts must divide by the axis
+    size; the tokens of each MoE call (batch x sequence) must too."""
     ep = mesh.shape[axis]
     E = model.cfg.moe.num_experts
     if E % ep:
@@ -83,4 +94,4 @@ def apply_expert_parallel(model, mesh: Mesh, axis: str = "ep") -> None:
             var = getattr(experts, name)
             if var is not None:
                 var.set_value(jax.device_put(var.get_value(), NamedSharding(mesh, P(axis))))
-        experts.parallel_fn = sharded_moe_experts(mesh, axis, experts.activation)
+        experts.parallel_fn = sharded_moe_experts(mesh, axis, experts.activation, model.cfg.moe.dispatcher_capacity)
