@@ -129,7 +129,8 @@ class MLAttention(_Attention):
     def __init__(self, cfg, window: int | None, *, dtype, rngs: nnx.Rngs):
         m = cfg.model
         H, nh = m.hidden_size, m.num_attention_heads
-        self.nope, self.rope_dim, self.dv, self.kvl = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        self.nope, self.rope_dim, self.dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        self.kvl = m.kv_lora_rank
         self.window, self.recompute_core = window, False
         qk = self.nope + self.rope_dim
         lin = partial(Linear, std=m.init_std, dtype=dtype, rngs=rngs)
