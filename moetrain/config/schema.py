@@ -172,7 +172,8 @@ class ParallelConfig:
 class TrainConfig:
     backend: Literal["torch", "jax"] = doc(
         "torch", "Framework the model trains in: torch, or jax (moetrain.jax: the same model in Flax NNX, jitted "
-        "steps, the same run directory, metrics and checkpoints; one device for now; pip install -e \".[jax]\").")
+        "steps, the same run directory, metrics and checkpoints; data and expert parallelism over the devices of one "
+        "process; pip install -e \".[jax]\").")
     steps: int = doc(200, "Optimizer steps to run.")
     micro_batch_size: int = doc(4, "Sequences per micro-batch per data-parallel rank.")
     global_batch_size: int = doc(4, "Sequences per optimizer step over all data-parallel ranks.")

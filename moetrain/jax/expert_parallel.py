@@ -49,7 +49,9 @@ def peer_rows(T: int, K: int, EL: int, ep: int, capacity: float | None) -> int:
 
 
 def moe_experts_ep(x, topk_idx, topk_weight, w1, w2, b1=None, b2=None, *, activation: str, axis: str, ep: int,
-                   capacity: float | None = None):
+                   capacity: float | None = None, data_axes: tuple = ()):
+    if data_axes:  # experts replicated over the data axes: made varying there, so their gradient sums over them
+        w1, w2, b1, b2 = (None if w is None else jax.lax.pcast(w, data_axes, to="varying") for w in (w1, w2, b1, b2))
     T, H = x.shape
     K = topk_idx.shape[1]
     EL = w1.shape[0]
@@ -73,10 +75,13 @@ def moe_experts_ep(x, topk_idx, topk_weight, w1, w2, b1=None, b2=None, *, activa
 
 
 def sharded_moe_experts(mesh: Mesh, axis: str, activation: str, capacity: float | None = None):
-    """``moe_experts``'s signature, run as ``moe_experts_ep`` under ``shard_map`` over ``axis`` of ``mesh``:
-    tokens split over the axis, experts too (absent biases are None)."""
-    fn = partial(moe_experts_ep, activation=activation, axis=axis, ep=mesh.shape[axis], capacity=capacity)
-    return jax.shard_map(fn, mesh=mesh, in_specs=(P(axis),) * 7, out_specs=P(axis))
+    """``moe_experts``'s signature, run as ``moe_experts_ep`` under ``shard_map``: the tokens split over every axis
+    of ``mesh`` (the data ranks), the experts over ``axis`` and exchanged over it (absent biases are None)."""
+    data_axes = tuple(a for a in mesh.axis_names if a != axis)
+    fn = partial(moe_experts_ep, activation=activation, axis=axis, ep=mesh.shape[axis], capacity=capacity,
+                 data_axes=data_axes)
+    tokens, experts = P(tuple(mesh.axis_names)), P(axis)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(tokens,) * 3 + (experts,) * 4, out_specs=tokens)
 
 
 def apply_expert_parallel(model, mesh: Mesh, axis: str = "ep") -> None:

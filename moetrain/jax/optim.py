@@ -99,6 +99,14 @@ def load_state_dict(opt_state, params: dict, state: dict, has_masters: bool):
     return opt_state, params
 
 
+def place_moments(opt_state, mesh):
+    """The Adam moments on their parameters' shardings (moetrain.jax.mesh), as after a load from the host."""
+    from moetrain.jax.mesh import place
+
+    return otu.tree_set(opt_state, mu=place(otu.tree_get(opt_state, "mu"), mesh),
+                        nu=place(otu.tree_get(opt_state, "nu"), mesh))
+
+
 def to_torch(x: jax.Array):
     """A CPU torch tensor of x (bf16 kept as bf16)."""
     import torch

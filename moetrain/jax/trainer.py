@@ -24,7 +24,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moetrain.errors import UserError
+from moetrain.jax import mesh as jax_mesh
 from moetrain.jax import optim as jax_optim
+from moetrain.jax.expert_parallel import apply_expert_parallel
 from moetrain.jax.model import MoETransformer
 from moetrain.jax.state import ModelState, cast
 from moetrain.train.lr import lr_at
@@ -62,6 +64,19 @@ class JaxModelHandle:
     dtype: object
     masters: bool  # params are fp32 masters of bf16/fp16 compute weights
     moe_prefixes: list[str]  # "layers.3.mlp.", ...: the MoE layers in block order (the load-imbalance order)
+    mesh: object = None  # a jax_mesh mesh with parallel.dp > 1, else None (one device)
+
+    def place(self) -> None:
+        """Parameters and buffers on the mesh (mesh.py's shardings; buffers replicated); nothing on one device."""
+        if self.mesh is not None:
+            self.state.params = jax_mesh.place(self.state.params, self.mesh)
+            replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+            self.state.buffers = {k: jax.device_put(v, replicated) for k, v in self.state.buffers.items()}
+
+    def batch(self, tensor) -> jax.Array:
+        """A CPU torch batch [B, S] as a device array, split over the mesh's devices where there is one."""
+        array = jnp.asarray(tensor.numpy())
+        return array if self.mesh is None else jax.device_put(array, jax_mesh.batch_sharding(self.mesh))
 
     def compute_params(self) -> dict:
         return cast(self.state.params, self.dtype) if self.masters else self.state.params
@@ -79,6 +94,7 @@ class JaxModelHandle:
         for k, v in self.state.buffers.items():
             if not k.endswith("tokens_per_expert"):
                 self.state.buffers[k] = jax_optim.from_torch(sd[k], v.dtype)
+        self.place()
 
     def parameters(self):
         return iter(())  # nothing here is a torch DTensor (the checkpoint code asks)
@@ -91,6 +107,8 @@ class JaxOptimizer:
         self.handle = handle
         self.tx = jax_optim.make(handle.state.params, optim)
         self.opt_state = self.tx.init(handle.state.params)
+        if handle.mesh is not None:
+            self.opt_state = jax_optim.place_moments(self.opt_state, handle.mesh)
 
     def state_dict(self) -> dict:
         return jax_optim.state_dict(self.opt_state, self.handle.state.params, self.handle.masters)
@@ -98,6 +116,9 @@ class JaxOptimizer:
     def load_state_dict(self, state: dict) -> None:
         self.opt_state, self.handle.state.params = jax_optim.load_state_dict(
             self.opt_state, self.handle.state.params, state, self.handle.masters)
+        self.handle.place()
+        if self.handle.mesh is not None:  # the moments where their parameters are
+            self.opt_state = jax_optim.place_moments(self.opt_state, self.handle.mesh)
 
     def close(self) -> None:
         pass
@@ -111,12 +132,13 @@ class JaxTrainer(Trainer):
 
         require_jax()
         p = self.cfg.parallel
-        multi = [f"parallel.{k} = {getattr(p, k)}" for k in ("dp", "tp", "pp", "vpp", "cp", "ep", "etp")
+        multi = [f"parallel.{k} = {getattr(p, k)}" for k in ("dp_replicate", "tp", "pp", "vpp", "cp", "etp")
                  if getattr(p, k) > 1]
         if multi:
-            raise UserError(f"{', '.join(multi)}: train.backend=jax trains on one device for now; set them to 1 or "
-                            "train with train.backend=torch")
+            raise UserError(f"{', '.join(multi)}: train.backend=jax runs data and expert parallelism (parallel.dp, "
+                            "parallel.ep) only; set these to 1 or train with train.backend=torch")
         check_supported(self.cfg)
+        self.gpus = p.dp
 
     def choose_device(self):
         import torch
@@ -125,7 +147,11 @@ class JaxTrainer(Trainer):
 
     def _set_up(self) -> None:
         super()._set_up()
+        from moetrain.train.data import BatchAhead
         from moetrain.train.throughput import peak_tflops
+
+        # one process reads every data rank's rows: micro-batches of dp x micro_batch_size, split over the mesh
+        self.batches = BatchAhead(self.batches.data, self.cfg.train.micro_batch_size * self.cfg.parallel.dp)
 
         dev = jax.devices()[0]
         if dev.platform == "gpu":
@@ -153,10 +179,16 @@ class JaxTrainer(Trainer):
         module = MoETransformer(cfg, rngs=nnx.Rngs(cfg.train.seed), dtype=jnp.float32 if masters else dtype)
         if cfg.model.from_hf and not self.start.candidates:  # initial weights from HF (a resume overwrites them)
             self._load_hf(module)
+        mesh = None
+        if cfg.parallel.dp > 1:
+            mesh = jax_mesh.build_mesh(cfg.parallel)
+            if cfg.parallel.ep > 1 and cfg.is_moe:
+                apply_expert_parallel(module, mesh, "ep")
         prefixes = [f"{'layers' if gid < cfg.model.num_layers else 'mtp'}."
                     f"{gid if gid < cfg.model.num_layers else f'{gid - cfg.model.num_layers}.block'}.mlp."
                     for gid, blk in module.blocks() if blk.is_moe]
-        handle = JaxModelHandle(ModelState.of(module), dtype, masters, prefixes)
+        handle = JaxModelHandle(ModelState.of(module), dtype, masters, prefixes, mesh)
+        handle.place()
         jax_optim.check_precision(cfg.optim, jnp.float32 if masters else dtype)
         self._compile_steps(handle)
         return handle
@@ -215,8 +247,8 @@ class JaxTrainer(Trainer):
         buffers = _zero_counts(handle.state.buffers)
         grad_sums, term_sums = None, jnp.zeros(4, jnp.float32)
         for input_ids, labels in self.micro_batches():
-            g, terms, buffers = self._grads(handle.state.params, buffers, jnp.asarray(input_ids.numpy()),
-                                            jnp.asarray(labels.numpy()))
+            g, terms, buffers = self._grads(handle.state.params, buffers, handle.batch(input_ids),
+                                            handle.batch(labels))
             grad_sums = g if grad_sums is None else jax.tree.map(jnp.add, grad_sums, g)
             term_sums = term_sums + terms
         terms = term_sums / self.accum
@@ -238,8 +270,8 @@ class JaxTrainer(Trainer):
         total = 0.0
         for _ in range(cfg.train.eval_steps):
             input_ids, labels = data.next_batch(cfg.train.micro_batch_size)
-            _, (terms, _) = self._terms(handle.state.params, handle.state.buffers, jnp.asarray(input_ids.numpy()),
-                                        jnp.asarray(labels.numpy()))
+            _, (terms, _) = self._terms(handle.state.params, handle.state.buffers, handle.batch(input_ids),
+                                        handle.batch(labels))
             total += float(terms[1])
         return total / cfg.train.eval_steps
 

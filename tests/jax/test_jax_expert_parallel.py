@@ -38,3 +38,24 @@ def test_ep2_mesh_matches_one_device():
         assert c["same_keys"] and c["w1_devices"] == 2, c
         assert abs(c["loss2"] - c["loss1"]) <= 1e-5 * abs(c["loss1"]), c
         assert c["grad_rel"] < 1e-5, c
+
+
+def _rel(a: list, b: list) -> float:
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+def test_trainer_over_two_devices_matches_one_and_resumes_exactly(tmp_path):
+    """parallel.dp=2 (data parallel, FSDP-style sharded weights) and dp=2 x ep=2 (experts over the same devices)
+    train the tiny preset as one device does on the same global batches; the EP run resumes bit-exactly."""
+    proc = subprocess.run([sys.executable, str(HERE / "mesh_train_main.py"), str(tmp_path)], capture_output=True,
+                          text=True, timeout=900, cwd=HERE.parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {r["name"]: r for r in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+    one = runs["one"]
+    for name in ("dp2", "dp2ep2"):
+        assert runs[name]["steps"] == [1, 2, 3, 4]
+        assert _rel(runs[name]["loss"], one["loss"]) < 1e-5, (name, runs[name]["loss"], one["loss"])
+        assert _rel(runs[name]["grad_norm"], one["grad_norm"]) < 1e-4, name
+    resumed = runs["dp2ep2_resumed"]
+    assert resumed["steps"] == [3, 4]
+    assert resumed["loss"] == runs["dp2ep2"]["loss"][2:] and resumed["grad_norm"] == runs["dp2ep2"]["grad_norm"][2:]
