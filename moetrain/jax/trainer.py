@@ -13,6 +13,10 @@ updated), the gradients summed in fp32 and divided by the micro-batch count; the
 clip, AdamW, the expert-bias update, all withheld where the loss or the norm is not finite) and one host read of
 the step's numbers. Parameters compute in precision.dtype on a GPU and fp32 on the CPU; with bf16 and
 precision.master_weights the optimizer updates fp32 masters and the model gets their bf16 copy.
+
+With parallel.dp > 1 the step runs over that many devices of this process (``moetrain.jax.mesh``: micro-batches of
+dp x micro_batch_size split over them, FSDP-style weights, experts over parallel.ep); the numbers are one device's
+on the same global batches.
 """
 
 from __future__ import annotations
@@ -125,7 +129,7 @@ class JaxOptimizer:
 
 
 class JaxTrainer(Trainer):
-    """The single-device loop on a JAX model (see the module doc)."""
+    """The training loop on a JAX model, on one device or a mesh of this process's devices (see the module doc)."""
 
     def check_layout(self) -> None:
         from moetrain.jax import require_jax
