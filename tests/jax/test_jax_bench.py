@@ -23,3 +23,12 @@ def test_refusals_are_one_line():
         jax_gemm.main(["--impls", "foo"])
     with pytest.raises(UserError, match="unknown shape"):
         jax_gemm.main(["--shapes", "nope"])
+
+
+def test_without_a_jax_gpu_it_refuses_in_one_line():
+    import jax
+
+    if jax.default_backend() == "gpu":
+        pytest.skip("checks the refusal without a GPU")
+    with pytest.raises(UserError, match=r"^moetrain bench jax needs a GPU for JAX \(its backend here is cpu\)$"):
+        jax_gemm.main(["--impls", "xla"])

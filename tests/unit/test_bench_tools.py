@@ -19,7 +19,7 @@ GPU_TOOLS = ("moe", "train", "rows", "host", "gaps", "kernels", "optim")
 def test_every_registered_bench_names_a_module_with_main():
     import importlib
 
-    assert set(cli.BENCHMARKS) == {*GPU_TOOLS, "gemm", "roofline"}
+    assert set(cli.BENCHMARKS) == {*GPU_TOOLS, "gemm", "roofline", "jax"}  # jax: tests/jax/test_jax_bench.py
     for name, (module, _) in cli.BENCHMARKS.items():
         if name != "gemm":  # (its module imports the Triton kernels' tuning: covered by the kernel tests)
             assert callable(importlib.import_module(module).main), name

@@ -3,6 +3,10 @@ gradients (dh, dW) for fp64, fp32 and bf16 inputs, uneven and one-token chunks, 
 head, gradient accumulation, grad-free calls, label errors, the bytes kept for backward against the unfused path's,
 and torch.compile(fullgraph=True). The vocab-parallel case is tests/distributed/test_linear_cross_entropy_vocab.py."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -265,8 +269,18 @@ class PeakBytes:
         self.mode.__exit__(*exc)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_memory_against_the_unfused_path(dtype):
+    """``memory_against_the_unfused_path`` in a fresh process: after a torch.compile of other ops in the same process
+    (tests/unit/test_compile.py), the eager bf16 peak holds one more bf16 [C, V] chunk (cause not found; the ops and
+    their outputs are the same)."""
+    code = f"import torch, test_linear_cross_entropy as t; t.memory_against_the_unfused_path(torch.{dtype})"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def memory_against_the_unfused_path(dtype):
     """T = 2048, V = 32768, H = 256 (b bytes per element, C = 256 tokens per chunk). Kept for backward: the unfused
     path keeps the fp32 log-probs [T, V] (4TV, the logits' own buffers are freed), the fused op dh [T, H] and dW
     [V, H] in the inputs' dtype, b(TH + VH): 256 MiB against 34 MiB (fp32, 7.5x) or 17 MiB (bf16, 15x). Forward peak:
