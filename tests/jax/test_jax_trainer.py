@@ -45,26 +45,26 @@ def test_trains_tiny_with_falling_loss_and_complete_metrics(tmp_path):
 
 
 def test_resume_gives_identical_losses(tmp_path):
-    straight = run(small(tmp_path, "train.steps=8", "checkpoint.interval=4"), show_progress=False)
-    resumed = run(small(tmp_path, "train.steps=8", f"checkpoint.resume={tmp_path / 'checkpoints' / 'step_4'}"),
+    straight = run(small(tmp_path, "train.steps=5", "checkpoint.interval=3"), show_progress=False)
+    resumed = run(small(tmp_path, "train.steps=5", f"checkpoint.resume={tmp_path / 'checkpoints' / 'step_3'}"),
                   show_progress=False)
-    assert [r["step"] for r in resumed.records] == [5, 6, 7, 8]
-    assert [r["loss"] for r in resumed.records] == [r["loss"] for r in straight.records[4:]]  # bit-identical
-    assert [r["grad_norm"] for r in resumed.records] == [r["grad_norm"] for r in straight.records[4:]]
+    assert [r["step"] for r in resumed.records] == [4, 5]
+    assert [r["loss"] for r in resumed.records] == [r["loss"] for r in straight.records[3:]]  # bit-identical
+    assert [r["grad_norm"] for r in resumed.records] == [r["grad_norm"] for r in straight.records[3:]]
 
 
 @pytest.mark.parametrize("first,then", [("torch", "jax"), ("jax", "torch")])
 def test_a_checkpoint_resumes_in_the_other_backend(tmp_path, first, then):
-    """Steps 1-3 in one backend, 4-6 resumed from its checkpoint in the other, against 1-6 in the first alone:
+    """Steps 1-2 in one backend, 3-4 resumed from its checkpoint in the other, against 1-4 in the first alone:
     the same losses and gradient norms up to fp32 rounding (weights, Adam moments, step count, data position)."""
-    straight = run(small(tmp_path / "straight", "train.steps=6", backend=first), show_progress=False)
-    run(small(tmp_path / "mixed", "train.steps=3", backend=first), show_progress=False)
-    resumed = run(small(tmp_path / "mixed", "train.steps=6", "checkpoint.resume=auto", backend=then),
+    straight = run(small(tmp_path / "straight", "train.steps=4", backend=first), show_progress=False)
+    run(small(tmp_path / "mixed", "train.steps=2", backend=first), show_progress=False)
+    resumed = run(small(tmp_path / "mixed", "train.steps=4", "checkpoint.resume=auto", backend=then),
                   show_progress=False)
-    assert [r["step"] for r in resumed.records] == [4, 5, 6]
-    assert _rel([r["loss"] for r in resumed.records], [r["loss"] for r in straight.records[3:]]) < 1e-5
-    assert _rel([r["grad_norm"] for r in resumed.records], [r["grad_norm"] for r in straight.records[3:]]) < 1e-4
-    assert ckpt.list_checkpoints(tmp_path / "mixed")[-1].name == "step_6"
+    assert [r["step"] for r in resumed.records] == [3, 4]
+    assert _rel([r["loss"] for r in resumed.records], [r["loss"] for r in straight.records[2:]]) < 1e-5
+    assert _rel([r["grad_norm"] for r in resumed.records], [r["grad_norm"] for r in straight.records[2:]]) < 1e-4
+    assert ckpt.list_checkpoints(tmp_path / "mixed")[-1].name == "step_4"
 
 
 @pytest.mark.parametrize("override,named", [
