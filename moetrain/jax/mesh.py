@@ -26,10 +26,6 @@ AXES = ("data", "ep")
 EXPERT_LEAVES = ("experts.w1", "experts.w2", "experts.b1", "experts.b2")
 
 
-def devices_needed(parallel) -> int:
-    return parallel.dp
-
-
 def build_mesh(parallel) -> Mesh:
     """A ("data", "ep") mesh over the first parallel.dp devices; a UserError where there are too few."""
     n, ep = parallel.dp, parallel.ep
