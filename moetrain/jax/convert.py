@@ -20,6 +20,11 @@ def _persistent(path: tuple) -> bool:
     return path[-1] not in NOT_PERSISTENT
 
 
+def persistent_name(name: str) -> bool:
+    """Whether a dotted name is part of the persistent state (not a load counter)."""
+    return name.rsplit(".", 1)[-1] not in NOT_PERSISTENT
+
+
 def named_arrays(model: nnx.Module) -> dict[str, nnx.Variable]:
     """Dotted torch name -> the model's variable, for the persistent state (parameters and expert biases)."""
     flat = nnx.to_flat_state(nnx.state(model, nnx.Variable))
@@ -55,13 +60,13 @@ def load_state_dict(model: nnx.Module, weights: dict) -> None:
     """Set the model's persistent state from ``weights`` (name -> numpy array or torch tensor), each cast to the
     variable's dtype. Every name must match (``_check_names``)."""
     have = named_arrays(model)
-    arrays = {k: _to_numpy(v) for k, v in weights.items()}
+    arrays = {k: to_numpy(v) for k, v in weights.items()}
     _check_names(have, arrays)
     for name, var in have.items():
         var.set_value(jnp.asarray(arrays[name], dtype=var.get_value().dtype))
 
 
-def _to_numpy(value) -> np.ndarray:
+def to_numpy(value) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor (bf16 goes through fp32: numpy has no bf16)
         t = value.detach().cpu()
         return (t.float() if t.dtype.is_floating_point and t.element_size() == 2 else t).numpy()

@@ -117,5 +117,6 @@ def to_torch(x: jax.Array):
 
 
 def from_torch(t, dtype) -> jax.Array:
-    t = t.detach().cpu()
-    return jnp.asarray((t.float() if t.dtype.is_floating_point else t).numpy(), dtype=dtype)
+    from moetrain.jax.convert import to_numpy
+
+    return jnp.asarray(to_numpy(t), dtype=dtype)

@@ -29,6 +29,7 @@ from flax import nnx
 
 from moetrain.errors import UserError
 from moetrain.jax import mesh as jax_mesh
+from moetrain.jax.convert import persistent_name
 from moetrain.jax import optim as jax_optim
 from moetrain.jax.expert_parallel import apply_expert_parallel
 from moetrain.jax.model import MoETransformer
@@ -88,15 +89,14 @@ class JaxModelHandle:
     def state_dict(self) -> dict:
         """Compute-dtype parameters and the expert biases as CPU torch tensors (tokens_per_expert is not kept)."""
         out = {k: jax_optim.to_torch(v) for k, v in self.compute_params().items()}
-        out.update({k: jax_optim.to_torch(v) for k, v in self.state.buffers.items()
-                    if not k.endswith("tokens_per_expert")})
+        out.update({k: jax_optim.to_torch(v) for k, v in self.state.buffers.items() if persistent_name(k)})
         return out
 
     def load_state_dict(self, sd: dict) -> None:
         for k, v in self.state.params.items():
             self.state.params[k] = jax_optim.from_torch(sd[k], v.dtype)
         for k, v in self.state.buffers.items():
-            if not k.endswith("tokens_per_expert"):
+            if persistent_name(k):
                 self.state.buffers[k] = jax_optim.from_torch(sd[k], v.dtype)
         self.place()
 
