@@ -35,7 +35,11 @@ Pallas schedule (sync-free, all on the device under jit)
     zeros. The grid has the static worst case cdiv(M, block_m) + G row tiles; a schedule of per-tile (group, row
     start, row end) is computed from group_sizes, and tiles past the real count have an empty row range (they store
     nothing). Each program computes a block_m x block_n output tile with a K loop of block_k steps in fp32.
-    wgrad: one program per (group, N tile, K tile), looping over the group's rows in steps of block_m.
+    The launch order is grouped (``group_m`` row tiles x every column tile, then the next ``group_m`` row tiles), so
+    the programs running at once share their row tiles and weight tiles through L2 instead of re-reading x from
+    memory once per column tile.
+    wgrad: one program per (N tile, K tile, group), the group slowest, so the programs running at once read the same
+    group's rows of dy and x (from L2 after the first) instead of every group's rows once per output tile.
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ DTYPES = (jnp.bfloat16, jnp.float32, jnp.float64)
 class GemmTiles:
     """Tile sizes (powers of 2) and Triton launch options of one Pallas kernel.
 
-    forward/dgrad: block_m rows x block_n output columns per program, block_k reduction step.
+    forward/dgrad: block_m rows x block_n output columns per program, block_k reduction step, launched in bands of
+    group_m row tiles.
     wgrad: block_n (over N) x block_k (over K) output tile per program, block_m rows per reduction step."""
 
     block_m: int = 128
@@ -67,6 +72,7 @@ class GemmTiles:
     block_k: int = 64
     num_warps: int = 8
     num_stages: int = 3
+    group_m: int = 8
 
 
 # Typical Hopper starting points; to be tuned on the GPU (see the module docstring).
@@ -140,6 +146,8 @@ def _check_tiles(tiles: GemmTiles) -> None:
         size = getattr(tiles, name)
         if size < 1 or size & (size - 1):
             raise ValueError(f"grouped_gemm: {name}={size} in {tiles} must be a power of 2")
+    if tiles.group_m < 1:
+        raise ValueError(f"grouped_gemm: group_m={tiles.group_m} in {tiles} must be at least 1")
 
 
 def _resolve_impl(impl: str) -> str:
@@ -251,15 +259,25 @@ def _dot(a, b, contracting, acc_dtype):
                            preferred_element_type=acc_dtype)
 
 
+def _grouped_order(pid, num_rows: int, num_cols: int, group_m: int):
+    """Program pid of a 1-D launch -> (row tile, column tile): bands of group_m row tiles, each band's tiles column
+    by column (the row tile fastest), the last band narrower where num_rows is not a multiple of group_m."""
+    band = pid // (group_m * num_cols)
+    first = band * group_m
+    height = jnp.minimum(num_rows - first, group_m)
+    local = pid - band * group_m * num_cols
+    return first + local % height, local // height
+
+
 def _rows_kernel(group_ref, start_ref, end_ref, a_ref, w_ref, out_ref, *, tiles: GemmTiles, w_transposed: bool):
     """out[r, cols] = a[r, :] . w[g] over the reduction for one row tile (program_id 0) and column tile (1).
 
     Forward: a = x [M, K], w[g] = [N, K] (reduce over its dim 1, w_transposed). Dgrad: a = dy [M, N],
     w[g] = [N, K] (reduce over its dim 0)."""
     bm, bn, bk = tiles.block_m, tiles.block_n, tiles.block_k
-    t, j = pl.program_id(0), pl.program_id(1)
-    group, r0, r1 = group_ref[t], start_ref[t], end_ref[t]
     num_groups, reduce_len, out_cols = w_ref.shape[0], a_ref.shape[1], out_ref.shape[1]
+    t, j = _grouped_order(pl.program_id(0), group_ref.shape[0], pl.cdiv(out_cols, bn), tiles.group_m)
+    group, r0, r1 = group_ref[t], start_ref[t], end_ref[t]
     acc_dtype = _acc_dtype(out_ref.dtype)
     row_ok = (r0 + jnp.arange(bm, dtype=jnp.int32) < r1)[:, None]
     col_ok = j * bn + jnp.arange(bn, dtype=jnp.int32) < out_cols
@@ -289,7 +307,7 @@ def _rows_gemm(a, w, group_sizes, out_cols: int, tiles: GemmTiles, interpret: bo
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m, out_cols), a.dtype),
-        grid=(schedule[0].shape[0], pl.cdiv(out_cols, tiles.block_n)),
+        grid=(schedule[0].shape[0] * pl.cdiv(out_cols, tiles.block_n),),
         compiler_params=plt.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
         interpret=interpret,
         name="grouped_gemm_fwd" if w_transposed else "grouped_gemm_dgrad",
@@ -307,7 +325,7 @@ def _pallas_dgrad(dy, w, group_sizes, tiles: GemmTiles, interpret: bool):
 def _wgrad_kernel(start_ref, end_ref, dy_ref, x_ref, dw_ref, *, tiles: GemmTiles):
     """dw[g, n tile, k tile] = sum over the rows of group g of dy[r, n]^T x[r, k]; an empty group stores zeros."""
     bm, bn, bk = tiles.block_m, tiles.block_n, tiles.block_k
-    g, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    i, j, g = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     r0, r1 = start_ref[g], end_ref[g]
     n_ok = i * bn + jnp.arange(bn, dtype=jnp.int32) < dw_ref.shape[1]
     k_ok = j * bk + jnp.arange(bk, dtype=jnp.int32) < dw_ref.shape[2]
@@ -326,13 +344,13 @@ def _wgrad_kernel(start_ref, end_ref, dy_ref, x_ref, dw_ref, *, tiles: GemmTiles
 
 
 def _pallas_wgrad(dy, x, group_sizes, tiles: GemmTiles, interpret: bool):
-    """dw [G, N, K]: grid (G, N tiles, K tiles); rows past sum(group_sizes) are never read."""
+    """dw [G, N, K]: grid (N tiles, K tiles, G), the group slowest; rows past sum(group_sizes) are never read."""
     (m, n), k, num_groups = dy.shape, x.shape[1], group_sizes.shape[0]
     starts, ends = _group_bounds(group_sizes, m)
     return pl.pallas_call(
         functools.partial(_wgrad_kernel, tiles=tiles),
         out_shape=jax.ShapeDtypeStruct((num_groups, n, k), x.dtype),
-        grid=(num_groups, pl.cdiv(n, tiles.block_n), pl.cdiv(k, tiles.block_k)),
+        grid=(pl.cdiv(n, tiles.block_n), pl.cdiv(k, tiles.block_k), num_groups),
         compiler_params=plt.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
         interpret=interpret,
         name="grouped_gemm_wgrad",

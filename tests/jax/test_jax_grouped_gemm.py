@@ -26,9 +26,10 @@ CASES = [
 ]
 CASE_IDS = [name for name, _ in CASES]
 
-# Small tiles for interpret mode, different per kernel so each kernel's own tiling is exercised.
-FWD = gg.GemmTiles(block_m=16, block_n=16, block_k=16)
-DGRAD = gg.GemmTiles(block_m=32, block_n=16, block_k=16)
+# Small tiles for interpret mode, different per kernel so each kernel's own tiling is exercised; launch bands of
+# 3 and 2 row tiles, so the last band of the grouped order is a narrower one.
+FWD = gg.GemmTiles(block_m=16, block_n=16, block_k=16, group_m=3)
+DGRAD = gg.GemmTiles(block_m=32, block_n=16, block_k=16, group_m=2)
 WGRAD = gg.GemmTiles(block_m=16, block_n=16, block_k=32)
 IMPLS = ["xla", "pallas"]
 
