@@ -16,9 +16,9 @@ the log-sum-exp, the chunk's loss, then the gradient of the loss w.r.t. z, softm
 zero) in place of p, rounded to the inputs' dtype as g (on a GPU all of this after the GEMM is one Triton kernel
 over the b-byte z, g written over z: "Fused on a GPU" below), and dh[chunk] = g @ weight [C, H] (a GEMM) and
 dW_acc += g^T @ h[chunk] [V, H] (a GEMM into an acc accumulator: bf16 operands with an fp32 C on CUDA, through
-``torch.addmm(out_dtype=)``, not yet run on a GPU; on the CPU the operands are upcast, whose products are exact, so
-the same numbers up to summation order). After the pass dW_acc
-is rounded once to weight's dtype. Three GEMMs over [C, V, H], as the unfused forward + backward.
+``torch.addmm(out_dtype=)``, checked on an H100 against the PyTorch path; on the CPU the operands are upcast, whose
+products are exact, so the same numbers up to summation order). After the pass dW_acc is rounded once to weight's
+dtype. Three GEMMs over [C, V, H], as the unfused forward + backward.
 
 Autograd: the forward computes loss_sum and keeps dh [T, H] and dW [V, H] (in the inputs' dtype, via
 save_for_backward, so saved-tensor hooks see them); the backward multiplies them by the incoming gradient of loss_sum
