@@ -2,6 +2,8 @@
 
     moetrain bench jax                       every shape of bench/common.py's SHAPES but deepseek-v3
     moetrain bench jax --shapes gpt-oss-20b --impls pallas,torch
+    moetrain bench jax --sweep --shapes deepseek-v3-ep8   each Pallas kernel alone over candidate tiles
+                                                          (moetrain/bench/jax_gemm_sweep.py)
 
 Each shape runs M = T x K routed rows in E even groups (the remainder in the last): h = x @ w1[e]^T [M, 2I],
 a = silu(gate) * up, y = a @ w2[e]^T; the time is jit(value_and_grad) of sum(y) (forward, dgrad and wgrad of
@@ -119,6 +121,8 @@ def main(argv=None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"default: {DEFAULT_SHAPES}")
     parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
+    parser.add_argument("--sweep", action="store_true",
+                        help="instead of the layer table: each Pallas kernel alone over candidate tiles")
     args = parser.parse_args(argv)
     names = parse_shapes(args.shapes)
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
@@ -133,6 +137,11 @@ def main(argv=None) -> None:
 
     if jax.default_backend() != "gpu":
         raise UserError(f"moetrain bench jax needs a GPU for JAX (its backend here is {jax.default_backend()})")
+    if args.sweep:
+        from moetrain.bench.jax_gemm_sweep import sweep
+
+        print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; Pallas kernels alone, bf16", flush=True)
+        return sweep(names, SHAPES)
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; FC1 -> SwiGLU -> FC2 fwd+bwd, bf16", flush=True)
     print("| shape (rows M, hidden H, intermediate I, experts E) | " + " | ".join(impls) + " |")
     print("|---" * (len(impls) + 1) + "|")

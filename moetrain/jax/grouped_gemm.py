@@ -53,7 +53,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-__all__ = ["DGRAD_TILES", "FWD_TILES", "WGRAD_TILES", "GemmTiles", "grouped_gemm", "grouped_gemm_reference"]
+__all__ = ["DGRAD_TILES", "FWD_TILES", "WGRAD_TILES", "GemmTiles", "grouped_gemm", "grouped_gemm_reference",
+           "pallas_kernel"]
 
 IMPLS = ("auto", "xla", "pallas")
 DTYPES = (jnp.bfloat16, jnp.float32, jnp.float64)
@@ -138,6 +139,26 @@ def _check_inputs(x: jax.Array, w: jax.Array, group_sizes: jax.Array, impl: str)
     if x.dtype != w.dtype or x.dtype not in DTYPES:
         raise ValueError(f"grouped_gemm: x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} {w.dtype} must share "
                          f"one dtype of bfloat16, float32, float64")
+
+
+KERNELS = ("fwd", "dgrad", "wgrad")
+
+
+def pallas_kernel(kind: str, a: jax.Array, b: jax.Array, group_sizes: jax.Array, tiles: GemmTiles, *,
+                  interpret: bool = False) -> jax.Array:
+    """One of the three Pallas kernels alone, as ``moetrain bench jax --sweep`` times them:
+    "fwd"   a = x [M, K], b = w [G, N, K] -> y [M, N]
+    "dgrad" a = dy [M, N], b = w [G, N, K] -> dx [M, K]
+    "wgrad" a = dy [M, N], b = x [M, K] -> dw [G, N, K]"""
+    if kind not in KERNELS:
+        raise ValueError(f"pallas_kernel: kind {kind!r}; valid: {', '.join(KERNELS)}")
+    _check_tiles(tiles)
+    group_sizes = jnp.asarray(group_sizes, jnp.int32)
+    if kind == "fwd":
+        return _pallas_forward(a, b, group_sizes, tiles, interpret)
+    if kind == "dgrad":
+        return _pallas_dgrad(a, b, group_sizes, tiles, interpret)
+    return _pallas_wgrad(a, b, group_sizes, tiles, interpret)
 
 
 def _check_tiles(tiles: GemmTiles) -> None:

@@ -32,3 +32,13 @@ def test_without_a_jax_gpu_it_refuses_in_one_line():
         pytest.skip("checks the refusal without a GPU")
     with pytest.raises(UserError, match=r"^moetrain bench jax needs a GPU for JAX \(its backend here is cpu\)$"):
         jax_gemm.main(["--impls", "xla"])
+
+
+def test_the_sweeps_candidates_are_valid_tiles():
+    from moetrain.bench import jax_gemm_sweep
+    from moetrain.jax import grouped_gemm as gg
+
+    for changes in jax_gemm_sweep.ROW_CANDIDATES + jax_gemm_sweep.WGRAD_CANDIDATES:
+        gg._check_tiles(gg.GemmTiles(**changes))
+    assert jax_gemm_sweep.ROW_CANDIDATES[0] == {}  # the rows kernels' defaults come first
+    assert gg.GemmTiles(**jax_gemm_sweep.WGRAD_CANDIDATES[0]) == gg.WGRAD_TILES

@@ -175,3 +175,18 @@ def test_bad_impl_and_tiles_raise():
         gg.grouped_gemm(x, w, gs, impl="pallas", wgrad_tiles=gg.GemmTiles(block_k=48))
     with pytest.raises(ValueError, match=r"group_sizes .* float32 must be an integer"):
         gg.grouped_gemm(x, w, gs.astype(jnp.float32), impl="xla")
+
+
+@pytest.mark.parametrize("kind", ["fwd", "dgrad", "wgrad"])
+def test_each_kernel_alone_equals_the_reference(kind):
+    """pallas_kernel (what `moetrain bench jax --sweep` times) runs one kernel with the given tiles."""
+    sizes = CASES[0][1]
+    x, w, gs, dy = _inputs(sizes)
+    _, dx_ref, dw_ref, _ = _vjp(gg.grouped_gemm_reference, x, w, gs, dy)
+    tiles = {"fwd": FWD, "dgrad": DGRAD, "wgrad": WGRAD}[kind]
+    a, b = {"fwd": (x, w), "dgrad": (dy, w), "wgrad": (dy, x)}[kind]
+    got = gg.pallas_kernel(kind, a, b, gs, tiles, interpret=True)
+    want = {"fwd": gg.grouped_gemm_reference(x, w, gs), "dgrad": dx_ref, "wgrad": dw_ref}[kind]
+    _close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="kind 'bwd'"):
+        gg.pallas_kernel("bwd", a, b, gs, tiles, interpret=True)
