@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from moetrain.config.schema import FP8_FUSED, Config
-from moetrain.plan.activations import Dims, attention_kernel, moe_plan, routed_rows
+from moetrain.plan.activations import Dims, attention_kernel, fused_rope, moe_plan, routed_rows
 
 GROUPED_FACTOR = 0.90  # bench gemm on the H200: auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
 ATTN_FWD = 0.60  # fused attention forward vs the large-GEMM rate
@@ -167,7 +167,12 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         _norm(fw, rf, "attn norms", T * m.kv_lora_rank, b)
         _dense(fw, bi, bw, rf, "attn proj", T, nh * (m.qk_nope_head_dim + dv), m.kv_lora_rank, b)
         _dense(fw, bi, bw, rf, "attn proj", T, H, nh * dv, b)
-        fw.add("rope+cat", rf.mem(10 * b * T * (nh + 1) * m.qk_rope_head_dim + 4 * b * T * nh * qk, 12), 16)
+        rope_elems = T * (nh + 1) * m.qk_rope_head_dim
+        if fused_rope(cfg, d):
+            _fused_rope_cost(fw, bi, rf, rope_elems, b, norm=False)
+            fw.add("cat", rf.mem(4 * b * T * nh * qk, 2), 2)
+        else:
+            fw.add("rope+cat", rf.mem(10 * b * rope_elems + 4 * b * T * nh * qk, 12), 16)
         kv, same = nh, qk == dv
     else:
         hd = cfg.attn_head_dim
@@ -177,9 +182,12 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         bi.add("attn proj", 0, 2)  # three projections in the model, one cost above
         fw.add("attn proj", 0, 2)
         _dense(fw, bi, bw, rf, "attn proj", T, H, nh * hd, b)
-        if m.qk_norm:
-            _norm(fw, rf, "attn norms", T * (nh + kvh) * hd, b)
-        fw.add("rope", rf.mem(10 * b * T * (nh + kvh) * hd, 14), 16)
+        if fused_rope(cfg, d) and not (m.qk_norm and d.tp > 1):  # activations.rope_terms' rule
+            _fused_rope_cost(fw, bi, rf, T * (nh + kvh) * hd, b, norm=m.qk_norm)
+        else:
+            if m.qk_norm:
+                _norm(fw, rf, "attn norms", T * (nh + kvh) * hd, b)
+            fw.add("rope", rf.mem(10 * b * T * (nh + kvh) * hd, 14), 16)
         kv, same = kvh, True
     ctx = S / 2 if window is None else min(window, S / 2)
     attn_flops = 2 * B * nh * S * ctx * (qk + dv)
@@ -262,7 +270,7 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
     # is costed above, so its forward is not scaled again here)
     mem_fwd = sum(v for k, v in fw.parts.items() if not k.startswith(("attn proj", "attention", "mlp fc",
                                                                         "experts fc", "shared fc", "router",
-                                                                        "x rows", "fp8 cast")))
+                                                                        "x rows", "fp8 cast", "fused rope")))
     mem_kernels = fw.kernels
     bi.add("elementwise", BWD_MEM * mem_fwd, (BWD_KERNELS - 1) * mem_kernels)
     if mode == "full":
@@ -275,6 +283,13 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
             if k in fw.parts:
                 bi.add(f"recompute {k}", fw.parts[k], 4)
     return BlockCost(fw, bi, bw)
+
+
+def _fused_rope_cost(fw: Cost, bi: Cost, rf: Roofline, elems: float, b: int, norm: bool) -> None:
+    """moetrain.ops.rope's kernels (kernels/rope.py counts their bytes) over the q and k elements: forward reads x and
+    writes y (the q/k norm inside), backward reads dy (and x with the norm) and writes dx; one launch a tensor."""
+    fw.add("fused rope", rf.mem(2 * b * elems, 2), 2)
+    bi.add("fused rope", rf.mem((3 if norm else 2) * b * elems, 2), 2)
 
 
 def head_cost(cfg: Config, d: Dims, rf: Roofline) -> BlockCost:

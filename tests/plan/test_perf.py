@@ -22,12 +22,13 @@ H200 = load_hardware("h200")
 
 
 def recorded_config(name):
-    """The validation config ``name`` as the recorded H200 runs ran it: torch's AdamW (they predate the Triton
-    optimizer kernels, optim.triton_kernel)."""
+    """The validation config ``name`` as the recorded H200 runs ran it: torch's AdamW and eager RoPE (they predate
+    the Triton optimizer kernels, optim.triton_kernel, and the fused RoPE, model.fused_rope)."""
     from moetrain.plan.validate import validation_config
 
     c = validation_config(name, 6, "unused")
-    return dataclasses.replace(c, optim=dataclasses.replace(c.optim, triton_kernel=False))
+    return dataclasses.replace(c, optim=dataclasses.replace(c.optim, triton_kernel=False),
+                               model=dataclasses.replace(c.model, fused_rope=False))
 
 
 def cfg(preset="tiny", *over):
@@ -358,3 +359,28 @@ def test_fused_loss_projects_the_kernels_traffic_and_chunk_on_a_gpu():
     assert gpu == pytest.approx(rf.mem(6 * T * V, 4 * chunks, CE_KERNEL) + rf.mem(8 * V * H * chunks, 0, CE_FWD))
     assert cpu == pytest.approx(rf.mem(44 * T * V + 8 * V * H * math.ceil(T / 384), 6, CE_FWD))
     assert gpu < 0.3 * cpu
+
+
+@pytest.mark.parametrize("preset", ["qwen3-30b-a3b", "deepseek-v3"])
+def test_fused_rope_costs_its_kernels_bytes(preset):
+    """On CUDA (model.fused_rope, the default) RoPE (+ GQA's q/k norms) is two launches a direction moving the
+    bytes kernels/rope.py counts; eager, the norms and RoPE's element-wise chain cost several times more."""
+    from moetrain.plan.activations import resolve_dims
+    from moetrain.plan.costs import block_cost
+
+    c = cfg(preset, "model.num_layers=2", "moe.first_k_dense=0")
+    eager = dataclasses.replace(c, model=dataclasses.replace(c.model, fused_rope=False))
+    rf = Roofline(H200, "bf16")
+    fused = block_cost(c, resolve_dims(c), rf, True, None, "none")
+    unfused = block_cost(eager, resolve_dims(eager), rf, True, None, "none")
+    d, m = resolve_dims(c), c.model
+    if m.attention_type == "mla":
+        elems, bwd_bytes = d.T * (m.num_attention_heads + 1) * m.qk_rope_head_dim, 2 * d.b
+    else:
+        elems, bwd_bytes = d.T * (m.num_attention_heads + c.kv_heads) * c.attn_head_dim, 3 * d.b
+    assert fused.fwd.parts["fused rope"] == pytest.approx(rf.mem(2 * d.b * elems, 2))
+    assert fused.bwd_input.parts["fused rope"] == pytest.approx(rf.mem(bwd_bytes * elems, 2))
+    assert "rope" not in fused.fwd.parts and "rope+cat" not in fused.fwd.parts
+    assert fused.fwd.gpu + fused.bwd_input.gpu < unfused.fwd.gpu + unfused.bwd_input.gpu
+    on_cpu = block_cost(c, resolve_dims(c, device="cpu"), rf, True, None, "none")
+    assert "fused rope" not in on_cpu.fwd.parts  # the CPU runs the eager chain
