@@ -76,6 +76,7 @@ def _jax_rate(kind: str, tiles, arrays, flop: float) -> str:
 def sweep(names, shapes) -> None:
     import jax
     import jax.numpy as jnp
+    import torch
 
     from moetrain.jax.grouped_gemm import GemmTiles
 
@@ -88,8 +89,6 @@ def sweep(names, shapes) -> None:
         dy = jax.random.normal(keys[2], (M, N), jnp.float32).astype(jnp.bfloat16)
         arrays = (x, w, dy, jnp.asarray(group_sizes(M, E), jnp.int32))
         torch_rates = _torch_rates(M, N, H, E)
-        import torch
-
         torch.cuda.empty_cache()  # the torch tensors died with the call: their memory back for JAX
         print(f"\n{name}: FC1 (M {M}, N {N}, K {H}, groups {E}); torch._grouped_mm: "
               + ", ".join(f"{k} {v:.0f}" for k, v in torch_rates.items()) + " TFLOP/s", flush=True)

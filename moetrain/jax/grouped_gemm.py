@@ -291,7 +291,8 @@ def _grouped_order(pid, num_rows: int, num_cols: int, group_m: int):
 
 
 def _rows_kernel(group_ref, start_ref, end_ref, a_ref, w_ref, out_ref, *, tiles: GemmTiles, w_transposed: bool):
-    """out[r, cols] = a[r, :] . w[g] over the reduction for one row tile (program_id 0) and column tile (1).
+    """out[r, cols] = a[r, :] . w[g] over the reduction for one (row tile, column tile): program_id 0 of a 1-D launch
+    in the grouped order (_grouped_order).
 
     Forward: a = x [M, K], w[g] = [N, K] (reduce over its dim 1, w_transposed). Dgrad: a = dy [M, N],
     w[g] = [N, K] (reduce over its dim 0)."""

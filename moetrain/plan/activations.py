@@ -156,6 +156,12 @@ def fused_rope(cfg: Config, d: Dims) -> bool:
     return d.device == "cuda" and cfg.model.fused_rope
 
 
+def gqa_rope_fused(cfg: Config, d: Dims) -> bool:
+    """Whether GQA's RoPE with its q/k norms runs fused: fused_rope, except q/k norms under tensor parallelism (their
+    weights are DTensors, which the fused op does not take)."""
+    return fused_rope(cfg, d) and not (cfg.model.qk_norm and d.tp > 1)
+
+
 def rope_terms(cfg: Config, d: Dims) -> list[Term]:
     """What RoPE, with GQA's per-head q/k RMSNorm before it, keeps for backward in one attention block.
 
@@ -169,7 +175,7 @@ def rope_terms(cfg: Config, d: Dims) -> list[Term]:
     if m.attention_type == "mla":
         return [] if fused_rope(cfg, d) else rope_tables(d, m.qk_rope_head_dim)
     nh, kv, hd = _heads(m.num_attention_heads, d.tp), _heads(cfg.kv_heads, d.tp), cfg.attn_head_dim
-    if not fused_rope(cfg, d) or (m.qk_norm and d.tp > 1):
+    if not gqa_rope_fused(cfg, d):
         out = norm("q_norm", T * nh, hd, b) + norm("k_norm", T * kv, hd, b) if m.qk_norm else []
         return out + rope_tables(d, hd)
     if not m.qk_norm:

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from moetrain.config.schema import FP8_FUSED, Config
-from moetrain.plan.activations import Dims, attention_kernel, fused_rope, moe_plan, routed_rows
+from moetrain.plan.activations import Dims, attention_kernel, fused_rope, gqa_rope_fused, moe_plan, routed_rows
 
 GROUPED_FACTOR = 0.90  # bench gemm on the H200: auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
 ATTN_FWD = 0.60  # fused attention forward vs the large-GEMM rate
@@ -182,7 +182,7 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         bi.add("attn proj", 0, 2)  # three projections in the model, one cost above
         fw.add("attn proj", 0, 2)
         _dense(fw, bi, bw, rf, "attn proj", T, H, nh * hd, b)
-        if fused_rope(cfg, d) and not (m.qk_norm and d.tp > 1):  # activations.rope_terms' rule
+        if gqa_rope_fused(cfg, d):
             _fused_rope_cost(fw, bi, rf, T * (nh + kvh) * hd, b, norm=m.qk_norm)
         else:
             if m.qk_norm:
