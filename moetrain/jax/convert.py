@@ -16,10 +16,6 @@ from flax import nnx
 NOT_PERSISTENT = ("tokens_per_expert",)
 
 
-def _persistent(path: tuple) -> bool:
-    return path[-1] not in NOT_PERSISTENT
-
-
 def persistent_name(name: str) -> bool:
     """Whether a dotted name is part of the persistent state (not a load counter)."""
     return name.rsplit(".", 1)[-1] not in NOT_PERSISTENT
@@ -28,7 +24,8 @@ def persistent_name(name: str) -> bool:
 def named_arrays(model: nnx.Module) -> dict[str, nnx.Variable]:
     """Dotted torch name -> the model's variable, for the persistent state (parameters and expert biases)."""
     flat = nnx.to_flat_state(nnx.state(model, nnx.Variable))
-    return {".".join(str(p) for p in path): var for path, var in flat if _persistent(path)}
+    named = {".".join(str(p) for p in path): var for path, var in flat}
+    return {name: var for name, var in named.items() if persistent_name(name)}
 
 
 def state_dict(model: nnx.Module) -> dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ import optax
 import optax.tree_utils as otu
 
 from moetrain.errors import UserError
+from moetrain.jax.convert import to_numpy
 from moetrain.train.optim import decays
 
 JNP_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
@@ -117,6 +118,4 @@ def to_torch(x: jax.Array):
 
 
 def from_torch(t, dtype) -> jax.Array:
-    from moetrain.jax.convert import to_numpy
-
     return jnp.asarray(to_numpy(t), dtype=dtype)
