@@ -72,6 +72,8 @@ from functools import partial
 import torch
 from torch import nn
 
+from moetrain.config.relations import check_tensor_parallel
+
 
 def apply_tensor_parallel(model, tp_mesh, *, sequence_parallel: bool) -> None:
     """Make ``model`` (an ``MoETransformer``, whole or one pipeline stage, on any device incl. meta) tensor-parallel
@@ -79,8 +81,6 @@ def apply_tensor_parallel(model, tp_mesh, *, sequence_parallel: bool) -> None:
     divide. Parameters it splits or replicates become DTensors on ``tp_mesh``; the experts stay as they are."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    from moetrain.config.schema import check_tensor_parallel
 
     tp, sp = tp_mesh.size(), sequence_parallel
     check_tensor_parallel(model.cfg, tp)

@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from moetrain.config.pipeline_layout import V_SCHEDULES
+from moetrain.config.relations import check_tensor_parallel
 from moetrain.config.schema import Config, ConfigError
 
 OPTIM = {  # name -> precision.master_weights, optim.main_grads_dtype, optim.exp_avg_dtype, optim.exp_avg_sq_dtype
@@ -104,8 +105,6 @@ def agrees(overrides: dict, fixed: tuple) -> bool:
 
 
 def _tp_ok(base: Config, tp: int) -> bool:
-    from moetrain.config.schema import check_tensor_parallel
-
     try:
         check_tensor_parallel(base, tp)
     except ConfigError:
