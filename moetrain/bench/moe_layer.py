@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -68,6 +67,7 @@ from moetrain.bench.common import (ROUTINGS, SHAPES, Shape, at_least, parse_rout
                                    shape_at, skew_alpha)
 from moetrain.bench.moe_report import (TABLE_HEADER, paired_range, paired_ratio, print_auto_choices, skew_summary,
                                        table_line)
+from moetrain.bench.moe_timing import GemmFloor, Graphed, HostAhead, drop_graph, floor_of, fwd_bwd, time_contenders
 from moetrain.errors import UserError
 
 
@@ -202,165 +202,6 @@ def layer_flops(s: Shape) -> float:
     return 3 * (2 * M * s.H * 2 * s.I + 2 * M * s.I * s.H)
 
 
-def time_contenders(contenders: dict, make_args, warmup: int, reps: int) -> dict:
-    """Interleaved timing of forward + backward; returns name -> (median ms, peak GiB, spread %, allocator events,
-    every repetition's ms in order).
-    Allocator events: cudaMalloc calls and allocation retries (each retry frees cached blocks: a device sync) of
-    the caching allocator inside the timed repetitions: a nonzero count means the time includes them."""
-    peaks = {}
-    args = make_args()
-    for name, fn in list(contenders.items()):  # warm-up and peak memory, one contender at a time
-        try:
-            # One call before the baseline, so that every contender's baseline holds one set of gradients (x, w1,
-            # w2: its own), which each call frees and makes again. Without it the first contender's peak counted
-            # the gradients (22 GB at DeepSeek-V3) and the others' did not.
-            _fwd_bwd(fn, args)
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            for _ in range(warmup):
-                _fwd_bwd(fn, args)
-        except torch.OutOfMemoryError:
-            if not isinstance(fn, Graphed):
-                raise
-            _drop_graph(contenders, name)
-            continue
-        torch.cuda.synchronize()
-        peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**30
-    results = {name: [] for name in contenders}
-    events = dict.fromkeys(contenders, 0)
-    for _ in range(reps):
-        for name, fn in contenders.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            before = _allocator_events()
-            if isinstance(fn, HostAhead):
-                fn.lead_in()
-            start.record()
-            _fwd_bwd(fn, args)
-            end.record()
-            end.synchronize()
-            results[name].append(start.elapsed_time(end))
-            events[name] += _allocator_events() - before
-    out = {}
-    for name, t in results.items():
-        med = statistics.median(t)
-        # spread: half the range of the repetitions over their median, in % (how far one number can be trusted)
-        out[name] = (med, peaks[name], 50 * (max(t) - min(t)) / med, events[name], t)
-    return out
-
-
-def _allocator_events() -> int:
-    stats = torch.cuda.memory_stats()
-    return stats.get("num_device_alloc", 0) + stats.get("num_alloc_retries", 0)
-
-
-def _floor(fn) -> GemmFloor | None:
-    """The six-GEMM floor a contender runs (itself, or behind queued work), else None: not a layer."""
-    inner = fn.fn if isinstance(fn, HostAhead) else fn
-    return inner if isinstance(inner, GemmFloor) else None
-
-
-def _fwd_bwd(fn, args):
-    fn = _floor(fn) or fn  # (a host-ahead floor's lead-in is queued by time_contenders)
-    if isinstance(fn, (Graphed, GemmFloor)):
-        fn.replay(args)
-        return
-    x, router_w, forcing, w1, w2, K, grad_out = args
-    for t in (x, w1, w2):
-        t.grad = None
-    fn(x, router_w, forcing, w1, w2, K).backward(grad_out)
-
-
-class GemmFloor:
-    """The six grouped GEMMs alone (``six_gemms``) on this shape's routing, with the contenders' own
-    expert weights: timed in turn with the contenders (the same GPU state), not after them."""
-
-    def __init__(self, s: Shape, routing: str):
-        self.s, self.routing, self.run, self.args = s, routing, None, None
-
-    def replay(self, args) -> None:
-        if args is not self.args:
-            w1, w2 = args[3], args[4]
-            self.run = six_gemms(self.s, self.routing, w1.device, w1.dtype, weights=(w1.detach(), w2.detach()))
-            self.args = args
-        self.run(keep=False)
-
-
-HOST_LEAD_MS = 20.0  # GPU work queued before a host-ahead call: more than a layer's whole host time
-LEAD_GEMM = 8192  # the queued work: square bf16 GEMMs of this size (~1.5 ms each on an H200)
-
-
-class HostAhead:
-    """A contender run eagerly, each timed call queued behind ~HOST_LEAD_MS of GPU work (``lead_in``, before the
-    start event): the host has issued the call's first launches before the GPU reaches them, as inside a
-    training step where earlier layers keep the GPU busy; its syncs, allocations and per-kernel gaps still count.
-    The queued work is dense GEMMs, not a sleep: behind an idle lead-in the GPU's clocks recover from the power
-    cap, and the big layers time 3-11% fast (Mixtral under its own six GEMMs; bench/method.md)."""
-
-    _lead: tuple | None = None  # (a, b, out, GEMMs per lead-in), shared by every host-ahead contender
-
-    def __init__(self, fn):
-        self.fn = fn
-        if HostAhead._lead is None:  # made before any baseline is taken: in no contender's peak or timed reps
-            from moetrain.runtime.timing import median_ms
-
-            a, b, out = (torch.randn(LEAD_GEMM, LEAD_GEMM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            gemm_ms = median_ms(lambda: torch.mm(a, b, out=out), warmup=1, reps=4)
-            HostAhead._lead = (a, b, out, max(1, round(HOST_LEAD_MS / gemm_ms)))
-
-    def __call__(self, *args):
-        return self.fn(*args)
-
-    def lead_in(self) -> None:
-        a, b, out, count = HostAhead._lead
-        for _ in range(count):
-            torch.mm(a, b, out=out)
-
-
-class Graphed:
-    """A contender's whole forward + backward captured once in a CUDA graph and replayed: the layer's
-    GPU time without the host's launch gaps (what CUDA graphs would buy; the trainer does not use them
-    yet). Captured on the inputs of its first call, again when called with other inputs. Needs a sync-free
-    layer (ours and the torchtitan-style reference are; the per-expert loop is not)."""
-
-    def __init__(self, fn):
-        self.fn, self.graph, self.args, self.out, self.grads = fn, None, None, None, None
-
-    def replay(self, args) -> None:
-        if args is not self.args:  # new inputs (each phase of the benchmark makes its own): capture again
-            self.release()
-            self._capture(args)
-        self.graph.replay()
-
-    def release(self) -> None:
-        """Drop the graph, its outputs and gradients (the graph's private memory pool goes with them)."""
-        self.graph = self.out = self.grads = self.args = None
-
-    def _capture(self, args) -> None:
-        self.args = args
-        from moetrain.train.graphed_step import on_side_stream
-
-        x, router_w, forcing, w1, w2, K, grad_out = args
-
-        def warm_up():  # off the capture stream (caches, autotuning, allocator)
-            # the graph's own leaves (same storage), first used here: a leaf's gradient accumulator runs on the
-            # stream of its first use, and one made on the legacy default stream (the caller's eager runs)
-            # cannot join a capture
-            leaves = tuple(t.detach().requires_grad_() for t in (x, w1, w2))
-            for _ in range(2):
-                _fwd_bwd(self.fn, (leaves[0], router_w, forcing, leaves[1], leaves[2], K, grad_out))
-            return leaves
-
-        x, w1, w2 = on_side_stream(warm_up, x.device)
-        for t in (x, w1, w2):
-            t.grad = None  # the gradients the graph writes live in its own pool, kept by the tensors below
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self.fn(x, router_w, forcing, w1, w2, K)
-            self.out.backward(grad_out)
-        self.grads = (x.grad, w1.grad, w2.grad)
-
-
 def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, calls: int = 2, top: int = 14) -> None:
     """Each contender's CUDA kernels by total time, per forward+backward call, and one call's timeline (GPU busy
     and idle time, the largest idle gaps, allocations and synchronisations: moetrain.bench.gpu_timeline)."""
@@ -370,7 +211,7 @@ def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, ca
     for name, fn in contenders.items():
         if name == "per-expert loop" or isinstance(fn, (Graphed, GemmFloor, HostAhead)):  # its eager twin's kernels
             continue
-        timelines = profile_calls(lambda fn=fn: _fwd_bwd(fn, args), calls=calls)  # one profiled run serves both
+        timelines = profile_calls(lambda fn=fn: fwd_bwd(fn, args), calls=calls)  # one profiled run serves both
         kernels = sorted(kernel_totals(timelines).items(), key=lambda kv: -kv[1][1])
         total = sum(us for _, (_, us) in kernels) / 1e3
         print(f"  [{s.name} {routing}] {name}: {total:.2f} ms of kernels per call", flush=True)
@@ -380,15 +221,6 @@ def print_kernel_profile(s: Shape, routing: str, contenders: dict, make_args, ca
         print(f"    timeline: {describe(timelines[-1])}", flush=True)
 
 
-def _drop_graph(contenders: dict, name: str) -> None:
-    """A graphed contender that ran out of memory at capture: its private pool keeps the layer's weight
-    gradients (DeepSeek-V3: 22 GB) beside the other graphs' pools. Left out of the table, said so."""
-    contenders.pop(name).release()
-    torch.cuda.empty_cache()
-    print(f"    {name}: out of GPU memory capturing the graph, left out of this shape's table "
-          "(fewer --backends, or no --graphs, at this shape)", flush=True)
-
-
 def check_correct(contenders: dict, make_args) -> dict:
     """Relative error of each contender's output and input gradient against the eager reference."""
     args = make_args()
@@ -396,14 +228,14 @@ def check_correct(contenders: dict, make_args) -> dict:
     errors = {}
     for name, fn in list(contenders.items()):
         x, router_w, forcing, w1, w2, K, grad_out = args
-        if _floor(fn) is not None:  # not a layer: nothing to compare
+        if floor_of(fn) is not None:  # not a layer: nothing to compare
             errors[name] = float("nan")
             continue
         if isinstance(fn, Graphed):  # captured on these inputs, replayed once more
             try:
                 fn.replay(args)
             except torch.OutOfMemoryError:
-                _drop_graph(contenders, name)
+                drop_graph(contenders, name)
                 continue
             got = (fn.out.detach().float(), fn.grads[0].float().clone())
             # captured again on the timing's inputs: its pool (DeepSeek-V3: the layer's peak plus 22 GB of weight
@@ -454,7 +286,7 @@ def run_shape(s: Shape, routing: str, backends: list[str], warmup: int, reps: in
         contenders["reference, graph"] = Graphed(reference_layer)
         for backend in backends:
             contenders[f"ours ({backend}), graph"] = Graphed(ours(backend))
-    contenders[FLOOR] = GemmFloor(s, routing)
+    contenders[FLOOR] = GemmFloor(lambda w1, w2: six_gemms(s, routing, w1.device, w1.dtype, weights=(w1, w2)))
     if host_ahead:  # the floor behind the same queued work: host-ahead rows are divided by it (the same GPU state)
         contenders[f"{FLOOR}, host ahead"] = HostAhead(contenders[FLOOR])
     # The first call of each contender (here) autotunes the Triton kernels and makes auto measure

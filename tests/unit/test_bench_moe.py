@@ -122,15 +122,27 @@ def test_host_ahead_rows_are_divided_by_the_host_ahead_floor_and_reference():
 
 
 def test_the_host_ahead_floor_replays_the_six_gemms(monkeypatch):
-    from moetrain.bench import moe_layer as ml
+    from moetrain.bench import moe_timing as mt
 
-    monkeypatch.setattr(ml.HostAhead, "_lead", ("queued GEMM operands",))  # made on a GPU otherwise
-    floor, replayed = ml.GemmFloor(Shape("t", T=8, H=4, I=2, E=2, K=1), "balanced"), []
+    monkeypatch.setattr(mt.HostAhead, "_lead", ("queued GEMM operands",))  # made on a GPU otherwise
+    floor, replayed = mt.GemmFloor(lambda w1, w2: None), []
     monkeypatch.setattr(floor, "replay", replayed.append)
-    ml._fwd_bwd(ml.HostAhead(floor), "args")
-    ml._fwd_bwd(floor, "more args")
+    mt.fwd_bwd(mt.HostAhead(floor), "args")
+    mt.fwd_bwd(floor, "more args")
     assert replayed == ["args", "more args"]
-    assert ml._floor(ml.HostAhead(reference_layer)) is None and ml._floor(reference_layer) is None
+    assert mt.floor_of(mt.HostAhead(reference_layer)) is None and mt.floor_of(reference_layer) is None
+
+
+def test_the_floor_runs_six_gemms_on_the_contenders_weights():
+    from moetrain.bench import moe_timing as mt
+
+    made, ran = [], []
+    floor = mt.GemmFloor(lambda w1, w2: made.append((w1, w2)) or (lambda keep: ran.append(keep)))
+    w1, w2 = torch.ones(2, 4, 4, requires_grad=True), torch.ones(2, 4, 2, requires_grad=True)
+    args = (None, None, None, w1, w2, 1, None)
+    floor.replay(args)
+    floor.replay(args)  # the same inputs: built once
+    assert len(made) == 1 and not made[0][0].requires_grad and ran == [False, False]
 
 
 def test_tokens_replace_every_shapes_token_count(monkeypatch, capsys):

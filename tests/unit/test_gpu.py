@@ -165,7 +165,8 @@ def test_zero_loss_made_during_capture_is_not_shared(monkeypatch):
 
 
 def test_bench_graphed_contender_replays_the_eager_result():
-    from moetrain.bench.moe_layer import Graphed, Shape, forcing_logits, ours
+    from moetrain.bench.moe_layer import Shape, forcing_logits, ours
+    from moetrain.bench.moe_timing import Graphed
 
     s = Shape("t", T=512, H=256, I=128, E=16, K=4)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -192,7 +193,8 @@ def test_bench_moe_rows_on_a_small_shape():
     """The benchmark's whole flow (correctness check, warm-up, interleaved timing with the GEMM floor, the
     graphed and the host-ahead contenders) on a small shape: every row timed, the floor's ratio 1, the host-ahead
     rows without their lead-in work."""
-    from moetrain.bench.moe_layer import FLOOR, HOST_LEAD_MS, Shape, run_shape
+    from moetrain.bench.moe_layer import FLOOR, Shape, run_shape
+    from moetrain.bench.moe_timing import HOST_LEAD_MS
 
     rows = run_shape(Shape("small", T=1024, H=256, I=128, E=16, K=4), "skewed", ["triton", "auto"], warmup=1, reps=2,
                      compile_ref=False, graphs=True, host_ahead=True)
