@@ -156,6 +156,12 @@ def attention_params(cfg: Config) -> int:
     return n
 
 
+def sink_attention_dims(head_dim: int, seq_len: int) -> tuple[int, int]:
+    """The padded head dim and key count of GQA attention with learned sinks (models.attention.sink_attention):
+    one coordinate more for the sink, to a multiple of 8; one key more (the sink), to a multiple of 16."""
+    return -(-(head_dim + 1) // 8) * 8, -(-(seq_len + 1) // 16) * 16
+
+
 def attention_matmul_params(cfg: Config) -> int:
     """Weights of one attention module that multiply activations (no norms, biases, sinks)."""
     m = cfg.model

@@ -7,8 +7,10 @@ tables cos/sin [S, rope_dim/2] (fp32, computed once per forward by the transform
 The attention core (``attention_core``) works in the parameter dtype:
 * plain causal attention -> torch SDPA with is_causal (GQA through enable_gqa);
 * sliding window without sinks -> SDPA with an explicit boolean mask;
-* learned sinks (GPT-OSS) -> an explicit softmax over [QK^T * scale, sink] in fp32: the sink
-  column takes probability mass but has no value row, then it is dropped.
+* learned sinks (GPT-OSS) -> SDPA with the sink as one more key (``sink_attention``): its score is the
+  sink logit and its value row is zero, so it takes probability mass and adds nothing; exact, and on
+  CUDA the memory-efficient kernel runs it (``sink_attention_reference`` is the explicit fp32 softmax
+  it is tested against).
 A window W lets query i see keys j with i - W < j <= i (W keys, itself included; HF semantics).
 
 With selective recompute the core is checkpointed: from q, k, v (after RoPE) to the per-head
@@ -33,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moetrain.models.accounting import sink_attention_dims
 from moetrain.models.linear import Linear
 from moetrain.models.norm import RMSNorm
 from moetrain.models.recompute import checkpoint
@@ -60,16 +63,51 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=nkv != nh)
         mask = causal_mask(S, window, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=nkv != nh)
+    return sink_attention(q, k, v, scale=scale, window=window, sinks=sinks)
+
+
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, window: int | None,
+                   sinks: torch.Tensor) -> torch.Tensor:
+    """Causal attention whose softmax also runs over a learned logit per head: softmax([QK^T * scale, sink_h])
+    with the sink column dropped after it. Shapes as ``attention_core``; sinks [nh].
+
+    The sink is written as a key: q gains a coordinate holding sink_h / scale, a key prepended to each sequence has 1
+    there and 0 elsewhere (the real keys 0 there) and a zero value row, so its score is exactly sink_h and it adds
+    nothing to the output. q, k and v are padded with zeros to one head dim, a multiple of 8, and the keys to a
+    multiple of 16 (masked): what the memory-efficient CUDA kernel and CPU's flash kernel need; neither takes GQA
+    with a mask, so k and v are repeated to nh heads."""
+    B, nh, S, d = q.shape
+    dv, nkv = v.shape[-1], k.shape[1]
     if nkv != nh:
         k = k.repeat_interleave(nh // nkv, dim=1)
         v = v.repeat_interleave(nh // nkv, dim=1)
-    scores = (q @ k.transpose(-2, -1)) * scale  # [B, nh, S, S], param dtype
-    dt = torch.promote_types(scores.dtype, torch.float32)  # softmax in fp32 (fp64 stays fp64)
+    dp, Sk = sink_attention_dims(max(d, dv), S)
+    sink_q = (sinks / scale).to(q.dtype).view(1, nh, 1, 1).expand(B, nh, S, 1)
+    q = torch.cat([q, sink_q, q.new_zeros(B, nh, S, dp - d - 1)], dim=-1)
+    sink_k = q.new_zeros(B, nh, 1, dp)
+    sink_k[..., d] = 1
+    k = torch.cat([sink_k, F.pad(k, (0, dp - d)), k.new_zeros(B, nh, Sk - S - 1, dp)], dim=2)
+    v = F.pad(v, (0, dp - dv, 1, Sk - S - 1))
+    mask = torch.zeros(S, Sk, dtype=torch.bool, device=q.device)
+    mask[:, 0] = True
+    mask[:, 1:S + 1] = causal_mask(S, window, q.device)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out[..., :dv]
+
+
+def sink_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                             window: int | None, sinks: torch.Tensor) -> torch.Tensor:
+    """``sink_attention`` written out: the [B, nh, S, S + 1] logits softmaxed in fp32 (fp64 stays fp64)."""
+    nh, nkv, S = q.shape[1], k.shape[1], q.shape[2]
+    if nkv != nh:
+        k = k.repeat_interleave(nh // nkv, dim=1)
+        v = v.repeat_interleave(nh // nkv, dim=1)
+    scores = (q @ k.transpose(-2, -1)) * scale
+    dt = torch.promote_types(scores.dtype, torch.float32)
     scores = scores.to(dt).masked_fill(~causal_mask(S, window, q.device), float("-inf"))
     sink = sinks.to(dt).view(1, nh, 1, 1).expand(q.shape[0], nh, S, 1)
-    logits = torch.cat([scores, sink], dim=-1)
     # The diagonal is never masked, so no row is all -inf; softmax subtracts the row max itself.
-    probs = torch.softmax(logits, dim=-1)[..., :-1]
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     return probs.to(v.dtype) @ v
 
 

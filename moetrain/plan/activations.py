@@ -14,8 +14,9 @@ parameters excluded: tests/plan/test_activations.py), for example:
 * Linear / grouped GEMM: its input (kept for the weight gradient: ``wgrad`` terms).
 * Fused attention (flash / memory-efficient SDPA): q, k, v, the output and the fp32 log-sum-exp
   [B, nh, S]; GQA keeps k/v with kv heads. ``attention="unfused"`` models torch's math SDPA
-  (fp32 copies of q, k, v and the fp32 probabilities [B, nh, S, S]); learned sinks (GPT-OSS)
-  always take our explicit path (fp32 softmax over [S, S+1] plus a b-byte copy).
+  (fp32 copies of q, k, v and the fp32 probabilities [B, nh, S, S]); learned sinks (GPT-OSS) run as one more
+  key (models.attention.sink_attention): the kernel keeps q, k, v and the output padded to the sink's head dim,
+  k and v repeated to nh heads, and the mask as a bias.
 * RoPE keeps only its cos/sin tables (a b-byte copy per call in bf16). On CUDA (model.fused_rope, the default) RoPE
   and GQA's q/k norms run as one fused op per tensor (moetrain.ops.rope), which keeps only its input and an fp32
   rstd per row with the norm, and nothing of its own without it (``rope_terms``).
@@ -61,6 +62,7 @@ import math
 from dataclasses import dataclass
 
 from moetrain.config.schema import Config
+from moetrain.models.accounting import sink_attention_dims
 from moetrain.runtime.expert_plan import ExpertPlan, expert_plan
 
 
@@ -216,15 +218,13 @@ def gqa_attention(cfg: Config, d: Dims, window: int | None, selective: bool) -> 
         out.append(Term("attn out", b * T * nh * hd, wgrad=m.attention_sinks))
         return out
     if m.attention_sinks:
-        # explicit path: k, v repeated to nh heads when GQA; mask [S, S]; fp32 softmax over
-        # [S, S+1]; a b-byte copy of the probabilities (fp32: a view); output reshaped (a copy).
-        S = d.S
-        rep = b * T * nh * hd
-        out += [Term("attn q", q), Term("attn k", rep if kv != nh else k), Term("attn v", rep if kv != nh else v),
-                Term("attn mask", S * S), Term("attn softmax fp32", 4 * d.B * nh * S * (S + 1))]
-        if b != 4:
-            out.append(Term("attn probs", b * d.B * nh * S * S))
-        out.append(Term("attn out", b * T * nh * hd, wgrad=True))
+        # sink_attention: the kernel keeps the padded q and output [B, nh, S, dp], k and v [B, nh, Sk, dp] (repeated
+        # to nh heads), the fp32 log-sum-exp and the mask as a b-byte bias [S, Sk]; o_proj keeps the output's copy
+        dp, Sk = sink_attention_dims(hd, d.S)
+        rows = b * d.B * nh * dp
+        out += [Term("attn q", rows * d.S), Term("attn k", rows * Sk), Term("attn v", rows * Sk),
+                Term("attn out padded", rows * d.S), Term("attn lse", 4 * T * nh), Term("attn mask", b * d.S * Sk),
+                Term("attn out", b * T * nh * hd, wgrad=True)]
         return out
     if attention_kernel(d, kv != nh, True, window is not None) == "unfused":
         return out + _core_unfused(d, nh, hd, hd)
@@ -462,8 +462,9 @@ def _attention_backward(cfg: Config, d: Dims, window: int | None) -> float:
         dq = dv = cfg.attn_head_dim
         kv, same = _heads(cfg.kv_heads, d.tp), True
     grads = b * T * (nh * dq + kv * dq + kv * dv) + b * T * nh * dv
-    if m.attention_type == "gqa" and m.attention_sinks:
-        return grads + 2 * 4 * d.B * nh * S * (S + 1) + b * d.B * nh * S * S
+    if m.attention_type == "gqa" and m.attention_sinks:  # + the padded q, k, v and output gradients
+        dp, Sk = sink_attention_dims(dq, S)
+        return grads + b * d.B * nh * dp * (2 * S + 2 * Sk) + 4 * T * nh
     if attention_kernel(d, kv != nh, same, window is not None) == "unfused":
         c = 4 if d.device == "cpu" else b
         return grads + 2 * c * d.B * nh * S * S

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from moetrain.config.schema import FP8_FUSED, Config
+from moetrain.models.accounting import sink_attention_dims
 from moetrain.plan.activations import Dims, attention_kernel, fused_rope, gqa_rope_fused, moe_plan, routed_rows
 
 GROUPED_FACTOR = 0.90  # bench gemm on the H200: auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
@@ -191,18 +192,23 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         kv, same = kvh, True
     ctx = S / 2 if window is None else min(window, S / 2)
     attn_flops = 2 * B * nh * S * ctx * (qk + dv)
-    sinks = m.attention_type == "gqa" and m.attention_sinks
-    if sinks or attention_kernel(d, kv != nh, same, window is not None) == "unfused":
-        # scores and probabilities materialised: GEMMs over the full [S, S] plus fp32 softmax traffic
+    if m.attention_type == "gqa" and m.attention_sinks:
+        # models.attention.sink_attention: the memory-efficient kernel with a mask computes every block of
+        # [S, Sk] (no causal or window skipping) at the padded head dim; the pads and the kv repeat copy q, k, v
+        # (and the backward their gradients) once
+        dp, Sk = sink_attention_dims(qk, S)
+        run = 4 * B * nh * S * Sk * dp
+        copies = rf.mem(2 * b * B * nh * (S + 2 * Sk) * dp, 6)
+        fw.add("attention", rf.attention(run, False) + copies, 7, attn_flops)
+        bi.add("attention", rf.attention(2.5 * run, True) + copies, 7, 2.5 * attn_flops)
+    elif attention_kernel(d, kv != nh, same, window is not None) == "unfused":
+        # math SDPA, scores and probabilities materialised: GEMMs over the full [S, S]; scale, softmax, cast
+        # (bytes per score element, read + write)
         full = 2 * B * nh * S * S * (qk + dv)
         t = full / (rf.hw.peak(rf.mm_dtype) * 1e12 * 0.5)
         elems = B * nh * S * S
-        bwd_traffic = 2 * (24 + 2 * b) * elems
-        # math SDPA: scale, softmax, cast. Our sinks path also: fp32 cast, mask fill, cat with the
-        # sink column, slice + cast back (bytes per score element, read + write).
-        fwd_traffic = (40 + 4 * b if sinks else 24 + 2 * b) * elems
-        fw.add("attention", t + rf.mem(fwd_traffic, 6), 8, attn_flops)
-        bi.add("attention", 2 * t + rf.mem(bwd_traffic, 8), 10, 2.5 * attn_flops)
+        fw.add("attention", t + rf.mem((24 + 2 * b) * elems, 6), 8, attn_flops)
+        bi.add("attention", 2 * t + rf.mem(2 * (24 + 2 * b) * elems, 8), 10, 2.5 * attn_flops)
     else:
         fw.add("attention", rf.attention(attn_flops, False), 1, attn_flops)
         bi.add("attention", rf.attention(2.5 * attn_flops, True), 2, 2.5 * attn_flops)

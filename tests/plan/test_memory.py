@@ -9,7 +9,7 @@ from moetrain.plan import activations as A
 from moetrain.plan.hardware import Hardware, load_hardware
 from moetrain.plan.layout import parse_layout
 from moetrain.plan.memory import WORKSPACE, optimizer_temp, project_memory, stage_params
-from h200_measured import H200_S4 as MEASURED_S4  # this directory is on sys.path (pytest, no __init__.py)
+from h200_measured import MODEL_CHANGED_SINCE, H200_S4 as MEASURED_S4  # this directory is on sys.path (pytest, no __init__.py)
 
 H200 = load_hardware("h200")
 
@@ -153,7 +153,7 @@ def test_json_keys():
             "total_gib"} <= set(rep["per_rank"][0])
 
 
-@pytest.mark.parametrize("name", list(MEASURED_S4))
+@pytest.mark.parametrize("name", [n for n in MEASURED_S4 if n not in MODEL_CHANGED_SINCE])
 def test_matches_h200_measurements(name):
     """Peak memory of the 2026-11-29 12:05 validation run (bench/archive/planner-2026-11-29.md): within 2.1% there,
     5% asked."""

@@ -233,3 +233,30 @@ def test_queued_ms_times_a_known_kernel_like_median_ms():
     one = queued_ms(sleep, reps=10, warmup=1)
     assert 0.5 < one / median_ms(sleep, warmup=1, reps=10) < 1.5
     assert 3.0 < queued_ms(lambda: sleep(4), reps=5) / one < 5.0
+
+
+@pytest.mark.parametrize("window", [None, 128])
+def test_sink_attention_runs_the_memory_efficient_kernel_in_bf16(window):
+    """GPT-OSS's shape (64 heads over 8 kv heads, head dim 64): the sink-as-a-key form runs under the memory-efficient
+    kernel alone (no silent fall back to the math path) and matches the explicit fp32 softmax, gradients included."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from moetrain.models.attention import sink_attention, sink_attention_reference
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, nh, nkv, S, d = 1, 64, 8, 1000, 64
+    q, k, v = (torch.randn(B, n, S, d, device="cuda", generator=g) for n in (nh, nkv, nkv))
+    sinks = torch.randn(nh, device="cuda", generator=g)
+    leaves = [t.to(torch.bfloat16).requires_grad_() for t in (q, k, v, sinks)]
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        got = sink_attention(*leaves[:3], scale=d**-0.5, window=window, sinks=leaves[3])
+    want = sink_attention_reference(*ref_leaves[:3], scale=d**-0.5, window=window, sinks=ref_leaves[3])
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    assert rel_err(got, want) < 1e-2
+    probe = torch.randn_like(want)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        (got.float() * probe).sum().backward()
+    (want * probe).sum().backward()
+    for a, b in zip(leaves, ref_leaves):
+        assert rel_err(a.grad, b.grad) < 2e-2

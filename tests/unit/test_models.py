@@ -414,6 +414,23 @@ def test_gqa_matches_naive(window, sinks, qk_norm, bias):
         torch.testing.assert_close(y[b], attn.o_proj(o.reshape(S_, 24)), rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("nh,nkv,S,d,window", [(4, 2, 7, 6, None), (4, 2, 7, 6, 3), (8, 8, 33, 64, None),
+                                                (4, 1, 20, 16, 5)])
+def test_sink_attention_equals_the_explicit_softmax_with_gradients(nh, nkv, S, d, window):
+    """The sink written as a key (padded head dim, keys padded to 16) against the [S, S + 1] softmax, in fp64."""
+    from moetrain.models.attention import sink_attention, sink_attention_reference
+
+    g = torch.Generator().manual_seed(S)
+    shapes = [(2, nh, S, d), (2, nkv, S, d), (2, nkv, S, d), (nh,)]
+    leaves = [torch.randn(s, dtype=torch.float64, generator=g, requires_grad=True) for s in shapes]
+    got = sink_attention(*leaves[:3], scale=d**-0.5, window=window, sinks=leaves[3])
+    want = sink_attention_reference(*leaves[:3], scale=d**-0.5, window=window, sinks=leaves[3])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    probe = torch.randn(got.shape, dtype=torch.float64, generator=g)
+    for a, b in zip(torch.autograd.grad(got, leaves, probe), torch.autograd.grad(want, leaves, probe)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("q_lora", [None, 10])
 def test_mla_matches_naive(q_lora):
     cfg = Config()
