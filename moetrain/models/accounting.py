@@ -50,7 +50,7 @@ MTP blocks are counted with full causal attention (no sliding window).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 from moetrain.config.schema import Config
 
@@ -156,10 +156,30 @@ def attention_params(cfg: Config) -> int:
     return n
 
 
-def sink_attention_dims(head_dim: int, seq_len: int) -> tuple[int, int]:
-    """The padded head dim and key count of GQA attention with learned sinks (models.attention.sink_attention):
-    one coordinate more for the sink, to a multiple of 8; one key more (the sink), to a multiple of 16."""
-    return -(-(head_dim + 1) // 8) * 8, -(-(seq_len + 1) // 16) * 16
+class SinkBlocks(NamedTuple):
+    """How models.attention.sink_attention lays out one sequence: ``blocks`` blocks of ``queries`` queries, each
+    against ``keys`` key slots (the sink, its band of real keys, masked padding), at head dim ``head_dim``; a band
+    starts ``left`` positions before its block's first query."""
+
+    head_dim: int
+    queries: int
+    blocks: int
+    keys: int
+    left: int
+
+
+def sink_attention_blocks(head_dim: int, seq_len: int, window: int | None) -> SinkBlocks:
+    """The layout of GQA attention with learned sinks: the head dim one coordinate more (the sink's), to a multiple
+    of 8; keys to a multiple of 16. Without a window one block of all S queries against all keys; with a window W,
+    blocks of round_up(W, 128) queries against their band of the W - 1 keys before the block and the block's own,
+    where that takes under half the key slots of one block."""
+    dp = -(-(head_dim + 1) // 8) * 8
+    full = SinkBlocks(dp, seq_len, 1, -(-(seq_len + 1) // 16) * 16, 0)
+    if window is None:
+        return full
+    q = -(-window // 128) * 128
+    band = SinkBlocks(dp, q, -(-seq_len // q), -(-(q + window) // 16) * 16, window - 1)
+    return band if 2 * band.keys < full.keys else full
 
 
 def attention_matmul_params(cfg: Config) -> int:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moetrain.models.accounting import sink_attention_dims
+from moetrain.models.accounting import sink_attention_blocks
 from moetrain.models.linear import Linear
 from moetrain.models.norm import RMSNorm
 from moetrain.models.recompute import checkpoint
@@ -71,28 +71,46 @@ def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
     """Causal attention whose softmax also runs over a learned logit per head: softmax([QK^T * scale, sink_h])
     with the sink column dropped after it. Shapes as ``attention_core``; sinks [nh].
 
-    The sink is written as a key: q gains a coordinate holding sink_h / scale, a key prepended to each sequence has 1
-    there and 0 elsewhere (the real keys 0 there) and a zero value row, so its score is exactly sink_h and it adds
-    nothing to the output. q, k and v are padded with zeros to one head dim, a multiple of 8, and the keys to a
+    The sink is written as a key: q gains a coordinate holding sink_h / scale, a key slot before each band of keys has
+    1 there and 0 elsewhere (the real keys 0 there) and a zero value row, so its score is exactly sink_h and it adds
+    nothing to the output. q, k and v are padded with zeros to one head dim, a multiple of 8, and the key slots to a
     multiple of 16 (masked): what the memory-efficient CUDA kernel and CPU's flash kernel need; neither takes GQA
-    with a mask, so k and v are repeated to nh heads."""
+    with a mask, so k and v are repeated to nh heads. With a short window the queries go in blocks, each against
+    only its band of keys (``accounting.sink_attention_blocks``), so the kernel skips the masked rest."""
     B, nh, S, d = q.shape
     dv, nkv = v.shape[-1], k.shape[1]
     if nkv != nh:
         k = k.repeat_interleave(nh // nkv, dim=1)
         v = v.repeat_interleave(nh // nkv, dim=1)
-    dp, Sk = sink_attention_dims(max(d, dv), S)
+    dp, Q, nb, Kb, left = sink_attention_blocks(max(d, dv), S, window)
+    L, Sp = Q + left, nb * Q  # real-key slots per band; queries padded to whole blocks
+
+    def bands(t: torch.Tensor) -> torch.Tensor:  # [B, nh, S, e] -> [B * nb, nh, Kb, dp]: sink slot, band, padding
+        t = F.pad(t, (0, dp - t.shape[-1], left, Sp - S)).unfold(2, L, Q)  # [B, nh, nb, dp, L]
+        return F.pad(t.permute(0, 2, 1, 4, 3), (0, 0, 1, Kb - L - 1)).reshape(B * nb, nh, Kb, dp)
+
     sink_q = (sinks / scale).to(q.dtype).view(1, nh, 1, 1).expand(B, nh, S, 1)
     q = torch.cat([q, sink_q, q.new_zeros(B, nh, S, dp - d - 1)], dim=-1)
-    sink_k = q.new_zeros(B, nh, 1, dp)
-    sink_k[..., d] = 1
-    k = torch.cat([sink_k, F.pad(k, (0, dp - d)), k.new_zeros(B, nh, Sk - S - 1, dp)], dim=2)
-    v = F.pad(v, (0, dp - dv, 1, Sk - S - 1))
-    mask = torch.zeros(S, Sk, dtype=torch.bool, device=q.device)
-    mask[:, 0] = True
-    mask[:, 1:S + 1] = causal_mask(S, window, q.device)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return out[..., :dv]
+    q = F.pad(q, (0, 0, 0, Sp - S)).view(B, nh, nb, Q, dp).transpose(1, 2).reshape(B * nb, nh, Q, dp)
+    k, v = bands(k), bands(v)
+    k[:, :, 0, d] = 1
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=_band_mask(S, window, Q, nb, Kb, left, q.device)
+                                         .repeat(B, 1, 1, 1), scale=scale)
+    return out.view(B, nb, nh, Q, dp).transpose(1, 2).reshape(B, nh, Sp, dp)[:, :, :S, :dv]
+
+
+def _band_mask(S: int, window: int | None, Q: int, nb: int, Kb: int, left: int, device) -> torch.Tensor:
+    """[nb, 1, Q, Kb] bool for ``sink_attention``'s blocks: slot 0 (the sink) always; slot j >= 1 holds key
+    position i * Q - left + j - 1 for block i, seen by query i * Q + r when causal_mask allows it."""
+    block = torch.arange(nb, device=device).view(nb, 1, 1) * Q
+    query = block + torch.arange(Q, device=device).view(1, Q, 1)
+    slot = torch.arange(Kb, device=device).view(1, 1, Kb)
+    key = block - left + slot - 1
+    allowed = (slot >= 1) & (slot <= Q + left) & (key >= 0) & (key <= query)
+    if window is not None:
+        allowed &= query - key < window
+    allowed[..., 0] = True
+    return allowed.unsqueeze(1)
 
 
 def sink_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,

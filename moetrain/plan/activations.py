@@ -15,8 +15,9 @@ parameters excluded: tests/plan/test_activations.py), for example:
 * Fused attention (flash / memory-efficient SDPA): q, k, v, the output and the fp32 log-sum-exp
   [B, nh, S]; GQA keeps k/v with kv heads. ``attention="unfused"`` models torch's math SDPA
   (fp32 copies of q, k, v and the fp32 probabilities [B, nh, S, S]); learned sinks (GPT-OSS) run as one more
-  key (models.attention.sink_attention): the kernel keeps q, k, v and the output padded to the sink's head dim,
-  k and v repeated to nh heads, and the mask as a bias.
+  key (models.attention.sink_attention): the kernel keeps q, k, v and the output padded to the sink's head dim
+  (with a short window in blocks of queries against their bands of keys), k and v repeated to nh heads, and the
+  mask as a bias.
 * RoPE keeps only its cos/sin tables (a b-byte copy per call in bf16). On CUDA (model.fused_rope, the default) RoPE
   and GQA's q/k norms run as one fused op per tensor (moetrain.ops.rope), which keeps only its input and an fp32
   rstd per row with the norm, and nothing of its own without it (``rope_terms``).
@@ -62,7 +63,7 @@ import math
 from dataclasses import dataclass
 
 from moetrain.config.schema import Config
-from moetrain.models.accounting import sink_attention_dims
+from moetrain.models.accounting import sink_attention_blocks
 from moetrain.runtime.expert_plan import ExpertPlan, expert_plan
 
 
@@ -218,12 +219,14 @@ def gqa_attention(cfg: Config, d: Dims, window: int | None, selective: bool) -> 
         out.append(Term("attn out", b * T * nh * hd, wgrad=m.attention_sinks))
         return out
     if m.attention_sinks:
-        # sink_attention: the kernel keeps the padded q and output [B, nh, S, dp], k and v [B, nh, Sk, dp] (repeated
-        # to nh heads), the fp32 log-sum-exp and the mask as a b-byte bias [S, Sk]; o_proj keeps the output's copy
-        dp, Sk = sink_attention_dims(hd, d.S)
-        rows = b * d.B * nh * dp
-        out += [Term("attn q", rows * d.S), Term("attn k", rows * Sk), Term("attn v", rows * Sk),
-                Term("attn out padded", rows * d.S), Term("attn lse", 4 * T * nh), Term("attn mask", b * d.S * Sk),
+        # sink_attention: the kernel keeps the padded q and output [B * blocks, nh, queries, dp], k and v
+        # [B * blocks, nh, keys, dp] (repeated to nh heads), the fp32 log-sum-exp and the mask as a b-byte bias
+        # [B * blocks, 1, queries, keys]; o_proj keeps the output's copy
+        blk = sink_attention_blocks(hd, d.S, window)
+        rows, slots, dp = d.B * blk.blocks * blk.queries, d.B * blk.blocks * blk.keys, blk.head_dim
+        out += [Term("attn q", b * nh * rows * dp), Term("attn k", b * nh * slots * dp),
+                Term("attn v", b * nh * slots * dp), Term("attn out padded", b * nh * rows * dp),
+                Term("attn lse", 4 * nh * rows), Term("attn mask", b * rows * blk.keys),
                 Term("attn out", b * T * nh * hd, wgrad=True)]
         return out
     if attention_kernel(d, kv != nh, True, window is not None) == "unfused":
@@ -463,8 +466,9 @@ def _attention_backward(cfg: Config, d: Dims, window: int | None) -> float:
         kv, same = _heads(cfg.kv_heads, d.tp), True
     grads = b * T * (nh * dq + kv * dq + kv * dv) + b * T * nh * dv
     if m.attention_type == "gqa" and m.attention_sinks:  # + the padded q, k, v and output gradients
-        dp, Sk = sink_attention_dims(dq, S)
-        return grads + b * d.B * nh * dp * (2 * S + 2 * Sk) + 4 * T * nh
+        blk = sink_attention_blocks(dq, S, window)
+        rows, slots = d.B * blk.blocks * blk.queries, d.B * blk.blocks * blk.keys
+        return grads + b * nh * blk.head_dim * (2 * rows + 2 * slots) + 4 * nh * rows
     if attention_kernel(d, kv != nh, same, window is not None) == "unfused":
         c = 4 if d.device == "cpu" else b
         return grads + 2 * c * d.B * nh * S * S

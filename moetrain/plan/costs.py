@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from moetrain.config.schema import FP8_FUSED, Config
-from moetrain.models.accounting import sink_attention_dims
+from moetrain.models.accounting import sink_attention_blocks
 from moetrain.plan.activations import Dims, attention_kernel, fused_rope, gqa_rope_fused, moe_plan, routed_rows
 
 GROUPED_FACTOR = 0.90  # bench gemm on the H200: auto's six GEMMs at DSv3, Qwen3, EP8, Mixtral 0.87-0.95
@@ -193,12 +193,13 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
     ctx = S / 2 if window is None else min(window, S / 2)
     attn_flops = 2 * B * nh * S * ctx * (qk + dv)
     if m.attention_type == "gqa" and m.attention_sinks:
-        # models.attention.sink_attention: the memory-efficient kernel with a mask computes every block of
-        # [S, Sk] (no causal or window skipping) at the padded head dim; the pads and the kv repeat copy q, k, v
-        # (and the backward their gradients) once
-        dp, Sk = sink_attention_dims(qk, S)
-        run = 4 * B * nh * S * Sk * dp
-        copies = rf.mem(2 * b * B * nh * (S + 2 * Sk) * dp, 6)
+        # models.attention.sink_attention: the memory-efficient kernel with a mask computes every tile of each
+        # block's [queries, keys] (no causal or window skipping inside it) at the padded head dim; the pads, bands and
+        # the kv repeat copy q, k, v (and the backward their gradients) once
+        blk = sink_attention_blocks(qk, S, window)
+        rows, slots = blk.blocks * blk.queries, blk.blocks * blk.keys
+        run = 4 * B * nh * rows * blk.keys * blk.head_dim
+        copies = rf.mem(2 * b * B * nh * (rows + 2 * slots) * blk.head_dim, 6)
         fw.add("attention", rf.attention(run, False) + copies, 7, attn_flops)
         bi.add("attention", rf.attention(2.5 * run, True) + copies, 7, 2.5 * attn_flops)
     elif attention_kernel(d, kv != nh, same, window is not None) == "unfused":

@@ -65,6 +65,13 @@ def test_saved_bytes_equal_formula(name, mode, b):
     assert formula(cfg, moe, window, mode, b) == measured
 
 
+@pytest.mark.parametrize("b", [4, 2], ids=["fp32", "bf16"])
+def test_sink_attention_in_bands_saved_bytes_equal_formula(b):
+    """A window short against the sequence: the sink attention's query blocks and key bands (3 x 128 queries)."""
+    cfg = tiny(**GQA, **{"model.attention_sinks": "true", "train.seq_length": 300})
+    assert formula(cfg, False, 7, "none", b, S=300) == saved_bytes(cfg, False, 7, "none", DT[b])
+
+
 def test_gqa_dense_block_by_hand():
     """Hand count for one bf16 GQA + SwiGLU block (T=2*16, H=32, 4 heads / 2 kv of dim 8, F=48)."""
     cfg = tiny(**GQA)

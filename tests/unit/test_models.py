@@ -414,11 +414,18 @@ def test_gqa_matches_naive(window, sinks, qk_norm, bias):
         torch.testing.assert_close(y[b], attn.o_proj(o.reshape(S_, 24)), rtol=1e-9, atol=1e-11)
 
 
-@pytest.mark.parametrize("nh,nkv,S,d,window", [(4, 2, 7, 6, None), (4, 2, 7, 6, 3), (8, 8, 33, 64, None),
-                                                (4, 1, 20, 16, 5)])
-def test_sink_attention_equals_the_explicit_softmax_with_gradients(nh, nkv, S, d, window):
-    """The sink written as a key (padded head dim, keys padded to 16) against the [S, S + 1] softmax, in fp64."""
+@pytest.mark.parametrize("nh,nkv,S,d,window,blocks", [
+    (4, 2, 7, 6, None, 1), (4, 2, 7, 6, 3, 1), (8, 8, 33, 64, None, 1), (4, 1, 20, 16, 5, 1),
+    (4, 2, 300, 8, 7, 3),      # banded: 3 blocks of 128 queries, the last one padded
+    (2, 1, 1000, 8, 128, 8),   # GPT-OSS's window
+])
+def test_sink_attention_equals_the_explicit_softmax_with_gradients(nh, nkv, S, d, window, blocks):
+    """The sink written as a key (padded head dim, keys padded to 16; with a short window, query blocks against their
+    bands of keys) against the [S, S + 1] softmax, in fp64."""
+    from moetrain.models.accounting import sink_attention_blocks
     from moetrain.models.attention import sink_attention, sink_attention_reference
+
+    assert sink_attention_blocks(d, S, window).blocks == blocks
 
     g = torch.Generator().manual_seed(S)
     shapes = [(2, nh, S, d), (2, nkv, S, d), (2, nkv, S, d), (nh,)]
