@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Optional
 
 from moetrain.config.schema import Config
+from moetrain.kernels.host import cdiv
 
 COMPONENTS = (
     "embedding", "attention", "dense_mlp", "routed_experts", "shared_experts",
@@ -167,18 +168,28 @@ class SinkBlocks(NamedTuple):
     keys: int
     left: int
 
+    @property
+    def query_rows(self) -> int:
+        """Query rows of one sequence, padded to whole blocks."""
+        return self.blocks * self.queries
+
+    @property
+    def key_slots(self) -> int:
+        """Key slots of one sequence over all its blocks."""
+        return self.blocks * self.keys
+
 
 def sink_attention_blocks(head_dim: int, seq_len: int, window: int | None) -> SinkBlocks:
     """The layout of GQA attention with learned sinks: the head dim one coordinate more (the sink's), to a multiple
     of 8; keys to a multiple of 16. Without a window one block of all S queries against all keys; with a window W,
     blocks of round_up(W, 128) queries against their band of the W - 1 keys before the block and the block's own,
     where that takes under half the key slots of one block."""
-    dp = -(-(head_dim + 1) // 8) * 8
-    full = SinkBlocks(dp, seq_len, 1, -(-(seq_len + 1) // 16) * 16, 0)
+    dp = cdiv(head_dim + 1, 8) * 8
+    full = SinkBlocks(dp, seq_len, 1, cdiv(seq_len + 1, 16) * 16, 0)
     if window is None:
         return full
-    q = -(-window // 128) * 128
-    band = SinkBlocks(dp, q, -(-seq_len // q), -(-(q + window) // 16) * 16, window - 1)
+    q = cdiv(window, 128) * 128
+    band = SinkBlocks(dp, q, cdiv(seq_len, q), cdiv(q + window, 16) * 16, window - 1)
     return band if 2 * band.keys < full.keys else full
 
 

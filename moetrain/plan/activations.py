@@ -223,7 +223,7 @@ def gqa_attention(cfg: Config, d: Dims, window: int | None, selective: bool) -> 
         # [B * blocks, nh, keys, dp] (repeated to nh heads), the fp32 log-sum-exp and the mask as a b-byte bias
         # [B * blocks, 1, queries, keys]; o_proj keeps the output's copy
         blk = sink_attention_blocks(hd, d.S, window)
-        rows, slots, dp = d.B * blk.blocks * blk.queries, d.B * blk.blocks * blk.keys, blk.head_dim
+        rows, slots, dp = d.B * blk.query_rows, d.B * blk.key_slots, blk.head_dim
         out += [Term("attn q", b * nh * rows * dp), Term("attn k", b * nh * slots * dp),
                 Term("attn v", b * nh * slots * dp), Term("attn out padded", b * nh * rows * dp),
                 Term("attn lse", 4 * nh * rows), Term("attn mask", b * rows * blk.keys),
@@ -467,8 +467,8 @@ def _attention_backward(cfg: Config, d: Dims, window: int | None) -> float:
     grads = b * T * (nh * dq + kv * dq + kv * dv) + b * T * nh * dv
     if m.attention_type == "gqa" and m.attention_sinks:  # + the padded q, k, v and output gradients
         blk = sink_attention_blocks(dq, S, window)
-        rows, slots = d.B * blk.blocks * blk.queries, d.B * blk.blocks * blk.keys
-        return grads + b * nh * blk.head_dim * (2 * rows + 2 * slots) + 4 * nh * rows
+        rows = d.B * blk.query_rows
+        return grads + b * nh * blk.head_dim * (2 * rows + 2 * d.B * blk.key_slots) + 4 * nh * rows
     if attention_kernel(d, kv != nh, same, window is not None) == "unfused":
         c = 4 if d.device == "cpu" else b
         return grads + 2 * c * d.B * nh * S * S

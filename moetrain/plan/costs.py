@@ -197,9 +197,8 @@ def block_cost(cfg: Config, d: Dims, rf: Roofline, moe: bool, window: int | None
         # block's [queries, keys] (no causal or window skipping inside it) at the padded head dim; the pads, bands and
         # the kv repeat copy q, k, v (and the backward their gradients) once
         blk = sink_attention_blocks(qk, S, window)
-        rows, slots = blk.blocks * blk.queries, blk.blocks * blk.keys
-        run = 4 * B * nh * rows * blk.keys * blk.head_dim
-        copies = rf.mem(2 * b * B * nh * (rows + 2 * slots) * blk.head_dim, 6)
+        run = 4 * B * nh * blk.query_rows * blk.keys * blk.head_dim
+        copies = rf.mem(2 * b * B * nh * (blk.query_rows + 2 * blk.key_slots) * blk.head_dim, 6)
         fw.add("attention", rf.attention(run, False) + copies, 7, attn_flops)
         bi.add("attention", rf.attention(2.5 * run, True) + copies, 7, 2.5 * attn_flops)
     elif attention_kernel(d, kv != nh, same, window is not None) == "unfused":

@@ -9,7 +9,8 @@ from moetrain.plan import activations as A
 from moetrain.plan.hardware import Hardware, load_hardware
 from moetrain.plan.layout import parse_layout
 from moetrain.plan.memory import WORKSPACE, optimizer_temp, project_memory, stage_params
-from h200_measured import MODEL_CHANGED_SINCE, H200_S4 as MEASURED_S4  # this directory is on sys.path (pytest, no __init__.py)
+from h200_measured import (  # this directory is on sys.path (pytest, no __init__.py)
+    MODEL_CHANGED_SINCE, H200_S4 as MEASURED_S4)
 
 H200 = load_hardware("h200")
 

@@ -181,7 +181,8 @@ def test_measured_mode_uses_the_measured_head():
 GPU_BOUND = [n for n in MEASURED_S5 if n not in HOST_BOUND]
 
 
-S11_GPU_BOUND = [n for n in MEASURED_S11 if n not in HOST_BOUND and n not in MODEL_CHANGED_SINCE] + list(MEASURED_S11_GRAPHS)
+S11_GPU_BOUND = ([n for n in MEASURED_S11 if n not in HOST_BOUND and n not in MODEL_CHANGED_SINCE]
+                 + list(MEASURED_S11_GRAPHS))
 
 
 @pytest.mark.parametrize("name", S11_GPU_BOUND)
