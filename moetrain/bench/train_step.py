@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from moetrain.bench.kernel_classes import by_class
 from moetrain.config.load import load_config
 from moetrain.config.schema import Config
 from moetrain.errors import UserError
@@ -68,7 +69,10 @@ def top_kernels(trace: Path, steps: int, count: int = 12) -> str:
         if e.get("cat") == "kernel":
             totals[e["name"]] = totals.get(e["name"], 0.0) + e.get("dur", 0.0)
     busy = sum(totals.values())
-    lines = [f"  GPU busy {busy / steps / 1e3:.1f} ms/step; top kernels (ms/step):"]
+    lines = [f"  GPU busy {busy / steps / 1e3:.1f} ms/step; by class (ms/step, share of busy):"]
+    for label, dur in by_class(totals).items():
+        lines.append(f"  {dur / steps / 1e3:8.2f}  {dur / max(busy, 1e-9):6.1%}  {label}")
+    lines.append("  top kernels (ms/step):")
     for name, dur in sorted(totals.items(), key=lambda kv: -kv[1])[:count]:
         lines.append(f"  {dur / steps / 1e3:8.2f}  {name[:110]}")
     return "\n".join(lines)

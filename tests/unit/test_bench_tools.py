@@ -207,3 +207,36 @@ def test_bench_train_proxy_fixes_the_shape():
 
     with pytest.raises(UserError, match="--proxy qwen3-4l fixes the model and batch; drop --layers"):
         main(["--proxy", "qwen3-4l", "--layers", "2"])
+
+
+@pytest.mark.parametrize("name, label", [
+    ("_rowgroup_pingpong_kernel", "expert GEMMs"), ("_wgrad_kernel", "expert GEMMs"),
+    ("void at::native::grouped_mm_kernel<bf16>", "expert GEMMs"),
+    ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTN", "dense GEMMs"),
+    ("fmha_cutlassB_bf16_aligned_64x64_k128_sm80", "attention"),
+    ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", "attention"),
+    ("_fused_kernel", "loss"), ("_adamw_kernel", "optimizer + grad norm"),
+    ("void at::native::multi_tensor_apply_kernel<FusedAdamW>", "optimizer + grad norm"),
+    ("_place_rows_kernel", "routing, gathers, scatters"), ("_rope_fwd_kernel", "norms, RoPE, activations"),
+    ("void at::native::vectorized_layer_norm_kernel<float>", "norms, RoPE, activations"),
+    ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>", "other (elementwise, copies, reductions)"),
+])
+def test_profile_kernels_fall_in_the_steps_parts(name, label):
+    from moetrain.bench.kernel_classes import kernel_class
+
+    assert kernel_class(name) == label
+
+
+def test_top_kernels_sums_each_class_per_step(tmp_path):
+    import json
+
+    from moetrain.bench.train_step import top_kernels
+
+    events = [{"cat": "kernel", "name": "_adamw_kernel", "dur": 3000.0},
+              {"cat": "kernel", "name": "nvjet_tst_a", "dur": 4000.0}, {"cat": "kernel", "name": "nvjet_tst_b", "dur": 2000.0},
+              {"cat": "cpu_op", "name": "aten::mm", "dur": 9e9}]
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    text = top_kernels(trace, steps=2)
+    assert "GPU busy 4.5 ms/step" in text
+    assert "    3.00   66.7%  dense GEMMs" in text and "    1.50   33.3%  optimizer + grad norm" in text
