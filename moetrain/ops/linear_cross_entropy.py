@@ -35,8 +35,8 @@ Memory, bytes (b = the inputs' dtype size, 2 for bf16; C = the chunk):
            logits) + bCV below fp32 (the GEMM's output, then g), with the kernels bCV (g written over the GEMM's
            output; at 3x the C below fp32, so the same bytes); then 4VH + bVH while dW_acc is rounded;
            kept bTH + bVH; backward peak 2(bTH + bVH)
-The kept ratio is 4TV / (bTH + bVH), about 2T/H for bf16 and T << V: at T = 2048, V = 32768, H = 256 (the test),
-17 MiB against 256 MiB; the forward peak there with C = 256 is 81 MiB against 640 MiB. At DeepSeek-V3's T = 4096,
+The kept ratio is 4TV / (bTH + bVH), about 2T/H for bf16 and T << V: at T = 2048, V = 32768, H = 128 (the test),
+8.5 MiB against 256 MiB; the forward peak there with C = 256 is 64.5 MiB against 640 MiB. At DeepSeek-V3's T = 4096,
 H = 7168, V = 129280 (bf16) the [V, H] terms dominate: forward peak 5.2 GiB (unfused 4.9), kept 1.8 GiB (2.0),
 backward peak 3.5 GiB (unfused ~6.6 GiB); there the gain is the [T, V] passes avoided (fp32 copies, concatenations,
 separate softmax forward and backward: a time not measured here), and the fused memory grows with T only through dh.

@@ -281,13 +281,14 @@ def test_memory_against_the_unfused_path(dtype):
 
 
 def memory_against_the_unfused_path(dtype):
-    """T = 2048, V = 32768, H = 256 (b bytes per element, C = 256 tokens per chunk). Kept for backward: the unfused
-    path keeps the fp32 log-probs [T, V] (4TV, the logits' own buffers are freed), the fused op dh [T, H] and dW
-    [V, H] in the inputs' dtype, b(TH + VH): 256 MiB against 34 MiB (fp32, 7.5x) or 17 MiB (bf16, 15x). Forward peak:
-    unfused 8TV (fp32: logits, log-probs) or 10TV (bf16: logits, their fp32 copy, log-probs), fused the fp32 dW
-    accumulator 4VH, dh bTH and one chunk's 4CV acc logits (+ 2CV bf16, its GEMM output, then g): 512 MiB against
-    66 MiB (fp32), 640 MiB against 81 MiB (bf16)."""
-    T, V, H, C = 2048, 32768, 256, 256
+    """T = 2048, V = 32768, H = 128 (b bytes per element, C = 256 tokens per chunk; H small because the CPU's bf16
+    [T, V] @ [V, H] GEMM of the unfused backward is slow). Kept for backward: the unfused path keeps the fp32
+    log-probs [T, V] (4TV, the logits' own buffers are freed), the fused op dh [T, H] and dW [V, H] in the inputs'
+    dtype, b(TH + VH): 256 MiB against 17 MiB (fp32, 15x) or 8.5 MiB (bf16, 30x). Forward peak: unfused 8TV (fp32:
+    logits, log-probs) or 10TV (bf16: logits, their fp32 copy, log-probs), fused the fp32 dW accumulator 4VH, dh bTH
+    and one chunk's 4CV acc logits (+ 2CV bf16, its GEMM output, then g): 512 MiB against 49 MiB (fp32), 640 MiB
+    against 64.5 MiB (bf16)."""
+    T, V, H, C = 2048, 32768, 128, 256
     b = dtype.itemsize
     h = torch.randn(T, H).to(dtype).requires_grad_()
     w = (torch.randn(V, H) * 0.05).to(dtype).requires_grad_()
@@ -302,12 +303,12 @@ def memory_against_the_unfused_path(dtype):
         kept_fused = saved_bytes(linear_cross_entropy, h, w, labels, chunk_tokens=C)
     assert 0 <= kept_unfused - 4 * T * V < 64  # and two scalars: nll_loss's total weight, the mean's count
     assert kept_fused == b * (T * H + V * H)
-    assert kept_unfused / kept_fused > (7.5 if b == 4 else 15)
+    assert kept_unfused / kept_fused > (14 if b == 4 else 28)
     assert peak_unfused.peak == pytest.approx((8 if b == 4 else 10) * T * V, abs=2**16)
     want = 4 * V * H + b * T * H + 4 * C * V + (0 if b == 4 else 2 * C * V)
     # and the chunk's [C] vectors; for bf16 on the CPU the fp32 copy of the chunk's h [C, H] for dW's GEMM
     assert peak_fused.peak == pytest.approx(want, abs=2**19)
-    assert peak_unfused.peak / peak_fused.peak > 7.5
+    assert peak_unfused.peak / peak_fused.peak > 9.5
 
 def test_compiles_fullgraph_as_one_custom_op():
     from test_compile import graph_recorder, moetrain_ops_in
