@@ -61,7 +61,7 @@ PROXIES = {
 }
 
 
-def top_kernels(trace: Path, steps: int, count: int = 12) -> str:
+def top_kernels(trace: Path, steps: int, count: int = 20) -> str:
     """The GPU kernels that took the most time in a Chrome trace, per step."""
     events = json.loads(trace.read_text())["traceEvents"]
     totals: dict[str, float] = {}
