@@ -1,6 +1,6 @@
 """Where a training step's GPU time goes: each kernel of a profiler trace put in one class by its name.
 
-The classes follow the step's parts (the issue's "profile breakdown"): the routed experts' GEMMs (our grouped
+The classes follow the step's parts: the routed experts' GEMMs (our grouped
 kernels, or torch's grouped_mm for the peer), the dense GEMMs (cuBLAS / CUTLASS: attention projections, shared
 experts, the head), attention, the loss, the optimizer and grad norm, routing and row movement, the fused row kernels
 (norms, RoPE, activations), and the rest (elementwise, copies, reductions). The first class whose pattern matches
@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import re
 
-KERNEL_CLASSES: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
+_PATTERNS = (
     ("expert GEMMs", r"rowgroup|_wgrad|grouped_(mx|blockwise|wgrad)|grouped_mm|grouped_gemm"),
     ("attention", r"flash|fmha|attention|attn"),
     ("loss", r"^_(stats|grad|fused)_kernel$|cross_entropy|nll_loss|log_softmax|softmax"),
     ("optimizer + grad norm", r"adamw|_sq_partials|_row_sums|multi_tensor_apply|foreach|lpnorm"),
     ("routing, gathers, scatters", r"_route|_skew_schedule|_chunk_counts|_place_rows|_weight_grad_kernel|_combine|"
-                               r"topk|sort|scatter|gather|index|histc|cumsum"),
+                                   r"topk|sort|scatter|gather|index|histc|cumsum"),
     ("norms, RoPE, activations", r"_rope|_swiglu|rms|layer_norm|silu|gelu"),
     ("dense GEMMs", r"nvjet|gemm|xmma|cutlass|cublas|sm90_|splitk"),
     ("fp8 quantization", r"quantize|_e8m0|_scale_and_inverse"),
-))
+)
+KERNEL_CLASSES: tuple[tuple[str, re.Pattern], ...] = tuple(
+    (label, re.compile(pattern, re.IGNORECASE)) for label, pattern in _PATTERNS)
 OTHER = "other (elementwise, copies, reductions)"
 
 

@@ -214,9 +214,9 @@ class TrainConfig:
     fused_loss: bool = doc(
         False, "The LM and MTP cross-entropy through moetrain.ops.linear_cross_entropy: chunked over tokens with the "
         "gradient computed in the same pass, no [tokens, vocab] logits kept (vocab-parallel under tensor "
-        "parallelism). Measured on an H100: 13.6% faster and 12 GiB lighter on a 4-layer qwen3-30b-a3b (vocab 151936 over "
-        "hidden 2048), 1% slower on a DeepSeek-V3 EP8 proxy (hidden 7168), where the fp32 accumulation of the head's "
-        "weight gradient per chunk outweighs the [tokens, vocab] passes it saves. Off by default; `moetrain plan "
+        "parallelism). Measured on an H100: 13.6% faster and 12 GiB lighter on a 4-layer qwen3-30b-a3b (vocab "
+        "151936, hidden 2048), 1% slower on a DeepSeek-V3 EP8 proxy (hidden 7168; the planner agrees: the fp32 "
+        "accumulation of the head's weight gradient per chunk grows with hidden). Off by default; `moetrain plan "
         "perf` projects both ways.")
     pp_warmup: bool = doc(
         False, "Pipeline runs: before step 1, one forward + backward of each local stage on its own (gradients "

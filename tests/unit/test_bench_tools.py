@@ -233,8 +233,9 @@ def test_top_kernels_sums_each_class_per_step(tmp_path):
     from moetrain.bench.train_step import top_kernels
 
     events = [{"cat": "kernel", "name": "_adamw_kernel", "dur": 3000.0},
-              {"cat": "kernel", "name": "nvjet_tst_a", "dur": 4000.0}, {"cat": "kernel", "name": "nvjet_tst_b", "dur": 2000.0},
-              {"cat": "cpu_op", "name": "aten::mm", "dur": 9e9}]
+              {"cat": "kernel", "name": "nvjet_tst_a", "dur": 4000.0},
+              {"cat": "kernel", "name": "nvjet_tst_b", "dur": 2000.0},
+              {"cat": "cpu_op", "name": "aten::mm", "dur": 9e9}]  # not a kernel: left out
     trace = tmp_path / "t.json"
     trace.write_text(json.dumps({"traceEvents": events}))
     text = top_kernels(trace, steps=2)
