@@ -173,7 +173,7 @@ def hf_run(cfg: Config, steps: int, warmup: int, profile: bool = False) -> dict:
         except TypeError:  # older transformers without the experts interface
             model = transformers.AutoModelForCausalLM.from_config(hf_cfg, **kwargs)
             impl = "default"
-    model.cuda().train()
+    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                             weight_decay=cfg.optim.weight_decay, fused=True)
     data = build_data(cfg, cfg.model.vocab_size, "train")
