@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 _PATTERNS = (
-    ("expert GEMMs", r"rowgroup|_wgrad|grouped_(mx|blockwise|wgrad)|grouped_mm|grouped_gemm"),
+    ("expert GEMMs", r"rowgroup|_wgrad|grouped_(mx|blockwise)|grouped_mm|grouped_gemm"),
     ("attention", r"flash|fmha|attention|attn"),
     ("loss", r"^_(stats|grad|fused)_kernel$|cross_entropy|nll_loss|log_softmax|softmax"),
     ("optimizer + grad norm", r"adamw|_sq_partials|_row_sums|multi_tensor_apply|foreach|lpnorm"),
