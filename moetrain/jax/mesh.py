@@ -41,15 +41,29 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(AXES))
 
 
+def _over(mesh: Mesh, axes: tuple[str, ...]) -> P:
+    """Dim 0 split over ``axes``, written without the mesh's size-1 axes: the form XLA gives a jitted step's
+    outputs, so that the step's next inputs carry the shardings it was compiled for (P(("data", "ep")) and P("ep")
+    place the same with one data rank, yet differ as inputs and make jit compile the step again)."""
+    kept = tuple(a for a in axes if mesh.shape[a] > 1)
+    return P(kept[0]) if len(kept) == 1 else P(kept) if kept else P()
+
+
 def param_sharding(mesh: Mesh, name: str, shape: tuple) -> NamedSharding:
     """Experts over "ep" on dim 0; other parameters' dim 0 over every device where it divides; else replicated."""
     if name.endswith(EXPERT_LEAVES):
-        return NamedSharding(mesh, P("ep"))
+        return NamedSharding(mesh, _over(mesh, ("ep",)))
     if shape and shape[0] % mesh.size == 0:
-        return NamedSharding(mesh, P(AXES))
+        return NamedSharding(mesh, _over(mesh, AXES))
     return NamedSharding(mesh, P())
 
 
 def place(tree: dict, mesh: Mesh) -> dict:
     """Each array of a flat name -> array dict on its ``param_sharding``."""
     return {k: jax.device_put(v, param_sharding(mesh, k, v.shape)) for k, v in tree.items()}
+
+
+def constrain(tree: dict, mesh: Mesh) -> dict:
+    """Inside jit: each array of a flat name -> array dict kept on its ``param_sharding``, so that a step's outputs
+    come out as its inputs went in (GSPMD may otherwise pick another split, and the next call compiles again)."""
+    return {k: jax.lax.with_sharding_constraint(v, param_sharding(mesh, k, v.shape)) for k, v in tree.items()}

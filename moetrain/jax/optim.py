@@ -101,11 +101,24 @@ def load_state_dict(opt_state, params: dict, state: dict, has_masters: bool):
 
 
 def place_moments(opt_state, mesh):
-    """The Adam moments on their parameters' shardings (moetrain.jax.mesh), as after a load from the host."""
+    """The Adam moments on their parameters' shardings (moetrain.jax.mesh) and the step count replicated over the
+    mesh: the shardings the jitted update gives them back on, so it compiles once."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
     from moetrain.jax.mesh import place
 
+    count = jax.device_put(otu.tree_get(opt_state, "count"), NamedSharding(mesh, P()))
     return otu.tree_set(opt_state, mu=place(otu.tree_get(opt_state, "mu"), mesh),
-                        nu=place(otu.tree_get(opt_state, "nu"), mesh))
+                        nu=place(otu.tree_get(opt_state, "nu"), mesh), count=count)
+
+
+def constrain_moments(opt_state, mesh):
+    """Inside jit: the Adam moments kept on their parameters' shardings (``mesh.constrain``)."""
+    from moetrain.jax.mesh import constrain
+
+    return otu.tree_set(opt_state, mu=constrain(otu.tree_get(opt_state, "mu"), mesh),
+                        nu=constrain(otu.tree_get(opt_state, "nu"), mesh))
 
 
 def to_torch(x: jax.Array):

@@ -239,6 +239,9 @@ class JaxTrainer(Trainer):
             params = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_params, params)
             opt_state = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_opt, opt_state)
             buffers, imbalance = _expert_bias_step(buffers, handle.moe_prefixes, bias_rate, keep)
+            if handle.mesh is not None:  # back on the shardings they came in on: the next step reuses this program
+                params = jax_mesh.constrain(params, handle.mesh)
+                opt_state = jax_optim.constrain_moments(opt_state, handle.mesh)
             return params, opt_state, buffers, norm, keep, imbalance
 
         self._grads = jax.jit(grads)

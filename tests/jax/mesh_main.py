@@ -7,6 +7,7 @@ case:
 """
 
 import json
+import logging
 import os
 import sys
 
@@ -56,13 +57,35 @@ def model_case(name: str, capacity: float | None) -> dict:
             "w1_devices": len(w1.sharding.device_set), "same_keys": set(flat1) == set(flat2)}
 
 
+class CompileCounter(logging.Handler):
+    """Counts jax's "Compiling jit(NAME) ..." log lines (jax_log_compiles) by NAME."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if msg.startswith("Compiling jit("):
+            name = msg[len("Compiling jit("):].split(")", 1)[0]
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+
 def train_case(name: str, out_dir: str, *extra: str) -> dict:
     cfg = load_config(overrides=[
         f"train.out_dir={out_dir}", "train.steps=3", "train.global_batch_size=8", "train.seq_length=32",
         "optim.warmup_steps=1", "train.backend=jax", "checkpoint.interval=2", *extra])
-    records = run(cfg, show_progress=False).records
+    counter = CompileCounter()
+    logging.getLogger("jax").addHandler(counter)
+    jax.config.update("jax_log_compiles", True)
+    try:
+        records = run(cfg, show_progress=False).records
+    finally:
+        jax.config.update("jax_log_compiles", False)
+        logging.getLogger("jax").removeHandler(counter)
     return {"kind": "train", "name": name, "steps": [r["step"] for r in records],
-            "loss": [r["loss"] for r in records], "grad_norm": [r["grad_norm"] for r in records]}
+            "loss": [r["loss"] for r in records], "grad_norm": [r["grad_norm"] for r in records],
+            "compiles": {k: counter.counts.get(k, 0) for k in ("grads", "update")}}
 
 
 if __name__ == "__main__":

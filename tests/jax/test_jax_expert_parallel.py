@@ -35,7 +35,8 @@ def _rel(a: list, b: list) -> float:
 def test_two_device_mesh_matches_one_device(tmp_path):
     """On a 2-device CPU mesh (mesh_main.py, one process): EP2 gives one device's loss and gradients for DeepSeek,
     GPT-OSS and Mixtral with a capacity; the trainer with parallel.dp=2 (FSDP-style weights) and dp=2 x ep=2 trains
-    the tiny preset as one device does on the same global batches; the EP run resumes bit-exactly."""
+    the tiny preset as one device does on the same global batches, compiling each step function once; the EP run
+    resumes bit-exactly."""
     proc = subprocess.run([sys.executable, str(HERE / "mesh_main.py"), str(tmp_path)], capture_output=True,
                           text=True, timeout=900, cwd=HERE.parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -47,6 +48,8 @@ def test_two_device_mesh_matches_one_device(tmp_path):
         assert abs(c["loss2"] - c["loss1"]) <= 1e-5 * abs(c["loss1"]), c
         assert c["grad_rel"] < 1e-5, c
     runs = {c["name"]: c for c in cases if c["kind"] == "train"}
+    for name, c in runs.items():  # the steps' outputs come back on their inputs' shardings: no step compiles twice
+        assert c["compiles"] == {"grads": 1, "update": 1}, (name, c["compiles"])
     one = runs["one"]
     for name in ("dp2", "dp2ep2"):
         assert runs[name]["steps"] == [1, 2, 3]
