@@ -1,9 +1,23 @@
 """Shared pytest setup: GPU tests skip cleanly on machines without (enough) CUDA devices; every test gets
-its own moetrain cache directory (the tuner's decisions) and a fresh tuner, never the user's."""
+its own moetrain cache directory (the tuner's decisions) and a fresh tuner, never the user's; each xdist worker (and
+the processes its tests start) uses its share of the CPU cores for intra-op threads."""
 
+import os
 import sys
 
 import pytest
+
+
+def _share_the_cores() -> None:
+    """Under xdist, each worker's math libraries would otherwise start one thread per core, and the workers (and
+    their tests' torchrun ranks) oversubscribe the machine: on 2 cores and 2 workers that costs ~20% of the suite's
+    time. Set before the worker imports torch; OMP_NUM_THREADS reaches the subprocesses too."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+
+
+_share_the_cores()
 
 
 @pytest.fixture(autouse=True)
