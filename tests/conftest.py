@@ -10,7 +10,7 @@ import pytest
 
 def _share_the_cores() -> None:
     """Under xdist, each worker's math libraries would otherwise start one thread per core, and the workers (and
-    their tests' torchrun ranks) oversubscribe the machine: on 2 cores and 2 workers that costs ~20% of the suite's
+    their tests' torchrun ranks) oversubscribe the machine: on 2 cores and 2 workers that costs ~15% of the suite's
     time. Set before the worker imports torch; OMP_NUM_THREADS reaches the subprocesses too."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
