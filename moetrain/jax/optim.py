@@ -100,6 +100,12 @@ def load_state_dict(opt_state, params: dict, state: dict, has_masters: bool):
     return opt_state, params
 
 
+def _map_moments(opt_state, fn, **more):
+    """opt_state with ``fn`` applied to its Adam moments (flat name -> array dicts) and ``more`` set as given."""
+    return otu.tree_set(opt_state, mu=fn(otu.tree_get(opt_state, "mu")), nu=fn(otu.tree_get(opt_state, "nu")),
+                        **more)
+
+
 def place_moments(opt_state, mesh):
     """The Adam moments on their parameters' shardings (moetrain.jax.mesh) and the step count replicated over the
     mesh: the shardings the jitted update gives them back on, so it compiles once."""
@@ -109,16 +115,14 @@ def place_moments(opt_state, mesh):
     from moetrain.jax.mesh import place
 
     count = jax.device_put(otu.tree_get(opt_state, "count"), NamedSharding(mesh, P()))
-    return otu.tree_set(opt_state, mu=place(otu.tree_get(opt_state, "mu"), mesh),
-                        nu=place(otu.tree_get(opt_state, "nu"), mesh), count=count)
+    return _map_moments(opt_state, lambda tree: place(tree, mesh), count=count)
 
 
 def constrain_moments(opt_state, mesh):
     """Inside jit: the Adam moments kept on their parameters' shardings (``mesh.constrain``)."""
     from moetrain.jax.mesh import constrain
 
-    return otu.tree_set(opt_state, mu=constrain(otu.tree_get(opt_state, "mu"), mesh),
-                        nu=constrain(otu.tree_get(opt_state, "nu"), mesh))
+    return _map_moments(opt_state, lambda tree: constrain(tree, mesh))
 
 
 def to_torch(x: jax.Array):
