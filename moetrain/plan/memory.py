@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from moetrain.config.pipeline_layout import check_schedule
 from moetrain.config.schema import Config
 from moetrain.models import accounting as acc
 from moetrain.plan import activations as A
@@ -273,9 +274,28 @@ def rank_orders(cfg: Config, layout: Layout, m: int) -> list[list[Action]]:
     return rank_actions(cfg.parallel.pp_schedule, layout.pp, layout.vpp, m)
 
 
-@lru_cache(maxsize=256)
 def rank_states(schedule: str, pp: int, vpp: int, m: int) -> tuple:
-    """Each rank's ``simulator.in_flight_states`` under ``schedule`` (its order walked once per degrees)."""
+    """Each rank's ``simulator.in_flight_states`` under ``schedule`` with ``m`` micro-batches per step: those of
+    ``steady_micro_batches(schedule, pp, m)`` micro-batches, the same states from a far shorter walk."""
+    check_schedule(schedule, pp, vpp, m)
+    return _rank_states(schedule, pp, vpp, steady_micro_batches(schedule, pp, m))
+
+
+def steady_micro_batches(schedule: str, pp: int, m: int) -> int:
+    """The fewest micro-batches whose orders pass through the same distinct in-flight states as ``m``'s.
+
+    Invariant (checked for every schedule over a grid of degrees in tests/plan/test_schedule_orders.py): from
+    2 x pp micro-batches on, each of torch's schedules only repeats its steady state for the added micro-batches, so
+    a rank's distinct states depend on ``m mod pp`` alone. Interleaved runs micro-batches in rounds that only a
+    multiple of pp keeps valid at the shorter count, so it is shortened only then."""
+    short = 2 * pp + m % pp
+    if m <= short or (schedule == "interleaved" and m % pp):
+        return m
+    return short
+
+
+@lru_cache(maxsize=256)
+def _rank_states(schedule: str, pp: int, vpp: int, m: int) -> tuple:
     return tuple(in_flight_states(order) for order in rank_actions(schedule, pp, vpp, m))
 
 
@@ -357,7 +377,10 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
             moe = cfg.is_moe if gid >= L else cfg.is_moe_layer(gid)
             win = _window(cfg, gid) if gid < L else None
             recomputed = max(A.total(full) - A.total(saved), 0.0)  # rebuilt in this block's backward
-            extra = A.block_backward_extra(cfg, d, moe, win, grads_mode, b_p, full)
+            key = ("backward extra", moe, win, grads_mode)  # the same for every block of one kind and window
+            if key not in memo:
+                memo[key] = A.block_backward_extra(cfg, d, moe, win, grads_mode, b_p, full)
+            extra = memo[key]
             moments.append((f"backward of block {gid}", g_new if lazy else g0, remaining + recomputed,
                             WORKSPACE + extra + gathered_bwd))
             if moe and tuning:  # the first step also holds a tuning candidate's weight gradient here

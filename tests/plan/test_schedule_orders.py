@@ -4,8 +4,11 @@ from collections import Counter
 
 import pytest
 
-from moetrain.config.pipeline_layout import stage_rank
+from moetrain.config.pipeline_layout import check_schedule, stage_rank
+from moetrain.errors import ConfigError
+from moetrain.plan.memory import rank_states, steady_micro_batches
 from moetrain.plan.schedule_orders import rank_actions, rank_steps
+from moetrain.plan.simulator import in_flight_states
 
 CASES = [("1f1b", 1), ("interleaved", 2), ("zero_bubble", 2), ("dualpipev", 2)]
 
@@ -79,3 +82,21 @@ def test_one_rank_needs_no_torch_schedule():
     (order,) = rank_actions("1f1b", 1, 2, 2)
     assert [(a.kind, a.stage, a.mb) for a in order] == [("F", 0, 0), ("F", 1, 0), ("B", 1, 0), ("B", 0, 0),
                                                         ("F", 0, 1), ("F", 1, 1), ("B", 1, 1), ("B", 0, 1)]
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved", 2), ("interleaved", 3), ("zero_bubble", 2),
+                                          ("dualpipev", 2)])
+@pytest.mark.parametrize("pp", [1, 2, 3, 4, 8])
+def test_a_shortened_walk_passes_the_same_in_flight_states(schedule, vpp, pp):
+    # memory.rank_states walks steady_micro_batches(m) micro-batches instead of m: the distinct states must agree
+    shortened = 0
+    for m in range(1, 5 * pp + 2):
+        try:
+            check_schedule(schedule, pp, vpp, m)
+        except ConfigError:
+            continue
+        short = steady_micro_batches(schedule, pp, m)
+        shortened += short < m
+        full = tuple(in_flight_states(order) for order in rank_actions(schedule, pp, vpp, m))
+        assert rank_states(schedule, pp, vpp, m) == full, (m, short)
+    assert shortened > 0
