@@ -43,8 +43,9 @@ CASES = {  # name: (T, K, E, options)
     "k1": (1000, 1, 128, {}),
     "k8_qwen3_like": (1500, 8, 128, {}),
     "dsv3_like_256_experts": (700, 8, 256, {"skew": True, "dropped": 0.05}),
-    # 131080 rows: chunks of MIN_CHUNK (512) would be past MAX_CHUNKS (256), so chunks of 1024, 129 of them
-    "many_chunks": (16385, 8, 32, {"dropped": 0.01}),
+    # more chunks (38 of 64 assignments, the last partial) than a placing program sums at once (16): three turns
+    # of its loop over the counts, the last partial
+    "many_chunks": (300, 8, 32, {"dropped": 0.01, "chunk": 64}),
     "empty": (0, 4, 8, {}),
 }
 
@@ -52,8 +53,10 @@ CASES = {  # name: (T, K, E, options)
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_the_pytorch_sort(name, poisoned_empty):
     T, K, E, opts = CASES[name]
+    opts = dict(opts)
+    chunk = opts.pop("chunk", None)
     idx = routing(T, K, E, seed=T + E, **opts).to(DEVICE)
-    offs, row_map, inverse, tokens = kernel.sort_rows(idx, E)
+    offs, row_map, inverse, tokens = kernel.sort_rows(idx, E, chunk=chunk)
     want_offs, want_map = moe.sort_rows(idx, E)
     assert offs.dtype == torch.int32 and row_map.dtype == torch.int64 and inverse.dtype == torch.int64
     assert tokens.dtype == torch.int32
@@ -61,6 +64,16 @@ def test_matches_the_pytorch_sort(name, poisoned_empty):
     assert torch.equal(row_map.cpu(), want_map.cpu())  # the same stable order
     assert torch.equal(inverse.cpu(), moe_rows.inverse_permutation(want_map).cpu())
     assert torch.equal(tokens.cpu().long(), want_map.cpu() // K)
+
+
+def test_the_default_chunk_keeps_the_programs_at_most_max_chunks():
+    assert kernel.chunk_size(1) == kernel.MIN_CHUNK
+    assert kernel.chunk_size(kernel.MIN_CHUNK * kernel.MAX_CHUNKS) == kernel.MIN_CHUNK
+    assert kernel.chunk_size(16385 * 8) == 1024  # 131080 assignments: 129 chunks of 1024, not 257 of 512
+    for assignments in (1, 511, 512, 131072, 131073, 10**6, 10**8):
+        chunk = kernel.chunk_size(assignments)
+        assert chunk >= kernel.MIN_CHUNK and chunk & (chunk - 1) == 0
+        assert -(-assignments // chunk) <= kernel.MAX_CHUNKS
 
 
 @pytest.mark.parametrize("knobs", [dict(chunk=256, sub=32, warps=4), dict(chunk=512, sub=64, warps=2),
