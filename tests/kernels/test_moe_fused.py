@@ -26,6 +26,7 @@ if use_gpu_or_interpreter():
 from moetrain import ops
 from moetrain.kernels import grouped_gemm as gg
 from moetrain import tuning
+from moetrain.tuning import protocol
 from moetrain.ops import moe, moe_fused
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
@@ -157,7 +158,10 @@ def fake_gpu_auto(monkeypatch, tmp_path, timer=_one_ms, **variants):
     """backend "auto" on a fake "GPU" (this CPU, kernels in the interpreter, which computes fp32 only): the fused path,
     its questions (the FC1 variants; the interpreter's grouped GEMMs run one config and ask none) answered by a
     Tuner with ``timer`` and its own cache file; ``variants`` replace moe_fused's candidate tuples
-    (FC1_FWD_VARIANTS=("copy",) forces copy). Returns the tuner."""
+    (FC1_FWD_VARIANTS=("copy",) forces copy). One round of each of the protocol's passes: which candidates are timed
+    and picked is the same, each timed call a run in the interpreter. Returns the tuner."""
+    for name in ("ROUNDS", "FINAL_ROUNDS"):
+        monkeypatch.setattr(protocol, name, 1)
     real = moe.expert_gemm_backend
     monkeypatch.setattr(moe, "expert_gemm_backend", lambda backend, x: "auto" if backend == "auto" else real(backend, x))
     for name, candidates in variants.items():
