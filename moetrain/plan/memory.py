@@ -389,7 +389,7 @@ def project_memory(cfg: Config, hardware, *, attention: str = "auto", moe_imbala
             if lazy:
                 g_new += grad_per_param * prm.by_block.get(gid, 0.0)
         moments.append(("end of backward", grads_full if not separate_grads else g0, 0.0, WORKSPACE))
-        moments.append(("optimizer step", grads_full, 0.0, WORKSPACE + optimizer_temp(cfg, largest_shard)))
+        moments.append(("optimizer step", grads_full, 0.0, WORKSPACE + optimizer_temp(cfg, largest_shard, device)))
 
         phase, g_at, act_at, other_at = max(moments, key=lambda x: x[1] + x[2] + x[3])
         dynamic = act_at + other_at
@@ -414,17 +414,18 @@ def tuning_bytes(cfg: Config, device: str) -> float:
     return e.num_experts / p.ep * rows * cfg.model.hidden_size * DTYPE_BYTES[cfg.precision.dtype]
 
 
-def optimizer_temp(cfg: Config, numel: float) -> float:
+def optimizer_temp(cfg: Config, numel: float, device: str = "cuda") -> float:
     """Temporaries of one AdamW update of the largest tensor (optim.py).
 
-    The fused kernel (target, gradient and both moments of one dtype) allocates nothing. The
-    explicit path makes an fp32 copy of every non-fp32 operand among gradient, exp_avg,
-    exp_avg_sq and the updated tensor, plus the denominator: 4 bytes x numel each."""
+    The Triton kernel (optim.triton_kernel on CUDA, any dtype mix) and torch's fused kernel (target,
+    gradient and both moments of one dtype) allocate nothing. The explicit path makes an fp32 copy
+    of every non-fp32 operand among gradient, exp_avg, exp_avg_sq and the updated tensor, plus the
+    denominator: 4 bytes x numel each."""
     o = cfg.optim
     b_p = cfg.precision.dtype
     target = "fp32" if (cfg.precision.master_weights and b_p != "fp32") else b_p
     grad = o.main_grads_dtype
-    if target == grad == o.exp_avg_dtype == o.exp_avg_sq_dtype:
+    if (o.triton_kernel and device == "cuda") or target == grad == o.exp_avg_dtype == o.exp_avg_sq_dtype:
         return 0.0
     copies = 1 + sum(dt != "fp32" for dt in (grad, o.exp_avg_dtype, o.exp_avg_sq_dtype, target))
     return 4.0 * numel * copies

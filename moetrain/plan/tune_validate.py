@@ -7,7 +7,8 @@ For each of the top candidates, in the tuner's order:
   precision, recompute mode and share, its local experts: moe.num_experts = experts / ep with the same top-k, so each
   GPU computes the same routed rows on the same expert weights; at least top-k experts, where ep leaves fewer than
   that per GPU, to keep the rows) with every parallel degree 1 and the deepest depth
-  (<= 8 layers) the planner says fits this GPU. Tensor parallelism, pipelines and communication are not in a proxy.
+  (<= 8 layers) the planner says fits this GPU. Tensor parallelism, pipelines, communication and the MTP depths (one
+  pipeline rank's work at scale, a whole MoE block of state on one GPU) are not in a proxy.
 
 A proxy that repeats an earlier run's config (candidates differing only in their pipeline or data parallelism) is
 skipped: the runs rank distinct configs, so ask for more candidates (--top) than runs (--validate-top).
@@ -91,13 +92,12 @@ def proxy_overrides(cfg, layers: int) -> dict:
     over = {"parallel.dp": 1, "parallel.dp_replicate": 1, "parallel.tp": 1, "parallel.sequence_parallel": False,
             "parallel.pp": 1, "parallel.vpp": 1, "parallel.pp_schedule": "1f1b", "parallel.pipeline_layout": None,
             "parallel.cp": 1, "parallel.ep": 1, "parallel.etp": 1, "model.num_layers": layers,
-            "train.global_batch_size": 2 * t.micro_batch_size}
+            "model.mtp_num_layers": 0, "train.global_batch_size": 2 * t.micro_batch_size}
     if e.num_experts:  # the local experts; at least top-k of them, so that the routed rows stay T x top-k
         local = max(e.num_experts // p.ep, e.topk)
         over.update({"moe.num_experts": local, "moe.num_groups": None, "moe.topk_groups": None,
                      "moe.first_k_dense": min(e.first_k_dense, layers - 1)})
-    blocks = m.num_layers + m.mtp_num_layers
-    share = len(t.recompute_layer_ids or ()) / blocks
+    share = len(t.recompute_layer_ids or ()) / (m.num_layers + m.mtp_num_layers)
     keep = round(share * layers)
     over["train.recompute_layer_ids"] = list(range(keep)) if keep else None
     return over

@@ -127,11 +127,14 @@ def test_interleaved_in_flight():
 
 def test_optimizer_temporaries():
     numel = 1000
-    assert optimizer_temp(cfg("tiny"), numel) == 0  # fused: fp32 master, grads, moments
+    assert optimizer_temp(cfg("tiny"), numel, "cpu") == 0  # fused: fp32 master, grads, moments
     c = cfg("tiny", "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16")
-    assert optimizer_temp(c, numel) == 4 * numel * 3  # m, v copies + denominator
+    assert optimizer_temp(c, numel) == 0  # the Triton kernel on CUDA: any dtype mix in place
+    assert optimizer_temp(c, numel, "cpu") == 4 * numel * 3  # explicit: m, v copies + denominator
+    c = cfg("tiny", "optim.exp_avg_dtype=bf16", "optim.exp_avg_sq_dtype=bf16", "optim.triton_kernel=false")
+    assert optimizer_temp(c, numel) == 4 * numel * 3
     c = cfg("tiny", "precision.master_weights=false")
-    assert optimizer_temp(c, numel) == 4 * numel * 2  # bf16 param copy + denominator
+    assert optimizer_temp(c, numel, "cpu") == 4 * numel * 2  # bf16 param copy + denominator
 
 
 def test_verdict_thresholds():

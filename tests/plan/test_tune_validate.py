@@ -37,6 +37,7 @@ def test_one_gpu_runs_proxies_of_each_candidates_per_gpu_work(cands, tmp_path):
         p, full = run.cfg, cands[run.candidate - 1].cfg
         assert p.parallel.world_size == 1 and p.parallel.pp == p.parallel.tp == p.parallel.ep == 1
         assert p.moe.num_experts == max(16 // full.parallel.ep, 8) and p.moe.topk == 8  # local experts, same rows
+        assert full.model.mtp_num_layers == 1 and p.model.mtp_num_layers == 0  # one rank's work at scale
         assert p.train.micro_batch_size == full.train.micro_batch_size and p.grad_accum_steps == 2
         assert (p.optim.exp_avg_dtype, p.optim.main_grads_dtype) == (full.optim.exp_avg_dtype,
                                                                      full.optim.main_grads_dtype)
