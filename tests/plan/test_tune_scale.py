@@ -1,6 +1,6 @@
 """`moetrain plan tune` at scale: DeepSeek-V3 on 1024 MI355X and on 256 H200, each winner projected no slower than
 the layout the reference documents describe for that scale (TUNING.md). How long the search takes (under a minute
-on the 2-core CPU: 18.6 and 35.9 s) is a measurement recorded in TUNING.md, not asserted here: a shared CI core may be
+on the 2-core CPU: 27.6 and 36.0 s) is a measurement recorded in TUNING.md, not asserted here: a shared CI core may be
 slower.
 
 The reference (AMD's Primus DeepSeek-V3 study, /work/shared/reference/moe-training-optimization-blog.txt): TP1 PP16
