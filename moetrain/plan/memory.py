@@ -23,7 +23,8 @@ allocates them (moetrain/train/trainer.py, optim.py) and extended to Megatron-st
   fp32 cross-entropy buffers (forward: logits + fp32 upcast; backward: 8*T*V fp32 gradients);
   the largest block's backward working set; the parameter-dtype gradient transients of the
   main-grad hooks; the optimizer step's temporaries (fp32 copies made by the explicit AdamW
-  path for mixed-precision state: 4 bytes x numel of the largest tensor per copy).
+  path for mixed-precision state: 4 bytes x numel of the largest tensor per copy; none on the
+  Triton kernel's path, the CUDA default).
 
 The peak is the largest of these moments: start of backward (cross-entropy gradients), forward
 cross-entropy, each block's backward (walking the rank's blocks from the last), end of backward
