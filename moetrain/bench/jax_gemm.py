@@ -2,13 +2,14 @@
 
     moetrain bench jax                       every shape of bench/common.py's SHAPES but deepseek-v3
     moetrain bench jax --shapes gpt-oss-20b --impls pallas,torch
-    moetrain bench jax --sweep --shapes deepseek-v3-ep8   each Pallas kernel alone over candidate tiles
+    moetrain bench jax --sweep --shapes deepseek-v3-ep8   each triton / Pallas kernel alone over candidate tiles
                                                           (moetrain/bench/jax_gemm_sweep.py)
 
 Each shape runs M = T x K routed rows in E even groups (the remainder in the last): h = x @ w1[e]^T [M, 2I],
 a = silu(gate) * up, y = a @ w2[e]^T; the time is jit(value_and_grad) of sum(y) (forward, dgrad and wgrad of
 both GEMMs), and TFLOP/s counts 3 x (2 M H 2I + 2 M I H). Contenders, in one process:
 
+  triton      moetrain.jax.grouped_gemm impl="triton" (the torch side's Triton kernels through jax-triton)
   pallas      moetrain.jax.grouped_gemm impl="pallas" (our kernel through Pallas's Triton lowering)
   xla         moetrain.jax.grouped_gemm impl="xla" (jax.lax.ragged_dot / ragged_dot_general)
   tokamax     tokamax.ragged_dot, where tokamax is installed
@@ -27,7 +28,7 @@ import time
 from moetrain.bench.common import SHAPES, parse_shapes
 from moetrain.errors import UserError
 
-IMPLS = ("pallas", "xla", "tokamax", "torch")
+IMPLS = ("triton", "pallas", "xla", "tokamax", "torch")
 DEFAULT_SHAPES = "deepseek-v3-ep8,qwen3-30b-a3b,mixtral-8x7b,gpt-oss-20b"
 
 
@@ -122,7 +123,7 @@ def main(argv=None) -> None:
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"default: {DEFAULT_SHAPES}")
     parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
     parser.add_argument("--sweep", action="store_true",
-                        help="instead of the layer table: each Pallas kernel alone over candidate tiles")
+                        help="instead of the layer table: each kernel of --impls triton / pallas alone over candidate tiles")
     args = parser.parse_args(argv)
     names = parse_shapes(args.shapes)
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
@@ -141,7 +142,10 @@ def main(argv=None) -> None:
         from moetrain.bench.jax_gemm_sweep import sweep
 
         print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; Pallas kernels alone, bf16", flush=True)
-        return sweep(names, SHAPES)
+        kernels = [i for i in impls if i in ("triton", "pallas")]
+        if not kernels:
+            raise UserError(f"--sweep times the triton and pallas kernels; --impls {args.impls} names neither")
+        return sweep(names, SHAPES, kernels)
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; FC1 -> SwiGLU -> FC2 fwd+bwd, bf16", flush=True)
     print("| shape (rows M, hidden H, intermediate I, experts E) | " + " | ".join(impls) + " |")
     print("|---" * (len(impls) + 1) + "|")

@@ -1,10 +1,12 @@
-"""`moetrain bench jax --sweep`: each Pallas kernel of the JAX grouped GEMM alone over candidate tiles, beside the
-same GEMM through torch._grouped_mm, so one GPU call shows which tiles to make the defaults.
+"""`moetrain bench jax --sweep`: each kernel of the JAX grouped GEMM alone over candidate tiles, beside the same GEMM
+through torch._grouped_mm, so one GPU call shows which tiles to make the defaults. The kernels: those of impl
+"triton" (moetrain.jax.triton_gemm, ROWS_TILES / WGRAD_TILES) and of impl "pallas" (moetrain.jax.grouped_gemm,
+FWD_TILES / DGRAD_TILES / WGRAD_TILES), as --impls names them.
 
 Per shape, the FC1 GEMM of the routed experts (M = T x K rows in E even groups, N = 2I, K = H), bf16:
-    fwd    y [M, N] = x [M, H] . w [E, N, H]^T          (moetrain.jax.grouped_gemm.FWD_TILES)
-    dgrad  dx [M, H] = dy [M, N] . w [E, N, H]          (DGRAD_TILES)
-    wgrad  dw [E, N, H] = dy^T . x over each group's rows (WGRAD_TILES)
+    fwd    y [M, N] = x [M, H] . w [E, N, H]^T
+    dgrad  dx [M, H] = dy [M, N] . w [E, N, H]
+    wgrad  dw [E, N, H] = dy^T . x over each group's rows
 TFLOP/s counts 2 M N H for each. A candidate that fails to compile (shared memory, registers) prints its error and
 the sweep goes on.
 """
@@ -12,8 +14,23 @@ the sweep goes on.
 from __future__ import annotations
 
 from moetrain.bench.jax_gemm import _timed, group_sizes
+from moetrain.jax.triton_gemm import TritonTiles
 
-# Rows kernels (fwd and dgrad): the default first, then one change each from it.
+# impl "triton" (the torch kernels' pointer-load configs; the wgrad tiles are dw tiles over N x K, block_k rows).
+TRITON_ROW_CANDIDATES = (
+    TritonTiles(128, 256, 64, 3, 8),
+    TritonTiles(128, 128, 64, 4, 4),
+    TritonTiles(128, 128, 64, 4, 8),
+    TritonTiles(64, 256, 64, 4, 4),
+    TritonTiles(256, 128, 64, 3, 8),
+)
+TRITON_WGRAD_CANDIDATES = (
+    TritonTiles(128, 256, 64, 3, 8),
+    TritonTiles(128, 128, 64, 4, 4),
+    TritonTiles(128, 128, 64, 4, 8),
+    TritonTiles(256, 128, 64, 3, 8),
+)
+# impl "pallas": rows kernels (fwd and dgrad): the default first, then one change each from it.
 ROW_CANDIDATES = (
     dict(),
     dict(group_m=1),
@@ -58,14 +75,21 @@ def _torch_rates(M: int, N: int, H: int, E: int) -> dict[str, float]:
     return rates
 
 
-def _jax_rate(kind: str, tiles, arrays, flop: float) -> str:
+def _jax_rate(impl: str, kind: str, tiles, arrays, flop: float) -> str:
     import jax
+    import jax.numpy as jnp
 
+    from moetrain.jax import triton_gemm
     from moetrain.jax.grouped_gemm import pallas_kernel
 
     x, w, dy, gs = arrays
     a, b = {"fwd": (x, w), "dgrad": (dy, w), "wgrad": (dy, x)}[kind]
-    run = jax.jit(lambda a, b, gs: pallas_kernel(kind, a, b, gs, tiles))
+    if impl == "pallas":
+        run = jax.jit(lambda a, b, gs: pallas_kernel(kind, a, b, gs, tiles))
+    elif kind == "wgrad":
+        run = jax.jit(lambda a, b, gs: triton_gemm.wgrad_call(a, b, jnp.cumsum(gs), tiles=tiles))
+    else:
+        run = jax.jit(lambda a, b, gs: triton_gemm.rows_call(a, b, jnp.cumsum(gs), dgrad=kind == "dgrad", tiles=tiles))
     try:
         seconds = _timed(lambda: jax.block_until_ready(run(a, b, gs)))
     except Exception as err:  # a candidate that does not compile is a result of the sweep
@@ -73,7 +97,7 @@ def _jax_rate(kind: str, tiles, arrays, flop: float) -> str:
     return f"{flop / seconds / 1e12:.0f} TFLOP/s"
 
 
-def sweep(names, shapes) -> None:
+def sweep(names, shapes, impls=("triton", "pallas")) -> None:
     import jax
     import jax.numpy as jnp
     import torch
@@ -93,7 +117,13 @@ def sweep(names, shapes) -> None:
         print(f"\n{name}: FC1 (M {M}, N {N}, K {H}, groups {E}); torch._grouped_mm: "
               + ", ".join(f"{k} {v:.0f}" for k, v in torch_rates.items()) + " TFLOP/s", flush=True)
         flop = 2 * M * N * H
-        for kind, candidates in (("fwd", ROW_CANDIDATES), ("dgrad", ROW_CANDIDATES), ("wgrad", WGRAD_CANDIDATES)):
-            for changes in candidates:
-                tiles = GemmTiles(**changes)
-                print(f"  {kind:5s} {_tiles_text(tiles):24s} {_jax_rate(kind, tiles, arrays, flop)}", flush=True)
+        for impl in impls:
+            if impl == "triton":
+                rows, wgrad = TRITON_ROW_CANDIDATES, TRITON_WGRAD_CANDIDATES
+            else:
+                rows = [GemmTiles(**changes) for changes in ROW_CANDIDATES]
+                wgrad = [GemmTiles(**changes) for changes in WGRAD_CANDIDATES]
+            for kind, candidates in (("fwd", rows), ("dgrad", rows), ("wgrad", wgrad)):
+                for tiles in candidates:
+                    rate = _jax_rate(impl, kind, tiles, arrays, flop)
+                    print(f"  {impl:6s} {kind:5s} {_tiles_text(tiles):24s} {rate}", flush=True)

@@ -27,7 +27,9 @@ Implementations (``impl``)
              these kernels unchanged on a CPU, so they are tested here; Mosaic GPU (wgmma/TMA pipelines, as in jax's
              own ragged_dot_mgpu) may be faster on Hopper and is the candidate to measure against on the GPU.
              The Triton CompilerParams passed to every pallas_call are what select the Triton lowering on a GPU.
-    "auto"   "pallas" on a GPU backend, "xla" elsewhere.
+    "triton" the torch backend's Triton kernels (moetrain.kernels.grouped_gemm_kernels, pointer loads) through
+             jax-triton, compiled by the pip Triton: moetrain.jax.triton_gemm. GPU only; bfloat16 and float32.
+    "auto"   "triton" on a GPU backend (float64: "xla"), "xla" elsewhere.
 
 Pallas schedule (sync-free, all on the device under jit)
     forward/dgrad: the rows are cut into tiles of at most block_m rows that never straddle a group: group g gives
@@ -56,7 +58,7 @@ from jax.experimental.pallas import triton as plt
 __all__ = ["DGRAD_TILES", "FWD_TILES", "WGRAD_TILES", "GemmTiles", "grouped_gemm", "grouped_gemm_reference",
            "pallas_kernel"]
 
-IMPLS = ("auto", "xla", "pallas")
+IMPLS = ("auto", "xla", "pallas", "triton")
 DTYPES = (jnp.bfloat16, jnp.float32, jnp.float64)
 
 
@@ -98,13 +100,15 @@ def grouped_gemm(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, impl: st
                  wgrad_tiles: GemmTiles = WGRAD_TILES, interpret: bool | None = None) -> jax.Array:
     """y[r] = x[r] @ w[g(r)].T: x [M, K], w [G, N, K], group_sizes [G] -> y [M, N] in x.dtype (see the module doc).
 
-    impl: "xla", "pallas" or "auto" (pallas on GPU). The tiles and ``interpret`` (default: True on a CPU backend)
-    apply to "pallas" only."""
+    impl: "xla", "pallas", "triton" or "auto" (triton on GPU). The tiles and ``interpret`` (default: True on a CPU
+    backend) apply to "pallas" only; "triton" runs moetrain.jax.triton_gemm's tiles."""
     group_sizes = jnp.asarray(group_sizes)
     _check_inputs(x, w, group_sizes, impl)
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
-    plan = _Plan(_resolve_impl(impl), fwd_tiles, dgrad_tiles, wgrad_tiles, bool(interpret))
+    plan = _Plan(_resolve_impl(impl, x.dtype), fwd_tiles, dgrad_tiles, wgrad_tiles, bool(interpret))
+    if plan.impl == "triton":
+        _check_triton_impl(x)
     if plan.impl == "pallas":
         for tiles in (fwd_tiles, dgrad_tiles, wgrad_tiles):
             _check_tiles(tiles)
@@ -161,6 +165,14 @@ def pallas_kernel(kind: str, a: jax.Array, b: jax.Array, group_sizes: jax.Array,
     return _pallas_wgrad(a, b, group_sizes, tiles, interpret)
 
 
+def _check_triton_impl(x: jax.Array) -> None:
+    if jax.default_backend() != "gpu":
+        raise ValueError(f'grouped_gemm: impl "triton" runs on a GPU backend only (this one is '
+                         f'{jax.default_backend()}); impl "xla" runs everywhere')
+    if x.dtype == jnp.float64:
+        raise ValueError('grouped_gemm: impl "triton" computes bfloat16 and float32; for float64 use impl "xla"')
+
+
 def _check_tiles(tiles: GemmTiles) -> None:
     """Triton's tensors must have power-of-2 sizes; so must every tile dimension."""
     for name in ("block_m", "block_n", "block_k"):
@@ -171,9 +183,9 @@ def _check_tiles(tiles: GemmTiles) -> None:
         raise ValueError(f"grouped_gemm: group_m={tiles.group_m} in {tiles} must be at least 1")
 
 
-def _resolve_impl(impl: str) -> str:
+def _resolve_impl(impl: str, dtype) -> str:
     if impl == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
+        return "triton" if jax.default_backend() == "gpu" and dtype != jnp.float64 else "xla"
     return impl
 
 
@@ -200,6 +212,12 @@ def _grouped_gemm_bwd(plan: _Plan, residuals, dy):
     if plan.impl == "pallas":
         dx = _pallas_dgrad(dy, w, group_sizes, plan.dgrad, plan.interpret)
         dw = _pallas_wgrad(dy, x, group_sizes, plan.wgrad, plan.interpret)
+    elif plan.impl == "triton":
+        from moetrain.jax import triton_gemm
+
+        ends = jnp.cumsum(group_sizes, dtype=jnp.int32)
+        dx = triton_gemm.rows_call(dy, w, ends, dgrad=True)
+        dw = triton_gemm.wgrad_call(dy, x, ends)
     else:
         dx = _xla_dgrad(dy, w, group_sizes)
         dw = _xla_wgrad(dy, x, group_sizes)
@@ -212,6 +230,10 @@ _grouped_gemm.defvjp(_grouped_gemm_fwd, _grouped_gemm_bwd)
 def _forward(x, w, group_sizes, plan: _Plan):
     if plan.impl == "pallas":
         return _pallas_forward(x, w, group_sizes, plan.fwd, plan.interpret)
+    if plan.impl == "triton":
+        from moetrain.jax import triton_gemm
+
+        return triton_gemm.rows_call(x, w, jnp.cumsum(group_sizes, dtype=jnp.int32), dgrad=False)
     return _xla_forward(x, w, group_sizes)
 
 

@@ -1,5 +1,6 @@
 """JAX grouped GEMM (moetrain.jax.grouped_gemm): forward and the custom-VJP gradients of impl "xla" and "pallas"
-(interpret mode on the CPU) against the one-hot jnp reference, and once against a torch loop over the groups.
+(interpret mode on the CPU), and "triton" on a GPU, against the one-hot jnp reference, and once against a torch loop
+over the groups.
 
 Interpret mode fills pallas_call outputs with NaN before the kernels run, so a row or tile the schedule missed shows
 up as NaN here. The basename differs from tests/kernels/test_grouped_gemm.py: tests/ has no __init__.py files, so
@@ -31,7 +32,8 @@ CASE_IDS = [name for name, _ in CASES]
 FWD = gg.GemmTiles(block_m=16, block_n=16, block_k=16, group_m=3)
 DGRAD = gg.GemmTiles(block_m=32, block_n=16, block_k=16, group_m=2)
 WGRAD = gg.GemmTiles(block_m=16, block_n=16, block_k=32)
-IMPLS = ["xla", "pallas"]
+ON_GPU = jax.default_backend() == "gpu"
+IMPLS = ["xla", "pallas"] + (["triton"] if ON_GPU else [])  # triton: jax-triton launches need a GPU
 
 
 def _gemm(impl):
@@ -104,7 +106,7 @@ def test_auto_is_xla_on_cpu():
     assert jax.default_backend() != "cpu" or np.array_equal(y, gg.grouped_gemm(x, w, gs, impl="xla"))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "triton"])  # triton computes bf16 and fp32
 def test_against_torch_loop_fp64(impl):
     """A torch loop over the groups (torch._grouped_mm has no CPU float64) with torch autograd, in float64."""
     torch = pytest.importorskip("torch")
@@ -121,6 +123,33 @@ def test_against_torch_loop_fp64(impl):
     ty.backward(torch.tensor(np.asarray(dy)))
     for got, want in ((y, ty), (dx, tx.grad), (dw, tw.grad)):
         _close(got, want.detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="jax-triton launches need a GPU")
+def test_triton_bf16_at_the_default_tiles():
+    """Several 128 x 256 tiles per group, a group longer than the persistent grid's first wave, an empty group."""
+    sizes = [700, 0, 1900, 33, 1300]
+    kx, kw, kd = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(kx, (4000, 520), jnp.float32).astype(jnp.bfloat16)
+    w = (jax.random.normal(kw, (len(sizes), 392, 520), jnp.float32) * 0.05).astype(jnp.bfloat16)
+    dy = jax.random.normal(kd, (4000, 392), jnp.float32).astype(jnp.bfloat16)
+    gs = jnp.asarray(sizes, jnp.int32)
+    got = jax.jit(lambda x, w, gs, dy: _vjp(lambda x, w, gs: gg.grouped_gemm(x, w, gs, impl="triton"),
+                                            x, w, gs, dy)[:3])(x, w, gs, dy)
+    want = _vjp(lambda x, w, gs: gg.grouped_gemm(x, w, gs, impl="xla"), x, w, gs, dy)[:3]
+    for a, b in zip(got, want, strict=True):
+        _close(a, b, rtol=2e-2, atol=6e-2)
+    assert not np.any(np.asarray(got[0][sum(sizes):])) and not np.any(np.asarray(got[2][1]))
+
+
+def test_triton_needs_a_gpu_and_no_float64():
+    x, w, gs, _ = _inputs(CASES[0][1])
+    if not ON_GPU:
+        with pytest.raises(ValueError, match='impl "triton" runs on a GPU backend only'):
+            gg.grouped_gemm(x, w, gs, impl="triton")
+        return
+    with jax.enable_x64(True), pytest.raises(ValueError, match='for float64 use impl "xla"'):
+        gg.grouped_gemm(x.astype(jnp.float64), w.astype(jnp.float64), gs, impl="triton")
 
 
 def test_pallas_lowers_to_triton_for_cuda():
