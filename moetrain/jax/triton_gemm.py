@@ -141,14 +141,17 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _sm_count() -> int:
+    """The persistent grid's program count: the GPU's SMs (132 on an H100 / H200 where jax's device does not say;
+    the grid size changes how the tiles are shared out, never the result)."""
     import jax
 
-    return jax.devices()[0].core_count
+    return getattr(jax.devices()[0], "core_count", None) or 132
 
 
 def _jax_triton():
     try:
         import jax_triton
     except ImportError as err:
-        raise ImportError('grouped_gemm impl="triton" needs jax-triton: pip install -e ".[jax]"') from err
+        raise ImportError(f'grouped_gemm impl="triton" needs jax-triton and a GPU jaxlib (pip install -e ".[jax]"): '
+                          f'{err}') from err
     return jax_triton
