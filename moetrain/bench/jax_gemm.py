@@ -130,6 +130,9 @@ def main(argv=None) -> None:
     bad = [i for i in impls if i not in IMPLS]
     if bad or not impls:
         raise UserError(f"--impls {args.impls}: valid: {', '.join(IMPLS)}")
+    kernels = [i for i in impls if i in ("triton", "pallas")]
+    if args.sweep and not kernels:
+        raise UserError(f"--sweep times the triton and pallas kernels; --impls {args.impls} names neither")
     from moetrain.jax import require_jax
 
     require_jax()
@@ -142,9 +145,6 @@ def main(argv=None) -> None:
         from moetrain.bench.jax_gemm_sweep import sweep
 
         print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; Pallas kernels alone, bf16", flush=True)
-        kernels = [i for i in impls if i in ("triton", "pallas")]
-        if not kernels:
-            raise UserError(f"--sweep times the triton and pallas kernels; --impls {args.impls} names neither")
         return sweep(names, SHAPES, kernels)
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; FC1 -> SwiGLU -> FC2 fwd+bwd, bf16", flush=True)
     print("| shape (rows M, hidden H, intermediate I, experts E) | " + " | ".join(impls) + " |")

@@ -48,12 +48,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
+
+from moetrain.errors import UserError
 
 __all__ = ["DGRAD_TILES", "FWD_TILES", "WGRAD_TILES", "GemmTiles", "grouped_gemm", "grouped_gemm_reference",
            "pallas_kernel"]
@@ -171,6 +174,9 @@ def _check_triton_impl(x: jax.Array) -> None:
                          f'{jax.default_backend()}); impl "xla" runs everywhere')
     if x.dtype == jnp.float64:
         raise ValueError('grouped_gemm: impl "triton" computes bfloat16 and float32; for float64 use impl "xla"')
+    if importlib.util.find_spec("jax_triton") is None:
+        raise UserError('the JAX grouped GEMM on GPUs (impl "triton", the default there) needs jax-triton, which is '
+                        'not installed: pip install -e ".[jax]"')
 
 
 def _check_tiles(tiles: GemmTiles) -> None:

@@ -23,6 +23,8 @@ def test_refusals_are_one_line():
         jax_gemm.main(["--impls", "foo"])
     with pytest.raises(UserError, match="unknown shape"):
         jax_gemm.main(["--shapes", "nope"])
+    with pytest.raises(UserError, match="--sweep times the triton and pallas kernels; --impls torch names neither"):
+        jax_gemm.main(["--sweep", "--impls", "torch"])
 
 
 def test_without_a_jax_gpu_it_refuses_in_one_line():
@@ -42,3 +44,7 @@ def test_the_sweeps_candidates_are_valid_tiles():
         gg._check_tiles(gg.GemmTiles(**changes))
     assert jax_gemm_sweep.ROW_CANDIDATES[0] == {}  # the rows kernels' defaults come first
     assert gg.GemmTiles(**jax_gemm_sweep.WGRAD_CANDIDATES[0]) == gg.WGRAD_TILES
+    from moetrain.jax import triton_gemm
+
+    assert jax_gemm_sweep.TRITON_ROW_CANDIDATES[0] == triton_gemm.ROWS_TILES  # impl "triton"'s defaults first
+    assert jax_gemm_sweep.TRITON_WGRAD_CANDIDATES[0] == triton_gemm.WGRAD_TILES
