@@ -1,8 +1,10 @@
 """Shared pytest setup: GPU tests skip cleanly on machines without (enough) CUDA devices; every test gets
 its own moetrain cache directory (the tuner's decisions) and a fresh tuner, never the user's; each xdist worker (and
-the processes its tests start) uses its share of the CPU cores for intra-op threads."""
+the processes its tests start) uses its share of the CPU cores for intra-op threads; on a machine without a GPU, XLA
+compiles the JAX tests' programs without LLVM's costly optimizations."""
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -18,6 +20,21 @@ def _share_the_cores() -> None:
 
 
 _share_the_cores()
+
+
+def _quick_xla_cpu_compiles() -> None:
+    """The JAX tests on the CPU are mostly XLA compile time (a training step's program compiles in ~10 s with LLVM's
+    full optimization, ~4 s without): the programs are tiny, their run time is not what the tests measure, and the
+    results are the same IEEE arithmetic. Set before jax starts its backend; XLA_FLAGS reaches the subprocesses."""
+    if shutil.which("nvidia-smi") is not None:
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " --xla_backend_optimization_level=0"
+                                   " --xla_llvm_disable_expensive_passes=true").strip()
+
+
+_quick_xla_cpu_compiles()
 
 
 @pytest.fixture(autouse=True)
