@@ -228,9 +228,9 @@ class JaxTrainer(Trainer):
             terms = jnp.stack([out.loss, out.lm_loss, out.aux_loss, mtp]).astype(jnp.float32)
             return out.loss, (terms, state.buffers_of(model))
 
-        def grads(params, buffers, ids, labels):
+        def grads(params, buffers, ids, labels, grad_sums):
             (_, (terms, buffers)), g = jax.value_and_grad(loss_terms, has_aux=True)(params, buffers, ids, labels)
-            return {k: v.astype(grad_dtype) for k, v in g.items()}, terms, buffers
+            return {k: grad_sums[k] + v.astype(grad_dtype) for k, v in g.items()}, terms, buffers
 
         def update(params, opt_state, buffers, grad_sums, terms, lr, accum):
             g = {k: v / accum for k, v in grad_sums.items()}
@@ -244,19 +244,23 @@ class JaxTrainer(Trainer):
                 opt_state = jax_optim.constrain_moments(opt_state, handle.mesh)
             return params, opt_state, buffers, norm, keep, imbalance
 
-        self._grads = jax.jit(grads)
-        self._update = jax.jit(update, static_argnames=("accum",))
+        # Donated: the gradient sums are added to in place, and the update writes the parameters and the optimizer
+        # state over the old ones (without donation a step held both: +1x the parameters and +2x in Adam state).
+        self._grads = jax.jit(grads, donate_argnames=("grad_sums",))
+        self._update = jax.jit(update, static_argnames=("accum",), donate_argnames=("params", "opt_state"))
+        self._grad_dtype = grad_dtype
         self._terms = jax.jit(loss_terms)
 
     def train_step(self, step: int) -> StepResult:
         cfg, handle, opt = self.cfg, self.model, self.optimizer
         lr = lr_at(step - 1, cfg.optim, cfg.train.steps)
         buffers = _zero_counts(handle.state.buffers)
-        grad_sums, term_sums = None, jnp.zeros(4, jnp.float32)
+        # zeros_like keeps each parameter's sharding and committedness: the compiled step sees the same inputs
+        grad_sums = {k: jnp.zeros_like(v, dtype=self._grad_dtype) for k, v in handle.state.params.items()}
+        term_sums = jnp.zeros(4, jnp.float32)
         for input_ids, labels in self.micro_batches():
-            g, terms, buffers = self._grads(handle.state.params, buffers, handle.batch(input_ids),
-                                            handle.batch(labels))
-            grad_sums = g if grad_sums is None else jax.tree.map(jnp.add, grad_sums, g)
+            grad_sums, terms, buffers = self._grads(handle.state.params, buffers, handle.batch(input_ids),
+                                                    handle.batch(labels), grad_sums)
             term_sums = term_sums + terms
         terms = term_sums / self.accum
         params, opt.opt_state, buffers, norm, keep, imbalance = self._update(
