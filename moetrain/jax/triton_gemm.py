@@ -14,7 +14,7 @@ pointer-load variant (USE_TMA=False) is reachable: jax-triton passes arrays and 
 wrapper kernels below fix the torch kernels' other constexprs (no gather, no tail split, no skew schedule) and put
 the output pointer last, where jax-triton appends its outputs.
 
-Tiles (``RowTiles``, ``WgradTiles``) follow the torch kernels' meaning: rows kernels block_m rows x block_n output
+Tiles (``TritonTiles``: ROWS_TILES, WGRAD_TILES) follow the torch kernels' meaning: rows kernels block_m rows x block_n output
 columns, block_k reduction step, bands of group_m row tiles; wgrad block_m (over N) x block_n (over K) dw tiles,
 block_k group rows per reduction step, bands of group_m dw row tiles.
 """
@@ -26,7 +26,7 @@ import dataclasses
 import triton
 import triton.language as tl
 
-from moetrain.kernels.grouped_gemm_kernels import _rowgroup_kernel, _wgrad_kernel
+from moetrain.kernels.grouped_gemm_kernels import _rowgroup_kernel, _wgrad_kernel, block_g
 
 # float32 products at IEEE precision (the contract of moetrain.jax.grouped_gemm, as the XLA path's HIGHEST); bfloat16
 # dots ignore it.
@@ -72,11 +72,6 @@ def wgrad_kernel(dy_ptr, x_ptr, ends_ptr, M, G, NUM_PROGS, dw_ptr,
     _wgrad_kernel(dy_ptr, dy_ptr, x_ptr, x_ptr, ends_ptr, dw_ptr, dw_ptr, ends_ptr, M, N, K, G,
                   STRIDE_DYM, STRIDE_XM, STRIDE_DWG, STRIDE_DWN, NUM_PROGS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_N,
                   BLOCK_G, False, PRECISION, False, False)
-
-
-def block_g(groups: int) -> int:
-    """The group vector's length inside the kernels: one compiled kernel per power of 2, at least 256 (torch's)."""
-    return max(256, 1 << max(0, groups - 1).bit_length())
 
 
 def rows_args(M: int, RED: int, w_shape: tuple, dgrad: bool, num_programs: int, tiles: TritonTiles):

@@ -58,8 +58,9 @@ import functools
 import torch
 
 from moetrain.runtime import cuda_device
-from moetrain.kernels.grouped_gemm_kernels import RAGGED_ROWS, _rowgroup_kernel, _wgrad_kernel, ragged_geometry
-from moetrain.kernels.host import cdiv, next_pow2
+from moetrain.kernels.grouped_gemm_kernels import (RAGGED_ROWS, _rowgroup_kernel, _wgrad_kernel, ragged_geometry,
+                                                   block_g as _block_g)
+from moetrain.kernels.host import cdiv
 from moetrain.kernels.launch import launch
 from moetrain.kernels.schedule import skew_schedule
 from moetrain.kernels.torch_grouped_mm import torch_grouped_mm
@@ -154,11 +155,6 @@ def _check_device(*tensors: torch.Tensor) -> None:
 
 
 _on_device = cuda_device.on_device  # (the launchers' name for it)
-
-
-def _block_g(groups: int) -> int:
-    # One compiled kernel serves every expert count up to 256 (the group vectors are tiny).
-    return max(256, next_pow2(groups))
 
 
 def _row_programs(device: torch.device, cfg: GemmConfig, M: int, G: int, OUT: int, block_n: int, part: int,

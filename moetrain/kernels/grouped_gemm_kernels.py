@@ -24,6 +24,12 @@ def ragged_geometry(columns: int, row_stride: int) -> tuple[list, list]:
     return [0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, columns], [(1 << 34) - rs, rs, rs, 1]
 
 
+def block_g(groups: int) -> int:
+    """BLOCK_G, the group vectors' length inside the kernels: one compiled kernel serves every expert count up to 256
+    (the group vectors are tiny), then one per power of 2."""
+    return max(256, 1 << max(0, groups - 1).bit_length())
+
+
 # Row-group scheduling of the forward / dgrad kernel, as jit helpers.
 @triton.jit
 def _row_tiles(offs_ptr, sched_ptr, M, OUT, G, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
