@@ -1,16 +1,19 @@
 """The JAX backend's Triton wrapper kernels (moetrain.jax.triton_gemm: rows_kernel, wgrad_kernel) launched from torch,
 against the float64 references: the wrappers' argument order, constexpr strides and fixed options are what jax-triton
 launches on a GPU. Without a GPU they run in Triton's interpreter in float32 (the interpreter computes bf16 dots
-wrongly in triton 3.6); jax is not needed, jax-triton's own call is covered on the GPU (tests/jax).
+wrongly in triton 3.6), and their sm_90a compile is checked in a subprocess; jax is not needed, jax-triton's own call
+is covered on the GPU (tests/jax).
 Outputs are poisoned with NaN before every run.
 
 Legend: M rows, G groups, N = w.shape[1], K = w.shape[2].
 """
 
+import json
+
 import pytest
 import torch
 
-from kernel_checks import FP32_BOUND, rel_err
+from kernel_checks import FP32_BOUND, SMEM_BLOCK, rel_err, script_result
 from triton_env import use_gpu_or_interpreter  # noqa: E402  (before any triton import)
 
 ON_GPU = use_gpu_or_interpreter()
@@ -79,3 +82,48 @@ def test_launch_arguments():
     scalars, nprog, consts = tg.wgrad_args(100, 48, 40, 3, 132, tg.WGRAD_TILES)
     assert nprog == 3 and consts["STRIDE_DWG"] == 48 * 40
     assert tg.block_g(3) == 256 and tg.block_g(300) == 512
+
+
+_SM90_SCRIPT = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from moetrain.jax import triton_gemm as tg
+from moetrain.kernels.grouped_gemm_aot import spill_bytes
+
+def compile_sm90(fn, ptrs, consts, tiles):
+    # as jax-triton specializes: arrays 16-byte aligned, the runtime scalars (M, G, NUM_PROGS) plain i32
+    sig = {name: "*bf16" for name in ptrs}
+    sig.update(ends_ptr="*i32", M="i32", G="i32", NUM_PROGS="i32")
+    sig.update({name: "constexpr" for name in consts})
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in (*ptrs, "ends_ptr")}
+    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                        target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": tiles.num_warps, "num_stages": tiles.num_stages})
+    ptx = ck.asm["ptx"]
+    return dict(shared=ck.metadata.shared, spill=spill_bytes(ptx), wgmma="wgmma.mma_async" in ptx,
+                cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx)
+
+M, H, N, E = 65536, 7168, 4096, 32  # DeepSeek-V3 EP8's FC1
+rows = {}
+for dgrad in (False, True):
+    _, _, consts = tg.rows_args(M, N if dgrad else H, (E, N, H), dgrad, 132, tg.ROWS_TILES)
+    rows["dgrad" if dgrad else "fwd"] = compile_sm90(tg.rows_kernel, ("a_ptr", "w_ptr", "out_ptr"),
+                                                    dict(consts, FLATTEN=True), tg.ROWS_TILES)
+_, _, consts = tg.wgrad_args(M, N, H, E, 132, tg.WGRAD_TILES)
+rows["wgrad"] = compile_sm90(tg.wgrad_kernel, ("dy_ptr", "x_ptr", "dw_ptr"), consts, tg.WGRAD_TILES)
+print(json.dumps(rows))
+"""
+
+
+def test_wrappers_compile_pipelined_for_sm90():
+    """What jax-triton will launch on Hopper, compiled here without a GPU: software-pipelined (cp.async into
+    num_stages shared buffers), wgmma, no spills. The strides must reach Triton as constexprs for that: passed as
+    runtime i32 scalars (how jax-triton passes every scalar) Triton cannot prove 16-byte rows, and the pipeline is
+    lost (one stage, no cp.async) with registers spilled."""
+    stage = 128 * 64 * 2 + 256 * 64 * 2  # one bf16 stage of the 128 x 256 x 64 tiles
+    for kind, row in json.loads(script_result(_SM90_SCRIPT)).items():
+        assert row["shared"] >= tg.ROWS_TILES.num_stages * stage and row["shared"] <= SMEM_BLOCK, (kind, row)
+        assert row["cp_async"] and row["wgmma"], (kind, row)
+        assert row["spill"] in (0, None), (kind, row)  # None: no ptxas beside triton to count with
