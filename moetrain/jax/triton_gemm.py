@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from moetrain.kernels.grouped_gemm_kernels import _rowgroup_kernel, _wgrad_kernel, block_g
+from moetrain.kernels.host import cdiv
 
 # float32 products at IEEE precision (the contract of moetrain.jax.grouped_gemm, as the XLA path's HIGHEST); bfloat16
 # dots ignore it.
@@ -79,7 +80,7 @@ def rows_args(M: int, RED: int, w_shape: tuple, dgrad: bool, num_programs: int, 
     operand and w [G, D1, D2]. The persistent grid is at most the tile count's bound without reading ends."""
     G, D1, D2 = w_shape
     out = D2 if dgrad else D1
-    bound = (_cdiv(M, tiles.block_m) + G) * _cdiv(out, tiles.block_n)
+    bound = (cdiv(M, tiles.block_m) + G) * cdiv(out, tiles.block_n)
     nprog = max(1, min(num_programs, bound))
     consts = dict(OUT=out, RED=RED, STRIDE_AM=RED, STRIDE_WG=D1 * D2, STRIDE_W1=D2, STRIDE_OM=out, DGRAD=dgrad,
                   BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
@@ -89,7 +90,7 @@ def rows_args(M: int, RED: int, w_shape: tuple, dgrad: bool, num_programs: int, 
 
 def wgrad_args(M: int, N: int, K: int, G: int, num_programs: int, tiles: TritonTiles):
     """(runtime scalars M, G, NUM_PROGS; grid size; constexprs) of one wgrad_kernel launch: dy [M, N], x [M, K]."""
-    nprog = max(1, min(num_programs, G * _cdiv(N, tiles.block_m) * _cdiv(K, tiles.block_n)))
+    nprog = max(1, min(num_programs, G * cdiv(N, tiles.block_m) * cdiv(K, tiles.block_n)))
     consts = dict(N=N, K=K, STRIDE_DYM=N, STRIDE_XM=K, STRIDE_DWG=N * K, STRIDE_DWN=K, BLOCK_M=tiles.block_m,
                   BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_N=tiles.group_m, BLOCK_G=block_g(G),
                   PRECISION=PRECISION)
@@ -129,10 +130,6 @@ def wgrad_call(dy, x, ends, *, tiles: TritonTiles = WGRAD_TILES):
                           out_shape=jax.ShapeDtypeStruct((G, N, K), dy.dtype), grid=(nprog,),
                           num_warps=tiles.num_warps, num_stages=tiles.num_stages,
                           name="moetrain_grouped_gemm_wgrad", **consts)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _sm_count() -> int:
