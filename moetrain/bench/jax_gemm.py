@@ -123,7 +123,8 @@ def main(argv=None) -> None:
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"default: {DEFAULT_SHAPES}")
     parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
     parser.add_argument("--sweep", action="store_true",
-                        help="instead of the layer table: each kernel of --impls triton / pallas alone over candidate tiles")
+                        help="instead of the layer table: each kernel of --impls triton / pallas alone over "
+                             "candidate tiles")
     args = parser.parse_args(argv)
     names = parse_shapes(args.shapes)
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
@@ -144,7 +145,8 @@ def main(argv=None) -> None:
     if args.sweep:
         from moetrain.bench.jax_gemm_sweep import sweep
 
-        print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; Pallas kernels alone, bf16", flush=True)
+        print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; {' and '.join(kernels)} kernels alone, bf16",
+              flush=True)
         return sweep(names, SHAPES, kernels)
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}; FC1 -> SwiGLU -> FC2 fwd+bwd, bf16", flush=True)
     print("| shape (rows M, hidden H, intermediate I, experts E) | " + " | ".join(impls) + " |")

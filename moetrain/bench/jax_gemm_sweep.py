@@ -14,21 +14,21 @@ the sweep goes on.
 from __future__ import annotations
 
 from moetrain.bench.jax_gemm import _timed, group_sizes
-from moetrain.jax.triton_gemm import TritonTiles
+from moetrain.kernels.grouped_gemm_configs import GemmConfig
 
 # impl "triton" (the torch kernels' pointer-load configs; the wgrad tiles are dw tiles over N x K, block_k rows).
 TRITON_ROW_CANDIDATES = (
-    TritonTiles(128, 256, 64, 3, 8),
-    TritonTiles(128, 128, 64, 4, 4),
-    TritonTiles(128, 128, 64, 4, 8),
-    TritonTiles(64, 256, 64, 4, 4),
-    TritonTiles(256, 128, 64, 3, 8),
+    GemmConfig(128, 256, 64, 3, 8, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 4, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 8, use_tma=False),
+    GemmConfig(64, 256, 64, 4, 4, use_tma=False),
+    GemmConfig(256, 128, 64, 3, 8, use_tma=False),
 )
 TRITON_WGRAD_CANDIDATES = (
-    TritonTiles(128, 256, 64, 3, 8),
-    TritonTiles(128, 128, 64, 4, 4),
-    TritonTiles(128, 128, 64, 4, 8),
-    TritonTiles(256, 128, 64, 3, 8),
+    GemmConfig(128, 256, 64, 3, 8, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 4, use_tma=False),
+    GemmConfig(128, 128, 64, 4, 8, use_tma=False),
+    GemmConfig(256, 128, 64, 3, 8, use_tma=False),
 )
 # impl "pallas": rows kernels (fwd and dgrad): the default first, then one change each from it.
 ROW_CANDIDATES = (

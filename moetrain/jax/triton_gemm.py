@@ -14,18 +14,18 @@ pointer-load variant (USE_TMA=False) is reachable: jax-triton passes arrays and 
 wrapper kernels below fix the torch kernels' other constexprs (no gather, no tail split, no skew schedule) and put
 the output pointer last, where jax-triton appends its outputs.
 
-Tiles (``TritonTiles``: ROWS_TILES, WGRAD_TILES) follow the torch kernels' meaning: rows kernels block_m rows x block_n output
+Tiles: the torch side's own ``GemmConfig`` (moetrain.kernels.grouped_gemm_configs), its pointer-load configs only
+(use_tma False, no tail split, one program per SM, kernel "triton"): rows kernels block_m rows x block_n output
 columns, block_k reduction step, bands of group_m row tiles; wgrad block_m (over N) x block_n (over K) dw tiles,
 block_k group rows per reduction step, bands of group_m dw row tiles.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import triton
 import triton.language as tl
 
+from moetrain.kernels.grouped_gemm_configs import GemmConfig
 from moetrain.kernels.grouped_gemm_kernels import _rowgroup_kernel, _wgrad_kernel, block_g
 from moetrain.kernels.host import cdiv
 
@@ -34,21 +34,16 @@ from moetrain.kernels.host import cdiv
 PRECISION = "ieee"
 
 
-@dataclasses.dataclass(frozen=True)
-class TritonTiles:
-    """One kernel's tile sizes and launch options (the torch configs' fields of the same names)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_stages: int
-    num_warps: int
-    group_m: int = 8
+# The torch side's pointer-load candidate that leads on Hopper (grouped_gemm_configs: 128x256x64/s3/w8/ptr).
+ROWS_TILES = GemmConfig(128, 256, 64, 3, 8, use_tma=False)
+WGRAD_TILES = GemmConfig(128, 256, 64, 3, 8, use_tma=False)
 
 
-# The torch side's pointer-load candidates that lead on Hopper (grouped_gemm_configs: 128x256x64/s3/w8).
-ROWS_TILES = TritonTiles(128, 256, 64, 3, 8)
-WGRAD_TILES = TritonTiles(128, 256, 64, 3, 8)
+def check_tiles(tiles: GemmConfig) -> None:
+    """One-line ValueError for a config the wrapper kernels do not run (they fix USE_TMA, PART and MIX)."""
+    if (tiles.use_tma or tiles.tail_split or tiles.mix or tiles.kernel != "triton" or tiles.programs_per_sm != 1):
+        raise ValueError(f"JAX grouped GEMM through jax-triton: config {tiles} is not a pointer-load config of the "
+                         "Triton kernels (use_tma=False, no tail split, no mix, one program per SM)")
 
 
 @triton.jit
@@ -75,7 +70,7 @@ def wgrad_kernel(dy_ptr, x_ptr, ends_ptr, M, G, NUM_PROGS, dw_ptr,
                   BLOCK_G, False, PRECISION, False, False)
 
 
-def rows_args(M: int, RED: int, w_shape: tuple, dgrad: bool, num_programs: int, tiles: TritonTiles):
+def rows_args(M: int, RED: int, w_shape: tuple, dgrad: bool, num_programs: int, tiles: GemmConfig):
     """(runtime scalars M, G, NUM_PROGS; grid size; constexprs) of one rows_kernel launch over a contiguous [M, RED]
     operand and w [G, D1, D2]. The persistent grid is at most the tile count's bound without reading ends."""
     G, D1, D2 = w_shape
@@ -88,7 +83,7 @@ def rows_args(M: int, RED: int, w_shape: tuple, dgrad: bool, num_programs: int, 
     return (M, G, nprog), nprog, consts
 
 
-def wgrad_args(M: int, N: int, K: int, G: int, num_programs: int, tiles: TritonTiles):
+def wgrad_args(M: int, N: int, K: int, G: int, num_programs: int, tiles: GemmConfig):
     """(runtime scalars M, G, NUM_PROGS; grid size; constexprs) of one wgrad_kernel launch: dy [M, N], x [M, K]."""
     nprog = max(1, min(num_programs, G * cdiv(N, tiles.block_m) * cdiv(K, tiles.block_n)))
     consts = dict(N=N, K=K, STRIDE_DYM=N, STRIDE_XM=K, STRIDE_DWG=N * K, STRIDE_DWN=K, BLOCK_M=tiles.block_m,
@@ -97,14 +92,14 @@ def wgrad_args(M: int, N: int, K: int, G: int, num_programs: int, tiles: TritonT
     return (M, G, nprog), nprog, consts
 
 
-def rows_call(a, w, ends, *, dgrad: bool, tiles: TritonTiles = ROWS_TILES):
+def rows_call(a, w, ends, *, dgrad: bool, tiles: GemmConfig = ROWS_TILES):
     """y = a . w[g]^T (forward) or dx = a . w[g] (dgrad), through jax-triton; shapes in the module doc."""
     import jax
-
     import jax.numpy as jnp
 
     jt = _jax_triton()
     M, RED = a.shape
+    check_tiles(tiles)
     scalars, nprog, consts = rows_args(M, RED, w.shape, dgrad, _sm_count(), tiles)
     out_shape = jax.ShapeDtypeStruct((M, consts["OUT"]), a.dtype)
     if 0 in (M, RED, *w.shape):  # nothing to launch: the product is empty or all zeros
@@ -115,13 +110,13 @@ def rows_call(a, w, ends, *, dgrad: bool, tiles: TritonTiles = ROWS_TILES):
                           FLATTEN=True, **consts)
 
 
-def wgrad_call(dy, x, ends, *, tiles: TritonTiles = WGRAD_TILES):
+def wgrad_call(dy, x, ends, *, tiles: GemmConfig = WGRAD_TILES):
     """dw [G, N, K] = dy_g^T . x_g through jax-triton; empty groups give zeros."""
     import jax
-
     import jax.numpy as jnp
 
     jt = _jax_triton()
+    check_tiles(tiles)
     (M, N), K, G = dy.shape, x.shape[1], ends.shape[0]
     if 0 in (M, N, K, G):  # nothing to launch: dw is empty or all zeros
         return jnp.zeros((G, N, K), dy.dtype)

@@ -31,7 +31,7 @@ CASES = [
     ("uneven_empty_padding", [10, 10, 47, 60], 70),
     ("one_group", [37], 37),
 ]
-TILES = [tg.TritonTiles(32, 32, 16, 1, 4), tg.TritonTiles(16, 32, 16, 1, 4, group_m=2)]
+TILES = [gg.GemmConfig(32, 32, 16, 1, 4, use_tma=False), gg.GemmConfig(16, 32, 16, 1, 4, use_tma=False, group_m=2)]
 
 
 def _rows(a, w, ends, dgrad, tiles, programs):
@@ -82,6 +82,14 @@ def test_launch_arguments():
     scalars, nprog, consts = tg.wgrad_args(100, 48, 40, 3, 132, tg.WGRAD_TILES)
     assert nprog == 3 and consts["STRIDE_DWG"] == 48 * 40
     assert tg.block_g(3) == 256 and tg.block_g(300) == 512
+
+
+@pytest.mark.parametrize("cfg", [gg.GemmConfig(128, 256, 64, 3, 8), gg.GemmConfig(128, 256, 64, 3, 8, use_tma=False,
+                                                                                   tail_split=True)], ids=str)
+def test_configs_the_wrappers_cannot_run_are_refused(cfg):
+    with pytest.raises(ValueError, match="is not a pointer-load config of the Triton kernels"):
+        tg.check_tiles(cfg)
+    tg.check_tiles(tg.ROWS_TILES)
 
 
 _SM90_SCRIPT = r"""
